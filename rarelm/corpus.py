@@ -1,0 +1,246 @@
+"""Reading, cleaning and splitting a raw corpus (the `prepare` stage).
+
+Documents stream from a file or a folder of files, one at a time, so memory
+does not grow with the corpus:
+
+    >>> clean("  Myocardial\\x1b[31m  infarction\\x07 ")
+    'Myocardial infarction'
+    >>> split_of("some document", seed=0, val_fraction=0.1, test_fraction=0.1)
+    'train'
+
+A document's split is a function of its own text and the seed alone, so adding
+documents to a corpus never moves the others to another split.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import hashlib
+import json
+import re
+import unicodedata
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import IO
+
+from rarelm.errors import RarelmError
+from rarelm.params import CorpusParams
+
+FORMATS = ("txt", "jsonl", "csv", "parquet")
+SPLITS = ("train", "val", "test")
+
+_ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
+# Unicode category Cc is exactly U+0000-001F and U+007F-009F; whitespace among them stays
+_CONTROL = dict.fromkeys(c for c in [*range(0x20), *range(0x7F, 0xA0)] if chr(c) not in "\t\n\r")
+_SPACE = re.compile(r"\s+")
+
+
+def clean(text: str, form: str = "NFC") -> str:
+    """Normalise Unicode, drop ANSI escapes and control characters, collapse whitespace."""
+    text = unicodedata.normalize(form, text)
+    text = _ANSI.sub("", text)
+    text = text.translate(_CONTROL)
+    return _SPACE.sub(" ", text).strip()
+
+
+def split_of(text: str, seed: int, val_fraction: float, test_fraction: float) -> str:
+    """The split of a document, from a stable hash of (seed, text)."""
+    digest = hashlib.blake2b(f"{seed}\0{text}".encode(), digest_size=8).digest()
+    u = int.from_bytes(digest, "big") / 2**64
+    if u < test_fraction:
+        return "test"
+    if u < test_fraction + val_fraction:
+        return "val"
+    return "train"
+
+
+def format_of(path: Path, fmt: str = "auto") -> str:
+    """The format of a corpus file: `fmt`, or guessed from its suffixes (.gz ignored)."""
+    if fmt != "auto":
+        return fmt
+    suffixes = [s.lower() for s in path.suffixes if s.lower() != ".gz"]
+    suffix = suffixes[-1].lstrip(".") if suffixes else ""
+    if suffix in ("txt", "text"):
+        return "txt"
+    if suffix in ("jsonl", "ndjson"):
+        return "jsonl"
+    if suffix in ("csv", "parquet"):
+        return suffix
+    raise RarelmError(
+        f"corpus.path: unsupported format {path.name!r} "
+        f"(supported: .txt, .jsonl, .csv, .parquet, optionally .gz; or set corpus.format)")
+
+
+def corpus_files(params: CorpusParams) -> list[Path]:
+    """The corpus file, or the supported files of the corpus folder in sorted order."""
+    root = Path(params.path)
+    if not params.path:
+        raise RarelmError("corpus.path is empty: set it to a corpus file or folder")
+    if not root.exists():
+        raise RarelmError(f"corpus.path: no such file or folder: {root}")
+    if root.is_file():
+        format_of(root, params.format)
+        return [root]
+    files = []
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and not p.name.startswith(".")):
+        try:
+            format_of(path, params.format)
+        except RarelmError:
+            continue
+        files.append(path)
+    if not files:
+        raise RarelmError(f"corpus.path: folder {root} holds no .txt, .jsonl, .csv or .parquet file")
+    return files
+
+
+def _open_binary(path: Path) -> IO[bytes]:
+    with open(path, "rb") as probe:
+        gzipped = probe.read(2) == b"\x1f\x8b"
+    return gzip.open(path, "rb") if gzipped else open(path, "rb")
+
+
+def _decoded_lines(path: Path, errors: str) -> Iterator[str]:
+    """Lines of a (possibly gzipped) UTF-8 file; invalid bytes raise with their place."""
+    with _open_binary(path) as f:
+        offset = 0
+        for number, raw in enumerate(f, start=1):
+            try:
+                yield raw.decode("utf-8", errors=errors)
+            except UnicodeDecodeError as exc:
+                raise RarelmError(
+                    f"{path}: line {number} (byte {offset + exc.start}) is not valid UTF-8: "
+                    f"{raw[exc.start:exc.end]!r}; fix the file or set corpus.encoding_errors: replace"
+                ) from None
+            offset += len(raw)
+
+
+def _iter_txt(path: Path, params: CorpusParams) -> Iterator[str]:
+    lines = _decoded_lines(path, params.encoding_errors)
+    if params.txt_documents == "line":
+        yield from lines
+        return
+    paragraph: list[str] = []
+    for line in lines:
+        if line.strip():
+            paragraph.append(line)
+        elif paragraph:
+            yield "".join(paragraph)
+            paragraph = []
+    if paragraph:
+        yield "".join(paragraph)
+
+
+def _field(record: object, path: Path, where: str, field: str) -> str:
+    if not isinstance(record, dict) or field not in record:
+        raise RarelmError(f"{path}: {where} has no field {field!r} (set corpus.text_field)")
+    value = record[field]
+    return "" if value is None else str(value)
+
+
+def _iter_jsonl(path: Path, params: CorpusParams) -> Iterator[str]:
+    for number, line in enumerate(_decoded_lines(path, params.encoding_errors), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise RarelmError(f"{path}: line {number} is not valid JSON: {exc.msg}") from None
+        yield _field(record, path, f"line {number}", params.text_field)
+
+
+def _iter_csv(path: Path, params: CorpusParams) -> Iterator[str]:
+    csv.field_size_limit(2**31 - 1)
+    reader = csv.DictReader(_decoded_lines(path, params.encoding_errors))
+    if reader.fieldnames is None:
+        return
+    if params.text_field not in reader.fieldnames:
+        raise RarelmError(
+            f"{path}: no column {params.text_field!r} (columns: {', '.join(reader.fieldnames)}; "
+            "set corpus.text_field)")
+    for row in reader:
+        yield row[params.text_field] or ""
+
+
+def _iter_parquet(path: Path, params: CorpusParams) -> Iterator[str]:
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.ParquetFile(path)
+    except Exception as exc:  # pyarrow raises several types for a file that is not parquet
+        raise RarelmError(f"{path}: not a readable parquet file ({exc})") from None
+    if params.text_field not in table.schema_arrow.names:
+        raise RarelmError(
+            f"{path}: no column {params.text_field!r} (columns: "
+            f"{', '.join(table.schema_arrow.names)}; set corpus.text_field)")
+    for batch in table.iter_batches(batch_size=4096, columns=[params.text_field]):
+        for value in batch.column(0).to_pylist():
+            yield "" if value is None else str(value)
+
+
+_READERS = {"txt": _iter_txt, "jsonl": _iter_jsonl, "csv": _iter_csv, "parquet": _iter_parquet}
+
+
+def iter_documents(params: CorpusParams) -> Iterator[str]:
+    """Raw documents of the corpus, file after file, in a stable order."""
+    for path in corpus_files(params):
+        yield from _READERS[format_of(path, params.format)](path, params)
+
+
+def detect_language(texts: Iterable[str]) -> str:
+    """`zh` if at least a fifth of the letters are CJK ideographs, else `en`."""
+    cjk = letters = 0
+    for text in texts:
+        for ch in text:
+            if ch.isalpha():
+                letters += 1
+                cjk += "\u4e00" <= ch <= "\u9fff" or "\u3400" <= ch <= "\u4dbf"
+    return "zh" if letters and cjk / letters >= 0.2 else "en"
+
+
+def prepare(params: CorpusParams, seed: int, out_dir: Path) -> dict:
+    """Clean and split the corpus into out_dir/{train,val,test}.jsonl; returns stats.
+
+    Each output line is `{"text": ...}`. Raises RarelmError if nothing is left.
+    """
+    stats = {s: {"documents": 0, "characters": 0} for s in SPLITS}
+    dropped_short = duplicates = 0
+    seen: set[bytes] = set()
+    sample: list[str] = []
+    files = {s: open(out_dir / f"{s}.jsonl", "w", encoding="utf-8", newline="\n") for s in SPLITS}
+    try:
+        for raw in iter_documents(params):
+            text = clean(raw)
+            if len(text) < params.min_chars:
+                dropped_short += 1
+                continue
+            if params.dedup:
+                key = hashlib.blake2b(text.encode(), digest_size=16).digest()
+                if key in seen:
+                    duplicates += 1
+                    continue
+                seen.add(key)
+            split = split_of(text, seed, params.val_fraction, params.test_fraction)
+            files[split].write(json.dumps({"text": text}, ensure_ascii=False) + "\n")
+            stats[split]["documents"] += 1
+            stats[split]["characters"] += len(text)
+            if len(sample) < 200:
+                sample.append(text)
+    finally:
+        for f in files.values():
+            f.close()
+    total = sum(s["documents"] for s in stats.values())
+    if total == 0:
+        raise RarelmError(f"corpus.path: {params.path} holds no document after cleaning")
+    if stats["train"]["documents"] == 0:
+        raise RarelmError(f"corpus.path: {params.path} left no document for the train split")
+    language = params.language if params.language != "auto" else detect_language(sample)
+    return {**stats, "documents": total, "dropped_short": dropped_short,
+            "duplicates": duplicates, "language": language}
+
+
+def read_split(prepared_dir: str | Path, split: str) -> Iterator[str]:
+    """The documents of one prepared split, streamed."""
+    with open(Path(prepared_dir) / f"{split}.jsonl", encoding="utf-8") as f:
+        for line in f:
+            yield json.loads(line)["text"]

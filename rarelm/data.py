@@ -1,0 +1,86 @@
+"""Reading the tokenized corpus, and what one training sample is.
+
+`TokenizedData` opens the `tokenize` stage's folder; token arrays are
+memory-mapped, so opening costs nothing and reading touches only what is read.
+
+A training sample is a window of `block_size + 1` tokens (inputs and their
+next-token targets) starting at a multiple of `block_size`; windows overlap by
+one token so every token is a target exactly once. The `weights` and `train`
+stages both use this definition, so weight i always belongs to sample i:
+
+    >>> windows = Samples(np.arange(10), block_size=4)
+    >>> len(windows), windows[1].tolist()
+    (2, [4, 5, 6, 7, 8])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+
+from rarelm.errors import RarelmError
+from rarelm.files import read_json
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizedData:
+    root: Path
+    meta: dict
+
+    @classmethod
+    def open(cls, root: str | Path) -> TokenizedData:
+        root = Path(root)
+        try:
+            meta = read_json(root / "meta.json")
+        except FileNotFoundError:
+            raise RarelmError(f"{root}: no meta.json; run the tokenize stage first") from None
+        return cls(root, meta)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.meta["vocab_size"])
+
+    @property
+    def eot_id(self) -> int:
+        return int(self.meta["eot_id"])
+
+    @property
+    def tokenizer_dir(self) -> Path:
+        return self.root / "tokenizer"
+
+    def tokens(self, split: str) -> np.ndarray:
+        """The split's token ids, memory-mapped read-only; checked against meta.json."""
+        path = self.root / f"{split}.tokens"
+        expected = int(self.meta["splits"][split]["tokens"])
+        dtype = np.dtype(self.meta["dtype"])
+        size = path.stat().st_size if path.exists() else -1
+        if size != expected * dtype.itemsize:
+            raise RarelmError(
+                f"{path}: {size} bytes, but meta.json says {expected} {dtype.name} tokens "
+                f"({expected * dtype.itemsize} bytes); re-run the tokenize stage")
+        if expected == 0:
+            return np.zeros(0, dtype=dtype)
+        return np.memmap(path, dtype=dtype, mode="r")
+
+    def offsets(self, split: str) -> np.ndarray:
+        """Document boundaries: document i is tokens[off[i]:off[i+1]]."""
+        return np.load(self.root / f"{split}.offsets.npy")
+
+
+class Samples:
+    """Fixed-length training windows over a token array (see the module docstring)."""
+
+    def __init__(self, tokens: np.ndarray, block_size: int):
+        self.tokens = tokens
+        self.block_size = block_size
+
+    def __len__(self) -> int:
+        return max(0, (len(self.tokens) - 1) // self.block_size)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        start = i * self.block_size
+        return self.tokens[start:start + self.block_size + 1]

@@ -1,0 +1,70 @@
+"""Atomic outputs: write beside the target, then rename into place.
+
+A stage that fails half-way leaves the previous output (or nothing) behind,
+never a half-written file:
+
+    with atomic_dir("data/prepared") as tmp:   # tmp = data/.prepared.tmp-1234
+        (tmp / "train.jsonl").write_text(...)
+    # data/prepared now holds exactly what was written, or is unchanged on error
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+
+def _tmp_sibling(path: Path) -> Path:
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | Path) -> Iterator[Path]:
+    """Yield an empty temporary folder that replaces `path` when the block succeeds."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _tmp_sibling(path)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        yield tmp
+        old = path.with_name(f".{path.name}.old-{os.getpid()}")
+        if path.exists():
+            path.rename(old)
+        tmp.rename(path)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | Path, mode: str = "w") -> Iterator[Any]:
+    """Open a temporary file that replaces `path` (fsynced) when the block succeeds."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _tmp_sibling(path)
+    kwargs = {} if "b" in mode else {"encoding": "utf-8", "newline": "\n"}
+    try:
+        with open(tmp, mode, **kwargs) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_json(path: str | Path, data: Any) -> None:
+    """Write `data` as indented, key-sorted JSON, atomically."""
+    with atomic_file(path) as f:
+        json.dump(data, f, indent=2, sort_keys=True, ensure_ascii=False)
+        f.write("\n")
+
+
+def read_json(path: str | Path) -> Any:
+    return json.loads(Path(path).read_text(encoding="utf-8"))

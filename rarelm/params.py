@@ -1,0 +1,273 @@
+"""Typed, validated params: params.yaml -> frozen dataclasses.
+
+Every section of params.yaml is a dataclass below; each field declares its type
+and, where it has one, its allowed range or choices. Loading rejects unknown
+keys, wrong types and out-of-range values with one line naming the key, the
+value and what is allowed:
+
+    >>> Params.from_dict({"seed": 1, "alpha": -1})
+    Traceback (most recent call last):
+    rarelm.errors.RarelmError: params: alpha = -1 is not allowed (must be >= 0)
+
+A stage reads the whole file (so a typo anywhere is caught at once) but DVC
+tracks only the keys each stage declares in dvc.yaml.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from rarelm.errors import RarelmError
+
+
+def param(default: Any, *, ge: float | None = None, gt: float | None = None,
+          le: float | None = None, lt: float | None = None) -> Any:
+    """A dataclass field with an optional numeric range, checked on load."""
+    bounds = {k: v for k, v in {"ge": ge, "gt": gt, "le": le, "lt": lt}.items() if v is not None}
+    if isinstance(default, (list, dict)):
+        return dataclasses.field(default_factory=lambda: type(default)(default), metadata=bounds)
+    return dataclasses.field(default=default, metadata=bounds)
+
+
+@dataclasses.dataclass(frozen=True)
+class CorpusParams:
+    """Where the raw corpus is and how `prepare` cleans and splits it."""
+
+    path: str = "data/raw/demo_en.txt.gz"  # file or folder of .txt/.jsonl/.csv/.parquet (+ .gz)
+    format: Literal["auto", "txt", "jsonl", "csv", "parquet"] = "auto"  # auto: by file suffix
+    language: Literal["en", "zh", "auto"] = "en"
+    txt_documents: Literal["line", "blank_line"] = "line"  # how a .txt file separates documents
+    text_field: str = "text"  # column / key holding the text in jsonl, csv and parquet
+    encoding_errors: Literal["strict", "replace"] = "strict"  # invalid UTF-8: stop, or use U+FFFD
+    dedup: bool = True  # drop exact duplicate documents (after cleaning)
+    min_chars: int = param(1, ge=1)  # documents shorter than this after cleaning are dropped
+    val_fraction: float = param(0.1, ge=0.0, lt=1.0)
+    test_fraction: float = param(0.1, ge=0.0, lt=1.0)
+    reference_glossary: str = "data/raw/demo_en.glossary.tsv"  # ground truth for term extraction; "" = none
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizerParams:
+    """The tokenizer `tokenize` trains (byte-level BPE) or loads (a local folder)."""
+
+    name_or_path: str = ""  # "" trains a BPE tokenizer on the train split
+    vocab_size: int = param(4096, ge=260, le=1_000_000)
+    min_frequency: int = param(2, ge=1)
+    batch_size: int = param(2000, ge=1)  # documents encoded per batch (bounds memory)
+
+
+@dataclasses.dataclass(frozen=True)
+class RareParams:
+    """Frequency buckets and rare-term extraction (`rare_terms`)."""
+
+    frequent_share: float = param(0.8, gt=0.0, lt=1.0)
+    rare_share: float = param(0.05, gt=0.0, lt=1.0)
+    ngram_max: int = param(3, ge=1, le=6)
+    min_df: int = param(2, ge=1)
+    max_df: float = param(0.05, gt=0.0, le=1.0)
+    top_k: int = param(300, ge=1)
+    glossary: str = ""  # optional user glossary, one term per line; always kept
+    chunk_tokens: int = param(4_000_000, ge=1024)
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightsParams:
+    """How `weights` turns token frequencies into per-sample weights."""
+
+    clip_ratio: float = param(100.0, ge=1.0)  # largest / smallest weight after clipping
+
+
+@dataclasses.dataclass(frozen=True)
+class LossParams:
+    """Rare-token loss weighting: weight 1 + rare_weight on rare-bucket targets."""
+
+    rare_weight: float = param(0.0, ge=0.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelParams:
+    """A GPT-2-style model from scratch, or a local pretrained causal LM."""
+
+    name_or_path: str = ""  # "" builds a GPT-2-style model from the sizes below
+    n_layer: int = param(4, ge=1)
+    n_head: int = param(4, ge=1)
+    n_embd: int = param(128, ge=8)
+    block_size: int = param(128, ge=8)
+    dropout: float = param(0.0, ge=0.0, lt=1.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainParams:
+    """The training loop (`train`)."""
+
+    nproc: int = param(2, ge=1)
+    max_steps: int = param(600, ge=1)
+    batch_size: int = param(16, ge=1)  # micro-batch per process
+    grad_accum: int = param(1, ge=1)
+    lr: float = param(3e-3, gt=0.0)
+    min_lr: float = param(3e-4, ge=0.0)
+    warmup_steps: int = param(50, ge=0)
+    weight_decay: float = param(0.1, ge=0.0)
+    grad_clip: float = param(1.0, ge=0.0)  # 0 disables clipping
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
+    gradient_checkpointing: bool = False
+    compile: bool = False
+    log_every: int = param(20, ge=1)
+    eval_every: int = param(200, ge=1)
+    eval_batches: int = param(20, ge=1)
+    checkpoint_every: int = param(100, ge=1)
+    max_restarts: int = param(0, ge=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalParams:
+    """What `evaluate` measures."""
+
+    splits: list[str] = param(["test"])
+    batch_size: int = param(32, ge=1)
+    max_terms: int = param(2000, ge=1)
+    context_tokens: int = param(64, ge=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrackingParams:
+    """MLflow tracking; the store is MLFLOW_TRACKING_URI or sqlite:///<repo>/mlflow.db."""
+
+    experiment: str = "rarelm"
+    system_metrics: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class Params:
+    """All of params.yaml."""
+
+    seed: int = param(1337, ge=0)
+    alpha: float = param(0.0, ge=0.0)  # sampler reweighting strength; 0 = uniform
+    corpus: CorpusParams = dataclasses.field(default_factory=CorpusParams)
+    tokenizer: TokenizerParams = dataclasses.field(default_factory=TokenizerParams)
+    rare: RareParams = dataclasses.field(default_factory=RareParams)
+    weights: WeightsParams = dataclasses.field(default_factory=WeightsParams)
+    loss: LossParams = dataclasses.field(default_factory=LossParams)
+    model: ModelParams = dataclasses.field(default_factory=ModelParams)
+    train: TrainParams = dataclasses.field(default_factory=TrainParams)
+    eval: EvalParams = dataclasses.field(default_factory=EvalParams)
+    tracking: TrackingParams = dataclasses.field(default_factory=TrackingParams)
+
+    def __post_init__(self) -> None:
+        c = self.corpus
+        if c.val_fraction + c.test_fraction >= 1.0:
+            raise RarelmError(
+                f"params: corpus.val_fraction + corpus.test_fraction = "
+                f"{c.val_fraction + c.test_fraction:g} is not allowed (must be < 1)")
+        if self.rare.rare_share + self.rare.frequent_share >= 1.0:
+            raise RarelmError(
+                f"params: rare.frequent_share + rare.rare_share = "
+                f"{self.rare.frequent_share + self.rare.rare_share:g} is not allowed "
+                "(must be < 1, or the medium bucket is empty)")
+        if self.model.n_embd % self.model.n_head:
+            raise RarelmError(
+                f"params: model.n_embd = {self.model.n_embd} is not allowed "
+                f"(must be divisible by model.n_head = {self.model.n_head})")
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> Params:
+        return _build(cls, raw, "")
+
+    def flat(self) -> dict[str, Any]:
+        """Every param as a flat dict: {"alpha": 0.0, "train.lr": 0.003, ...}."""
+        out: dict[str, Any] = {}
+
+        def walk(obj: Any, prefix: str) -> None:
+            for f in dataclasses.fields(obj):
+                value = getattr(obj, f.name)
+                if dataclasses.is_dataclass(value):
+                    walk(value, f"{prefix}{f.name}.")
+                else:
+                    out[prefix + f.name] = value
+
+        walk(self, "")
+        return out
+
+
+def load_params(path: str | Path = "params.yaml") -> Params:
+    """Read and validate params.yaml; a missing or malformed file is a RarelmError."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise RarelmError(f"params file not found: {path}") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise RarelmError(f"params file {path} is not valid YAML: {exc}") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise RarelmError(f"params file {path} must hold a mapping of sections")
+    return Params.from_dict(raw)
+
+
+def _build(cls: type, raw: Any, prefix: str) -> Any:
+    section = prefix.rstrip(".") or "params.yaml"
+    if not isinstance(raw, dict):
+        raise RarelmError(f"params: {section} = {raw!r} is not allowed (must be a mapping)")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise RarelmError(
+            f"params: unknown key {prefix}{unknown[0]} (allowed in {section}: {', '.join(fields)})")
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for name, value in raw.items():
+        key = prefix + name
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint):
+            values[name] = _build(hint, value, key + ".")
+        else:
+            values[name] = _check_value(key, value, hint, fields[name].metadata)
+    return cls(**values)
+
+
+def _check_value(key: str, value: Any, hint: Any, bounds: Any) -> Any:
+    def reject(allowed: str) -> typing.NoReturn:
+        raise RarelmError(f"params: {key} = {value!r} is not allowed (must be {allowed})")
+
+    origin = typing.get_origin(hint)
+    if origin is Literal:
+        choices = typing.get_args(hint)
+        if value not in choices:
+            reject("one of " + ", ".join(map(str, choices)))
+        return value
+    if origin is list:
+        (item,) = typing.get_args(hint)
+        if not isinstance(value, list) or not all(isinstance(v, item) for v in value):
+            reject(f"a list of {item.__name__}")
+        return list(value)
+    if hint is bool:
+        if not isinstance(value, bool):
+            reject("true or false")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            reject("an integer")
+    elif hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            reject("a number")
+        value = float(value)
+    elif hint is str:
+        if value is None:
+            value = ""
+        if not isinstance(value, str):
+            reject("a string")
+    elif isinstance(hint, types.UnionType):  # pragma: no cover - no such field yet
+        reject(str(hint))
+    for op, limit in bounds.items():
+        ok = {"ge": value >= limit, "gt": value > limit, "le": value <= limit, "lt": value < limit}[op]
+        if not ok:
+            sign = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}[op]
+            reject(f"{sign} {limit:g}")
+    return value

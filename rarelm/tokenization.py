@@ -1,0 +1,124 @@
+"""The `tokenize` stage: a tokenizer, and every split as a memory-mapped token array.
+
+Layout of the output folder (read back with `rarelm.data.TokenizedData`):
+
+    tokenizer/            Hugging Face tokenizer files (AutoTokenizer.from_pretrained loads them)
+    train.tokens          raw little-endian token ids, uint16 if the vocabulary fits, else uint32
+    train.offsets.npy     int64, documents + 1 entries: document i is tokens[off[i]:off[i+1]],
+                          its last token the end-of-text id
+    val.*, test.*         the same for the other splits
+    meta.json             dtype, vocab_size, eot_id, token and document counts per split
+
+Encoding goes batch by batch (`tokenizer.batch_size` documents), so memory is
+bounded by the batch, not the corpus.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from rarelm.corpus import SPLITS, read_split
+from rarelm.errors import RarelmError
+from rarelm.params import TokenizerParams
+
+EOT = "<|endoftext|>"
+
+
+def train_bpe(texts: Iterator[str], vocab_size: int, min_frequency: int):
+    """A byte-level BPE tokenizer (tokenizers.Tokenizer) trained on `texts`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=[EOT],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    return tokenizer
+
+
+def save_hf_tokenizer(tokenizer, out_dir: Path) -> None:
+    """Save a tokenizers.Tokenizer so that AutoTokenizer.from_pretrained(out_dir) loads it."""
+    from transformers import PreTrainedTokenizerFast
+
+    PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, bos_token=EOT, eos_token=EOT, pad_token=EOT, unk_token=EOT,
+    ).save_pretrained(out_dir)
+
+
+def load_pretrained(name_or_path: str, out_dir: Path):
+    """Copy a local pretrained tokenizer into out_dir; return (backend tokenizer, eot id)."""
+    from transformers import AutoTokenizer
+
+    path = Path(name_or_path)
+    if not path.is_dir():
+        raise RarelmError(f"tokenizer.name_or_path: no such folder: {path} (a local tokenizer folder)")
+    try:
+        hf = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except Exception as exc:  # transformers raises OSError/ValueError/... for a bad folder
+        raise RarelmError(f"tokenizer.name_or_path: {path} is not a loadable tokenizer ({exc})") from None
+    if not getattr(hf, "is_fast", False):
+        raise RarelmError(f"tokenizer.name_or_path: {path} has no fast (tokenizers) tokenizer")
+    if hf.eos_token_id is None:
+        raise RarelmError(f"tokenizer.name_or_path: {path} defines no end-of-text (eos) token")
+    hf.save_pretrained(out_dir)
+    return hf.backend_tokenizer, hf.eos_token_id, len(hf)
+
+
+def _batches(texts: Iterator[str], size: int) -> Iterator[list[str]]:
+    while batch := list(itertools.islice(texts, size)):
+        yield batch
+
+
+def encode_split(tokenizer, texts: Iterator[str], eot_id: int, dtype: np.dtype,
+                 tokens_path: Path, offsets_path: Path, batch_size: int,
+                 progress=None) -> tuple[int, int]:
+    """Encode documents batch by batch into tokens_path; returns (tokens, documents)."""
+    offsets = [0]
+    with open(tokens_path, "wb") as out:
+        for batch in _batches(texts, batch_size):
+            encodings = tokenizer.encode_batch(batch, add_special_tokens=False)
+            lengths = np.fromiter((len(e.ids) + 1 for e in encodings), np.int64, len(encodings))
+            ids = np.empty(int(lengths.sum()), dtype=dtype)
+            ends = np.cumsum(lengths)
+            starts = ends - lengths
+            for enc, start, end in zip(encodings, starts, ends):
+                ids[start:end - 1] = enc.ids
+            ids[ends - 1] = eot_id
+            ids.tofile(out)
+            offsets.extend((ends + offsets[-1]).tolist())
+            if progress is not None:
+                progress(len(batch))
+    np.save(offsets_path, np.asarray(offsets, dtype=np.int64))
+    return offsets[-1], len(offsets) - 1
+
+
+def tokenize(params: TokenizerParams, prepared_dir: Path, out_dir: Path, progress=None) -> dict:
+    """Build or load the tokenizer and encode every split; returns meta.json's content."""
+    tok_dir = out_dir / "tokenizer"
+    if params.name_or_path:
+        tokenizer, eot_id, vocab_size = load_pretrained(params.name_or_path, tok_dir)
+        source = params.name_or_path
+    else:
+        tokenizer = train_bpe(read_split(prepared_dir, "train"), params.vocab_size,
+                              params.min_frequency)
+        save_hf_tokenizer(tokenizer, tok_dir)
+        eot_id, vocab_size, source = tokenizer.token_to_id(EOT), tokenizer.get_vocab_size(), "bpe"
+    dtype = np.dtype("<u2") if vocab_size <= 2**16 else np.dtype("<u4")
+    splits = {}
+    for split in SPLITS:
+        n_tokens, n_docs = encode_split(
+            tokenizer, read_split(prepared_dir, split), eot_id, dtype,
+            out_dir / f"{split}.tokens", out_dir / f"{split}.offsets.npy", params.batch_size,
+            progress)
+        splits[split] = {"tokens": n_tokens, "documents": n_docs}
+    if splits["train"]["tokens"] == splits["train"]["documents"]:
+        raise RarelmError("tokenize: the train split encodes to no tokens")
+    return {"dtype": dtype.name, "vocab_size": vocab_size, "eot_id": eot_id,
+            "tokenizer": source, "splits": splits}

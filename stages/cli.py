@@ -1,0 +1,25 @@
+"""The `rarelm` console script: every stage as a subcommand, for use outside DVC.
+
+    rarelm prepare && rarelm tokenize      # what `dvc repro` runs, by hand
+    rarelm demo                            # rebuild the demo corpora under data/raw/
+"""
+
+from pathlib import Path
+
+import typer
+
+from stages.prepare import prepare
+from stages.tokenize import tokenize
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+app.command()(prepare)
+app.command()(tokenize)
+
+
+@app.command()
+def demo(out: Path = typer.Option(Path("data/raw"), help="output folder")) -> None:
+    """Rebuild the demo corpora and their glossaries, bit for bit."""
+    from rarelm.demo import write
+
+    for path in write(out):
+        print(path)

@@ -1,0 +1,42 @@
+"""Stage `prepare`: raw corpus -> cleaned train/val/test documents.
+
+    python -m stages.prepare            # as dvc.yaml runs it
+    rarelm prepare --params my.yaml     # the same through the console script
+
+Writes data/prepared/{train,val,test}.jsonl and stats.json (also as metrics/prepare.json).
+"""
+
+from pathlib import Path
+
+import typer
+
+from stages import METRICS, PARAMS, PREPARED
+
+app = typer.Typer(add_completion=False, help=__doc__)
+
+
+@app.command()
+def prepare(
+    params_file: Path = typer.Option(PARAMS, "--params", help="params.yaml to read"),
+    out: Path = typer.Option(PREPARED, help="output folder"),
+    metrics: Path = typer.Option(f"{METRICS}/prepare.json", help="stats file"),
+) -> None:
+    """Clean the corpus and split it by document into train/val/test."""
+    from rarelm import corpus
+    from rarelm.errors import user_errors
+    from rarelm.files import atomic_dir, write_json
+    from rarelm.params import load_params
+
+    with user_errors("prepare"):
+        params = load_params(params_file)
+        with atomic_dir(out) as tmp:
+            stats = corpus.prepare(params.corpus, params.seed, tmp)
+            write_json(tmp / "stats.json", stats)
+        write_json(metrics, stats)
+    split = ", ".join(f"{s} {stats[s]['documents']}" for s in corpus.SPLITS)
+    print(f"prepare: {stats['documents']} documents ({split}), language {stats['language']}, "
+          f"{stats['duplicates']} duplicates and {stats['dropped_short']} short dropped")
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,53 @@
+"""Stage `tokenize`: prepared splits -> tokenizer + memory-mapped token arrays.
+
+    python -m stages.tokenize
+
+Trains a byte-level BPE tokenizer on the train split (or copies the local
+pretrained one in `tokenizer.name_or_path`) and writes data/tokenized/ (see
+rarelm.tokenization for the layout) and metrics/tokenize.json.
+"""
+
+from pathlib import Path
+
+import typer
+
+from stages import METRICS, PARAMS, PREPARED, TOKENIZED
+
+app = typer.Typer(add_completion=False, help=__doc__)
+
+
+@app.command()
+def tokenize(
+    params_file: Path = typer.Option(PARAMS, "--params", help="params.yaml to read"),
+    prepared: Path = typer.Option(PREPARED, help="the prepare stage's folder"),
+    out: Path = typer.Option(TOKENIZED, help="output folder"),
+    metrics: Path = typer.Option(f"{METRICS}/tokenize.json", help="stats file"),
+) -> None:
+    """Build the tokenizer and encode every split."""
+    from rich.progress import Progress
+
+    from rarelm import tokenization
+    from rarelm.errors import RarelmError, user_errors
+    from rarelm.files import atomic_dir, read_json, write_json
+    from rarelm.params import load_params
+
+    with user_errors("tokenize"):
+        params = load_params(params_file)
+        try:
+            stats = read_json(prepared / "stats.json")
+        except FileNotFoundError:
+            raise RarelmError(f"{prepared}: no stats.json; run the prepare stage first") from None
+        total = sum(stats[s]["documents"] for s in ("train", "val", "test"))
+        with atomic_dir(out) as tmp, Progress(transient=True) as bar:
+            task = bar.add_task("tokenize: encoding documents", total=total)
+            meta = tokenization.tokenize(params.tokenizer, prepared, tmp,
+                                         progress=lambda n: bar.advance(task, n))
+            write_json(tmp / "meta.json", meta)
+        write_json(metrics, {"vocab_size": meta["vocab_size"],
+                             **{f"{s}_tokens": v["tokens"] for s, v in meta["splits"].items()}})
+    counts = ", ".join(f"{s} {v['tokens']}" for s, v in meta["splits"].items())
+    print(f"tokenize: vocabulary {meta['vocab_size']} ({meta['tokenizer']}), tokens: {counts}")
+
+
+if __name__ == "__main__":
+    app()

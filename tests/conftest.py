@@ -1,0 +1,77 @@
+"""Shared fixtures: a throw-away copy of the repo with a tiny corpus, and a CLI runner."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def run(args: list[str], cwd: Path, env: dict | None = None, check: bool = False,
+        timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run a command with the test venv's executables first on PATH."""
+    full_env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+                "PYTHONUNBUFFERED": "1", **(env or {})}
+    result = subprocess.run(args, cwd=cwd, env=full_env, capture_output=True, text=True,
+                            timeout=timeout)
+    if check and result.returncode != 0:
+        raise AssertionError(f"{args} exited {result.returncode}\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+def stage(name: str, cwd: Path, *args: str, **kwargs) -> subprocess.CompletedProcess:
+    """Run `python -m stages.<name>` in cwd, as dvc.yaml does."""
+    return run([sys.executable, "-m", f"stages.{name}", *args], cwd, **kwargs)
+
+
+def set_params(root: Path, **overrides) -> None:
+    """Set params in root/params.yaml: set_params(root, alpha=0.5, **{"train.max_steps": 3})."""
+    path = root / "params.yaml"
+    params = yaml.safe_load(path.read_text())
+    for key, value in overrides.items():
+        *parents, leaf = key.split(".")
+        node = params
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+    path.write_text(yaml.safe_dump(params, sort_keys=False, allow_unicode=True))
+
+
+TINY = {"n_terms": 40, "top_count": 30, "filler_sentences": (3, 6)}
+
+
+@pytest.fixture(scope="session")
+def tiny_raw(tmp_path_factory) -> Path:
+    """Tiny demo corpora (en and zh) with their glossaries, built once per session."""
+    from rarelm.demo import write
+
+    out = tmp_path_factory.mktemp("raw")
+    write(out, **TINY)
+    return out
+
+
+@pytest.fixture
+def repo(tmp_path: Path, tiny_raw: Path) -> Path:
+    """A git + DVC copy of the repo whose params point at the tiny corpus and a small model."""
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                           cwd=REPO, capture_output=True, check=True).stdout.decode().split("\0")
+    root = tmp_path / "repo"
+    for rel in filter(None, files):
+        src = REPO / rel
+        if src.is_file() and not rel.startswith("data/raw/"):
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, root / rel)
+    shutil.copytree(tiny_raw, root / "data" / "raw")
+    set_params(root, **{"tokenizer.vocab_size": 512})
+    for cmd in (["git", "init", "-q"], ["git", "add", "-A"],
+                ["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "init"]):
+        subprocess.run(cmd, cwd=root, check=True, capture_output=True)
+    return root
