@@ -118,7 +118,8 @@ def _decoded_lines(path: Path, errors: str) -> Iterator[str]:
 def _iter_txt(path: Path, params: CorpusParams) -> Iterator[str]:
     lines = _decoded_lines(path, params.encoding_errors)
     if params.txt_documents == "line":
-        yield from lines
+        for line in lines:
+            yield line.rstrip("\r\n")
         return
     paragraph: list[str] = []
     for line in lines:

@@ -148,7 +148,7 @@ def _glossary(spec: dict, rng: random.Random, n_terms: int, top_count: int) -> l
         raise ValueError(f"the {n_terms}-term demo needs more morphemes or cues")
     return [
         Term(text, max(2, round(top_count / rank)), a, b, rng.choice(spec["links"]))
-        for rank, (text, (a, b)) in enumerate(zip(texts, cues), start=1)
+        for rank, (text, (a, b)) in enumerate(zip(texts, cues, strict=False), start=1)
     ]
 
 

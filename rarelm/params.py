@@ -233,8 +233,10 @@ def _build(cls: type, raw: Any, prefix: str) -> Any:
 
 
 def _check_value(key: str, value: Any, hint: Any, bounds: Any) -> Any:
+    given = value
+
     def reject(allowed: str) -> typing.NoReturn:
-        raise RarelmError(f"params: {key} = {value!r} is not allowed (must be {allowed})")
+        raise RarelmError(f"params: {key} = {given!r} is not allowed (must be {allowed})")
 
     origin = typing.get_origin(hint)
     if origin is Literal:

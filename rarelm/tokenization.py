@@ -88,7 +88,7 @@ def encode_split(tokenizer, texts: Iterator[str], eot_id: int, dtype: np.dtype,
             ids = np.empty(int(lengths.sum()), dtype=dtype)
             ends = np.cumsum(lengths)
             starts = ends - lengths
-            for enc, start, end in zip(encodings, starts, ends):
+            for enc, start, end in zip(encodings, starts, ends, strict=True):
                 ids[start:end - 1] = enc.ids
             ids[ends - 1] = eot_id
             ids.tofile(out)

@@ -66,7 +66,8 @@ def repo(tmp_path: Path, tiny_raw: Path) -> Path:
     root = tmp_path / "repo"
     for rel in filter(None, files):
         src = REPO / rel
-        if src.is_file() and not rel.startswith("data/raw/"):
+        # the copy starts with no pipeline outputs: no metrics, plots or lock of the demo run
+        if src.is_file() and not rel.startswith(("data/raw/", "metrics/", "plots/", "dvc.lock")):
             (root / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, root / rel)
     shutil.copytree(tiny_raw, root / "data" / "raw")

@@ -1,0 +1,113 @@
+import dataclasses
+import gzip
+import json
+
+import pytest
+
+from rarelm import corpus
+from rarelm.errors import RarelmError
+from rarelm.params import CorpusParams
+
+
+def params(path, **kw) -> CorpusParams:
+    return dataclasses.replace(CorpusParams(), path=str(path), reference_glossary="", **kw)
+
+
+def test_clean_removes_ansi_controls_and_collapses_space():
+    assert corpus.clean("\x1b[1;31mRed\x1b[0m\ttext\x00\x07  here\r\n") == "Red text here"
+    assert corpus.clean("\x1b]0;title\x07x") == "x"
+    # NFC composes e + combining acute into one code point
+    assert corpus.clean("caf\u0065\u0301") == "caf\u00e9"
+    assert corpus.clean("心肌　梗死") == "心肌 梗死"  # ideographic space is whitespace
+
+
+def test_split_is_stable_and_proportional():
+    docs = [f"document number {i}" for i in range(20000)]
+    splits = [corpus.split_of(d, 7, 0.1, 0.2) for d in docs]
+    assert splits == [corpus.split_of(d, 7, 0.1, 0.2) for d in docs]
+    assert abs(splits.count("val") / 20000 - 0.1) < 0.01
+    assert abs(splits.count("test") / 20000 - 0.2) < 0.01
+    # adding documents never moves existing ones; another seed reshuffles
+    assert corpus.split_of(docs[5], 7, 0.1, 0.2) == splits[5]
+    other = [corpus.split_of(d, 8, 0.1, 0.2) for d in docs]
+    assert other != splits
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_formats_read_the_same_documents(tmp_path, gz):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    texts = ["first doc", "second, with \"quotes\"", "第三个文档"]
+    opener = (lambda p: gzip.open(p, "wt", encoding="utf-8")) if gz else \
+        (lambda p: open(p, "w", encoding="utf-8"))
+    suffix = ".gz" if gz else ""
+    with opener(tmp_path / f"a.txt{suffix}") as f:
+        f.write("\n".join(texts) + "\n")
+    with opener(tmp_path / f"b.jsonl{suffix}") as f:
+        f.write("".join(json.dumps({"body": t, "id": i}) + "\n" for i, t in enumerate(texts)))
+    import csv
+    with opener(tmp_path / f"c.csv{suffix}") as f:
+        w = csv.writer(f)
+        w.writerow(["id", "body"])
+        w.writerows([[i, t] for i, t in enumerate(texts)])
+    pq.write_table(pa.table({"body": texts}), tmp_path / "d.parquet")
+    for name in (f"a.txt{suffix}", f"b.jsonl{suffix}", f"c.csv{suffix}", "d.parquet"):
+        got = list(corpus.iter_documents(params(tmp_path / name, text_field="body")))
+        assert got == texts, name
+    folder = list(corpus.iter_documents(params(tmp_path, text_field="body")))
+    assert folder == texts * 4
+
+
+def test_blank_line_documents(tmp_path):
+    path = tmp_path / "c.txt"
+    path.write_text("para one\nstill one\n\n\npara two\n", encoding="utf-8")
+    docs = [corpus.clean(d) for d in corpus.iter_documents(params(path, txt_documents="blank_line"))]
+    assert docs == ["para one still one", "para two"]
+
+
+def test_prepare_dedups_drops_empty_and_writes_splits(tmp_path):
+    path = tmp_path / "c.txt"
+    path.write_text("alpha doc\n\n  \nalpha  doc\nbeta doc\n\x1b[0m\n", encoding="utf-8")
+    out = tmp_path / "out"
+    out.mkdir()
+    stats = corpus.prepare(params(path, val_fraction=0.0, test_fraction=0.0), 0, out)
+    assert stats["train"] == {"documents": 2, "characters": 17}
+    assert stats["duplicates"] == 1 and stats["dropped_short"] == 3
+    assert list(corpus.read_split(out, "train")) == ["alpha doc", "beta doc"]
+    assert stats["language"] == "en"
+
+
+def test_detect_language():
+    assert corpus.detect_language(["公司公告称，报告期内营业收入下降"]) == "zh"
+    assert corpus.detect_language(["The patient reported fever"]) == "en"
+
+
+@pytest.mark.parametrize(("setup", "message"), [
+    (lambda p: None, "no such file or folder"),
+    (lambda p: p.write_bytes(b""), "holds no document after cleaning"),
+    (lambda p: p.write_bytes(b"ok line\nbad \xff byte\n"), "line 2 (byte 12) is not valid UTF-8"),
+])
+def test_bad_corpus_errors(tmp_path, setup, message):
+    path = tmp_path / "c.txt"
+    setup(path)
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(RarelmError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        corpus.prepare(params(path), 0, out)
+
+
+def test_invalid_utf8_can_be_replaced(tmp_path):
+    path = tmp_path / "c.txt"
+    path.write_bytes(b"bad \xff byte\n")
+    docs = list(corpus.iter_documents(params(path, encoding_errors="replace")))
+    assert docs == ["bad \ufffd byte"]
+
+
+def test_unsupported_format_and_missing_field(tmp_path):
+    (tmp_path / "c.docx").write_text("x")
+    with pytest.raises(RarelmError, match="unsupported format 'c.docx'"):
+        corpus.corpus_files(params(tmp_path / "c.docx"))
+    (tmp_path / "d.jsonl").write_text('{"body": "x"}\n')
+    with pytest.raises(RarelmError, match="line 1 has no field 'text'"):
+        list(corpus.iter_documents(params(tmp_path / "d.jsonl")))

@@ -1,0 +1,96 @@
+"""The prepare and tokenize stages through their real CLIs and through `dvc repro`."""
+
+import json
+import time
+
+import pytest
+
+from rarelm.files import read_json
+from tests.conftest import run, set_params, stage
+
+
+def assert_user_error(result, message, root, *absent):
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert message in lines[0], lines[0]
+    for rel in absent:
+        assert not (root / rel).exists(), rel
+
+
+def test_dvc_repro_prepare_tokenize_then_nothing_to_do(repo):
+    result = run(["dvc", "repro", "tokenize"], repo, check=True)
+    assert "Running stage 'prepare'" in result.stdout and "Running stage 'tokenize'" in result.stdout
+    stats = read_json(repo / "metrics/prepare.json")
+    meta = read_json(repo / "data/tokenized/meta.json")
+    assert stats["language"] == "en" and stats["documents"] == sum(
+        stats[s]["documents"] for s in ("train", "val", "test"))
+    assert stats["train"]["documents"] > stats["test"]["documents"] > 0
+    for split in ("train", "val", "test"):
+        assert meta["splits"][split]["documents"] == stats[split]["documents"]
+    assert (repo / "data/tokenized/train.tokens").stat().st_size == 2 * meta["splits"]["train"]["tokens"]
+    lock = (repo / "dvc.lock").read_text()
+    assert "data/tokenized" in lock
+    start = time.monotonic()
+    again = run(["dvc", "repro", "tokenize"], repo, check=True)
+    assert "didn't change, skipping" in again.stdout and "Running stage" not in again.stdout
+    assert time.monotonic() - start < 10
+
+
+def test_chinese_demo_by_params_alone(repo):
+    set_params(repo, **{"corpus.path": "data/raw/demo_zh.txt.gz", "corpus.language": "auto",
+                        "corpus.reference_glossary": "data/raw/demo_zh.glossary.tsv"})
+    run(["dvc", "repro", "tokenize"], repo, check=True)
+    assert read_json(repo / "metrics/prepare.json")["language"] == "zh"
+    from transformers import AutoTokenizer
+
+    from rarelm.data import TokenizedData
+    data = TokenizedData.open(repo / "data/tokenized")
+    hf = AutoTokenizer.from_pretrained(data.tokenizer_dir)
+    off = data.offsets("test")
+    first = hf.decode(data.tokens("test")[off[0]:off[1] - 1].tolist())
+    with open(repo / "data/prepared/test.jsonl", encoding="utf-8") as f:
+        assert first == json.loads(f.readline())["text"]
+    assert "公司" in first
+
+
+@pytest.mark.parametrize(("params", "raw", "message"), [
+    ({"corpus.path": "data/raw/missing.txt"}, None,
+     "corpus.path: no such file or folder: data/raw/missing.txt"),
+    ({"corpus.path": "data/raw/empty.txt"}, b"", "holds no document after cleaning"),
+    ({"corpus.path": "data/raw/blank.txt"}, b"\n \n\x1b[0m\n", "holds no document after cleaning"),
+    ({"corpus.path": "data/raw/bad.txt"}, b"fine\n\xc3\x28 broken\n", "line 2 (byte 5) is not valid UTF-8"),
+    ({"corpus.path": "data/raw/c.jsonl"}, b'{"body": "x"}\n', "line 1 has no field 'text'"),
+    ({"corpus.path": "data/raw/c.docx"}, b"x", "unsupported format 'c.docx'"),
+    ({"corpus.val_fraction": 1.5}, None, "corpus.val_fraction = 1.5 is not allowed (must be < 1)"),
+])
+def test_prepare_bad_input_one_line_no_output(repo, params, raw, message):
+    if raw is not None:
+        (repo / params["corpus.path"]).write_bytes(raw)
+    set_params(repo, **params)
+    result = stage("prepare", repo)
+    assert_user_error(result, message, repo, "data/prepared", "metrics/prepare.json")
+    assert not list((repo / "data").glob(".prepared*"))  # no temporary left behind either
+
+
+def test_failed_prepare_keeps_previous_output(repo):
+    stage("prepare", repo, check=True)
+    before = (repo / "data/prepared/train.jsonl").read_bytes()
+    set_params(repo, **{"corpus.path": "data/raw/missing.txt"})
+    assert stage("prepare", repo).returncode == 2
+    assert (repo / "data/prepared/train.jsonl").read_bytes() == before
+
+
+def test_tokenize_needs_prepare_and_a_valid_tokenizer(repo):
+    assert_user_error(stage("tokenize", repo), "run the prepare stage first", repo, "data/tokenized")
+    stage("prepare", repo, check=True)
+    set_params(repo, **{"tokenizer.name_or_path": "no/such/tokenizer"})
+    assert_user_error(stage("tokenize", repo), "tokenizer.name_or_path: no such folder", repo,
+                      "data/tokenized", "metrics/tokenize.json")
+
+
+def test_console_script_lists_stages(repo):
+    from tests.conftest import BIN
+    result = run([str(BIN / "rarelm"), "--help"], repo, check=True)
+    for name in ("prepare", "tokenize", "demo"):
+        assert name in result.stdout
