@@ -5,8 +5,8 @@ does not grow with the corpus:
 
     >>> clean("  Myocardial\\x1b[31m  infarction\\x07 ")
     'Myocardial infarction'
-    >>> split_of("some document", seed=0, val_fraction=0.1, test_fraction=0.1)
-    'train'
+    >>> [split_of(doc, seed=0, val_fraction=0.1, test_fraction=0.1) for doc in "abcdef"]
+    ['test', 'train', 'test', 'test', 'train', 'train']
 
 A document's split is a function of its own text and the seed alone, so adding
 documents to a corpus never moves the others to another split.
