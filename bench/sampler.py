@@ -1,0 +1,72 @@
+"""Benchmark: rarelm's WeightedDistributedSampler against torch's WeightedRandomSampler.
+
+    .venv/bin/python bench/sampler.py                       # sizes 1e4 1e6 1e7, plus 2^24 + 2^20
+    .venv/bin/python bench/sampler.py --sizes 10000 --big 0 # quick
+
+For each size n: n random weights, one epoch of n indices drawn with
+replacement, timed as `list(sampler)` (what a DataLoader consumes) and, for
+ours, also as the int64 array `sampler.indices()`. Best of `--repeat` runs.
+Above 2^24 weights only ours runs (torch.multinomial refuses that many
+categories; the error is recorded). One line per size, then one JSON line last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+# Run from the repo root's view: bench/ itself must not be on the path, since a
+# bench/<name>.py could shadow a stdlib module of the same name (e.g. tokenize).
+sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from torch.utils.data import WeightedRandomSampler  # noqa: E402
+
+from rarelm.sampler import WeightedDistributedSampler  # noqa: E402
+
+
+def best_of(repeat: int, fn) -> float:
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 1_000_000, 10_000_000])
+    parser.add_argument("--big", type=int, default=2**24 + 2**20, help="size for ours alone; 0 = skip")
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+
+    rows = []
+    for n in [*args.sizes, *([args.big] if args.big else [])]:
+        weights = np.random.default_rng(0).random(n)
+        repeat = args.repeat if n <= 1_000_000 else 1
+        ours = WeightedDistributedSampler(weights, seed=0)
+        row = {"n": n,
+               "ours_list_s": best_of(repeat, lambda s=ours: list(s)),
+               "ours_indices_s": best_of(repeat, ours.indices)}
+        try:
+            theirs = WeightedRandomSampler(torch.from_numpy(weights), num_samples=n)
+            row["torch_list_s"] = best_of(repeat, lambda s=theirs: list(s))
+            row["speedup"] = row["torch_list_s"] / row["ours_list_s"]
+        except RuntimeError as exc:
+            row["torch_error"] = " ".join(str(exc).split())[:120]
+        rows.append(row)
+        print(" ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
+              flush=True)
+    print(json.dumps({"bench": "sampler", "machine": f"{platform.machine()} {os.cpu_count()} CPUs",
+                      "torch_threads": torch.get_num_threads(), "results": rows}))
+
+
+if __name__ == "__main__":
+    main()
