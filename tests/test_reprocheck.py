@@ -1,0 +1,149 @@
+"""rarelm.reprocheck: the reproducibility checks that CI (.github/workflows/ci.yml) runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rarelm import reprocheck
+from tests.conftest import BIN, run, set_params
+
+# Small enough for a 2-core machine; train.nproc = 2 exercises real two-process DDP.
+TINY_TRAIN = {"model.n_layer": 1, "model.n_head": 2, "model.n_embd": 32, "model.block_size": 32,
+              "train.nproc": 2, "train.max_steps": 6, "train.batch_size": 4, "train.log_every": 2,
+              "train.eval_every": 3, "train.eval_batches": 2, "train.checkpoint_every": 3,
+              "train.warmup_steps": 1, "eval.batch_size": 8, "eval.max_terms": 20}
+
+
+def tiny_params(root: Path) -> None:
+    """TINY_TRAIN for every key params.yaml has (the DAG grows stage by stage)."""
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    set_params(root, **{k: v for k, v in TINY_TRAIN.items()
+                        if k.split(".")[1] in (params.get(k.split(".")[0]) or {})})
+
+
+def toy_repo(root: Path, stages: dict, params: dict | None = None) -> Path:
+    """A git + DVC repo holding only the given stages (fast checks of the checker itself)."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages}, sort_keys=False))
+    (root / "params.yaml").write_text(yaml.safe_dump(params or {"x": 1.0}))
+    for cmd in (["git", "init", "-q"], ["dvc", "init", "-q"], ["git", "add", "-A"],
+                ["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "init"]):
+        run(cmd, root, check=True)
+    return root
+
+
+def test_dag_twice_from_scratch_gives_byte_identical_outputs(repo):
+    """The issue's check on our own suite: `dvc repro --force` twice, identical dvc.lock hashes."""
+    tiny_params(repo)
+    log: list[str] = []
+    hashes = reprocheck.reproduce(repo, runs=2, log=log.append)
+    outs = {o if isinstance(o, str) else next(iter(o))
+            for s in yaml.safe_load((repo / "dvc.yaml").read_text())["stages"].values()
+            for o in s.get("outs", [])}
+    assert outs and outs <= set(hashes)
+    assert "byte-identical across 2 runs" in log[-1]
+
+
+def test_reproduce_names_the_output_that_differs_and_forgives_wall_clock(tmp_path):
+    timing = ("import json, time; json.dump({'loss': 1.5, 'tokens_per_s': time.time(),"
+              " 'wall_seconds': time.time()}, open('metrics/train.json', 'w'))")
+    stages = {"noise": {"cmd": "python -c \"import os; open('noise.bin', 'wb').write(os.urandom(8))\"",
+                        "outs": ["noise.bin"]},
+              "steady": {"cmd": "python -c \"open('steady.txt', 'w').write('same')\"",
+                         "outs": ["steady.txt"]},
+              "train": {"cmd": f"mkdir -p metrics && python -c \"{timing}\"",
+                        "metrics": [{"metrics/train.json": {"cache": False}}]}}
+    root = toy_repo(tmp_path / "toy", stages)
+    log: list[str] = []
+    with pytest.raises(reprocheck.ReproError, match=r"noise\.bin") as err:
+        reprocheck.reproduce(root, runs=2, log=log.append)
+    assert "steady.txt" not in str(err.value) and "metrics/train.json" not in str(err.value)
+    assert "reprocheck: metrics/train.json: differs only in wall-clock fields" in log
+
+
+def test_metrics_against_a_reference_folder_with_tolerance_and_summary(tmp_path):
+    code = ("import json, time; json.dump({'ppl': 10.0, 'acc': 0.5, 'time_s': time.time()},"
+            " open('metrics/eval.json', 'w'))")
+    stages = {"evaluate": {"cmd": f"mkdir -p metrics && python -c \"{code}\"",
+                           "metrics": [{"metrics/eval.json": {"cache": False}}]}}
+    root = toy_repo(tmp_path / "toy", stages)
+    head = run(["git", "rev-parse", "HEAD"], root).stdout
+
+    def workspace(ppl: float) -> None:
+        (root / "metrics").mkdir(exist_ok=True)
+        (root / "metrics/eval.json").write_text(json.dumps({"ppl": ppl, "acc": 0.5, "time_s": 1.0}))
+
+    workspace(10.0)  # what a run of the stage writes; saved as the reference
+    reprocheck.save_metrics(root, ".ci/reference")
+    assert json.loads((root / ".ci/reference/metrics/eval.json").read_text())["ppl"] == 10.0
+
+    workspace(10.3)  # 3 % off: inside 0.01 + 5 %
+    summary = tmp_path / "summary.md"
+    rows = reprocheck.compare_metrics(root, ".ci/reference", summary=summary, log=lambda _: None)
+    verdicts = {r[1]: r[5] for r in rows}
+    assert verdicts == {"ppl": "ok", "acc": "ok", "time_s": "wall clock, not compared"}
+    assert "| metrics/eval.json | ppl | 10 | 10.3 | +0.3 | ok |" in summary.read_text()
+    workspace(11.0)  # 10 % off
+    with pytest.raises(reprocheck.ReproError, match=r"metrics/eval.json:ppl 10.0 -> 11.0"):
+        reprocheck.compare_metrics(root, ".ci/reference", log=lambda _: None)
+    # the throw-away reference commit moved no branch and left the index alone
+    assert run(["git", "rev-parse", "HEAD"], root).stdout == head
+    assert run(["git", "diff", "--cached", "--name-only"], root).stdout == ""
+    assert not (root / ".git/reprocheck-index").exists()
+
+
+def test_cli_overlay_params_unknown_key_is_an_error(tmp_path):
+    root = tmp_path
+    (root / "params.yaml").write_text("train:\n  nproc: 2\n")
+    (tmp_path / "ci.yaml").write_text("train:\n  nproc: 1\n")
+    reprocheck.apply_params(root, tmp_path / "ci.yaml")
+    assert yaml.safe_load((root / "params.yaml").read_text()) == {"train": {"nproc": 1}}
+    (tmp_path / "bad.yaml").write_text("train:\n  nprocs: 1\n")
+    with pytest.raises(reprocheck.ReproError, match="unknown param train.nprocs"):
+        reprocheck.apply_params(root, tmp_path / "bad.yaml")
+
+
+def test_ci_params_overlay_fits_the_real_params():
+    """.ci/params.yaml only names keys that params.yaml has, with values params.py accepts."""
+    from rarelm.params import Params
+
+    root = Path(__file__).resolve().parents[1]
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    overlay = yaml.safe_load((root / ".ci/params.yaml").read_text())
+
+    def merge(base, new, prefix=""):
+        for key, value in new.items():
+            assert key in base, f".ci/params.yaml: unknown key {prefix}{key}"
+            if isinstance(value, dict):
+                merge(base[key], value, f"{prefix}{key}.")
+            else:
+                base[key] = value
+
+    merge(params, overlay)
+    Params.from_dict(params)
+
+
+def test_workflow_runs_tests_dag_reproducibility_and_metrics_diff():
+    root = Path(__file__).resolve().parents[1]
+    workflow = yaml.safe_load((root / ".github/workflows/ci.yml").read_text())
+    assert workflow[True] if True in workflow else workflow["on"]  # `on:` parses as True in YAML 1.1
+    steps = [s for job in workflow["jobs"].values() for s in job["steps"]]
+    commands = "\n".join(s.get("run", "") for s in steps)
+    uses = [s.get("uses", "") for s in steps]
+    assert any(u.startswith("actions/checkout@") for u in uses)
+    assert any(u.startswith("actions/setup-python@") for u in uses)
+    order = [commands.index(c) for c in ("make test", "reprocheck reproduce --params .ci/params.yaml",
+                                         "reprocheck metrics --reference .ci/reference")]
+    assert order == sorted(order)
+    assert "GITHUB_STEP_SUMMARY" in commands
+    assert "--runs 2" in commands
+    assert (root / ".ci/reference/metrics").is_dir()
+    # the helper the workflow calls is the one tested here
+    result = subprocess.run([str(BIN / "python"), "-m", "rarelm.reprocheck", "--help"], cwd=root,
+                            capture_output=True, text=True)
+    assert result.returncode == 0 and "reproduce" in result.stdout and "metrics" in result.stdout
