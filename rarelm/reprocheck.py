@@ -6,7 +6,8 @@ Two checks, each a subcommand of `python -m rarelm.reprocheck`:
                 checkpoint cache removed before each run) and compare the output hashes that
                 DVC records in dvc.lock: every output must be byte-identical. Metrics and plot
                 files may differ only in wall-clock fields (tokens/s, seconds), which are
-                compared with those fields left out.
+                compared with those fields left out; an output folder only in the file that
+                names its MLflow run (mlflow_run.json, a new run id each time).
     metrics     `dvc metrics diff` of the workspace against committed reference metrics, each
                 metric within |new - old| <= atol + rtol * |old|; a Markdown table of the diff
                 goes to stdout and, in GitHub Actions, to $GITHUB_STEP_SUMMARY.
@@ -43,7 +44,10 @@ import yaml
 WALL_CLOCK = re.compile(r"(^|[._/])(wall|time|seconds|elapsed|duration|eta)|per_s(ec)?\b|_s$|"
                         r"tokens_s\b|throughput|samples_s\b", re.IGNORECASE)
 # Where the train stage keeps its resumable checkpoints (outside DVC's outputs).
-CHECKPOINT_DIRS = (".cache/rarelm", "checkpoints")
+CHECKPOINT_DIRS = (".cache/train",)
+# Files inside an output folder that name the run rather than its result: the MLflow run id that
+# `train` leaves beside the model is new on every run by design.
+RUN_IDENTITY_FILES = ("mlflow_run.json",)
 RTOL, ATOL = 0.05, 0.01
 
 
@@ -180,6 +184,9 @@ def reproduce(root: str | Path, runs: int = 2, clean: tuple[str, ...] = CHECKPOI
             if hashes.get(path, "").endswith(".dir"):
                 now = dir_manifest(root, hashes[path])
                 files = differing(first_manifests.get(path, {}), now)
+                if files and all(Path(f).name in RUN_IDENTITY_FILES for f in files):
+                    log(f"reprocheck: {path}: differs only in {', '.join(files)} (the run's identity)")
+                    continue
                 detail = f" (files: {', '.join(files[:10])})" if files else ""
             problems.append(f"{path}: {first_hashes.get(path)} != {hashes.get(path)}{detail}")
         if problems:

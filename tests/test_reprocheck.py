@@ -57,13 +57,17 @@ def test_reproduce_names_the_output_that_differs_and_forgives_wall_clock(tmp_pat
               "steady": {"cmd": "python -c \"open('steady.txt', 'w').write('same')\"",
                          "outs": ["steady.txt"]},
               "train": {"cmd": f"mkdir -p metrics && python -c \"{timing}\"",
-                        "metrics": [{"metrics/train.json": {"cache": False}}]}}
+                        "metrics": [{"metrics/train.json": {"cache": False}}]},
+              "model": {"cmd": "mkdir -p models/m && echo w > models/m/w.bin && "
+                               "python -c \"import uuid; print(uuid.uuid4())\" > models/m/mlflow_run.json",
+                        "outs": ["models/m"]}}
     root = toy_repo(tmp_path / "toy", stages)
     log: list[str] = []
     with pytest.raises(reprocheck.ReproError, match=r"noise\.bin") as err:
         reprocheck.reproduce(root, runs=2, log=log.append)
-    assert "steady.txt" not in str(err.value) and "metrics/train.json" not in str(err.value)
+    assert all(p not in str(err.value) for p in ("steady.txt", "metrics/train.json", "models/m"))
     assert "reprocheck: metrics/train.json: differs only in wall-clock fields" in log
+    assert "reprocheck: models/m: differs only in mlflow_run.json (the run's identity)" in log
 
 
 def test_metrics_against_a_reference_folder_with_tolerance_and_summary(tmp_path):
