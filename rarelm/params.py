@@ -64,23 +64,26 @@ class TokenizerParams:
 
 @dataclasses.dataclass(frozen=True)
 class RareParams:
-    """Frequency buckets and rare-term extraction (`rare_terms`)."""
+    """Frequency buckets and rare-term extraction (`rare_terms`; rules in rarelm/rare.py)."""
 
-    frequent_share: float = param(0.8, gt=0.0, lt=1.0)
-    rare_share: float = param(0.05, gt=0.0, lt=1.0)
-    ngram_max: int = param(3, ge=1, le=6)
-    min_df: int = param(2, ge=1)
-    max_df: float = param(0.05, gt=0.0, le=1.0)
-    top_k: int = param(300, ge=1)
-    glossary: str = ""  # optional user glossary, one term per line; always kept
-    chunk_tokens: int = param(4_000_000, ge=1024)
+    frequent_share: float = param(0.8, gt=0.0, lt=1.0)  # frequent tokens cover >= this share
+    rare_share: float = param(0.05, gt=0.0, lt=1.0)  # rare tokens cover <= this share
+    ngram_max: int = param(5, ge=1, le=8)  # longest term, in words (jieba words for Chinese)
+    min_df: int = param(1, ge=1)  # a term occurs in at least this many training documents
+    max_df: float = param(0.1, gt=0.0, le=1.0)  # ... and in at most this fraction of them
+    min_count: int = param(2, ge=1)  # ... and at least this many times in all
+    top_k: int = param(300, ge=1)  # TF-IDF terms kept, best score first
+    max_documents: int = param(200_000, ge=1)  # TF-IDF on at most this many (evenly spread) documents
+    glossary: str = ""  # optional user glossary, one term per line (UTF-8); always kept
+    chunk_tokens: int = param(4_000_000, ge=1024)  # tokens counted per chunk (bounds memory)
 
 
 @dataclasses.dataclass(frozen=True)
 class WeightsParams:
-    """How `weights` turns token frequencies into per-sample weights."""
+    """How `weights` turns token frequencies into per-sample weights (rarelm/weights.py)."""
 
     clip_ratio: float = param(100.0, ge=1.0)  # largest / smallest weight after clipping
+    chunk_tokens: int = param(4_000_000, ge=1024)  # tokens scored per chunk (bounds memory)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,12 +130,23 @@ class TrainParams:
 
 @dataclasses.dataclass(frozen=True)
 class EvalParams:
-    """What `evaluate` measures."""
+    """What `evaluate` measures (see rarelm/evaluate.py)."""
 
-    splits: list[str] = param(["test"])
-    batch_size: int = param(32, ge=1)
-    max_terms: int = param(2000, ge=1)
-    context_tokens: int = param(64, ge=1)
+    splits: list[str] = param(["test"])  # the first is metrics/eval.json's top level, others nest
+    block_size: int = param(0, ge=0)  # scoring window in tokens; 0 = the model's context length
+    batch_size: int = param(32, ge=1)  # windows / prompts per forward pass
+    max_terms: int = param(2000, ge=1)  # most term occurrences generated (round robin over terms)
+    context_tokens: int = param(64, ge=1)  # prompt: up to this many tokens before the term
+    diversity_prompts: int = param(64, ge=0)  # free continuations sampled; 0 = skip
+    diversity_tokens: int = param(64, ge=1)  # tokens per continuation
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+    def __post_init__(self) -> None:
+        allowed = ("train", "val", "test")
+        if not self.splits or len(set(self.splits)) != len(self.splits) or \
+                any(s not in allowed for s in self.splits):
+            raise RarelmError(f"params: eval.splits = {self.splits!r} is not allowed "
+                              f"(must be a non-empty list of distinct splits from {', '.join(allowed)})")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,18 +2,23 @@
 
     rarelm prepare && rarelm tokenize      # what `dvc repro` runs, by hand
     rarelm demo                            # rebuild the demo corpora under data/raw/
+    rarelm generate "The patient" --model models/model   # continue a prompt, streaming
 """
 
 from pathlib import Path
 
 import typer
 
+from stages.evaluate import evaluate
+from stages.generate import generate
 from stages.prepare import prepare
 from stages.tokenize import tokenize
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 app.command()(prepare)
 app.command()(tokenize)
+app.command()(evaluate)
+app.command()(generate)
 
 
 @app.command()

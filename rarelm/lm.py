@@ -1,0 +1,146 @@
+"""Loading a causal LM folder, and the batched decoding that `evaluate` and `generate` share.
+
+Any local Hugging Face causal LM folder works (the pipeline's own GPT-2-style
+model or a fine-tuned pretrained one); a bad folder is a one-line RarelmError.
+Prompts of different lengths are decoded together: left-padded with an
+attention mask, so every row continues from its own last token, and through
+`model.generate`, which keeps the KV cache and the position ids right for
+whatever architecture the folder holds:
+
+    model = load_causal_lm("models/model")
+    greedy_continue(model, [[5, 6, 7], [9]], n_new=2, pad_id=0)   # tensor of shape [2, 2]
+
+Generation never stops early at the end-of-text token (`eos_token_id=[]`):
+every row gets exactly `n_new` tokens, so rows stay comparable.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rarelm.errors import RarelmError
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else type(exc).__name__)[:200]
+
+
+def load_causal_lm(path: str | Path, device: str = "cpu"):
+    """The model in folder `path` (AutoModelForCausalLM), in eval mode on `device`."""
+    path = Path(path)
+    if not path.is_dir():
+        raise RarelmError(f"{path}: no such model folder")
+    if not (path / "config.json").is_file():
+        raise RarelmError(f"{path}: no config.json, so not a Hugging Face model folder")
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()  # no "Loading weights" bar on stderr: a stage prints one line
+    logging.set_verbosity_error()
+    try:
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(path, config=config, local_files_only=True)
+    except Exception as exc:  # transformers raises ValueError/OSError/KeyError/... for a bad folder
+        raise RarelmError(f"{path}: not a loadable causal language model ({_first_line(exc)})") from None
+    return model.to(device).eval()
+
+
+def load_tokenizer(path: str | Path):
+    """The tokenizer saved beside the model in folder `path`."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(Path(path), local_files_only=True)
+    except Exception as exc:
+        raise RarelmError(f"{path}: no loadable tokenizer ({_first_line(exc)})") from None
+
+
+def resolve_device(device: str) -> str:
+    """`auto` -> cuda when available, else cpu; `cuda` without a GPU is an error."""
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RarelmError("eval.device = 'cuda' but no CUDA device is available")
+    return device
+
+
+def context_length(model) -> int | None:
+    """The most positions the model can attend to, or None if its config does not say."""
+    config = model.config
+    for name in ("n_positions", "max_position_embeddings", "n_ctx", "seq_length"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def left_pad(prompts: list[list[int]], pad_id: int, device="cpu"):
+    """(input ids, attention mask) with every prompt right-aligned.
+
+    >>> ids, mask = left_pad([[5, 6, 7], [9]], pad_id=0)
+    >>> ids.tolist(), mask.tolist()
+    ([[5, 6, 7], [0, 0, 9]], [[1, 1, 1], [0, 0, 1]])
+    """
+    import torch
+
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token")
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt):] = torch.as_tensor(prompt, dtype=torch.long)
+        mask[row, width - len(prompt):] = 1
+    return ids.to(device), mask.to(device)
+
+
+def _continue(model, prompts: list[list[int]], n_new: int, pad_id: int, **sampling):
+    import torch
+    from transformers import GenerationConfig
+
+    ids, mask = left_pad(prompts, pad_id, model.device)
+    config = GenerationConfig(max_new_tokens=n_new, eos_token_id=[], pad_token_id=pad_id, **sampling)
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=mask, generation_config=config)
+    return out[:, ids.shape[1]:].cpu()
+
+
+def greedy_continue(model, prompts: list[list[int]], n_new: int, pad_id: int):
+    """Greedy continuations, LongTensor [len(prompts), n_new], one batched decode with the KV cache."""
+    return _continue(model, prompts, n_new, pad_id, do_sample=False)
+
+
+def sample_continue(model, prompts: list[list[int]], n_new: int, pad_id: int, temperature: float = 1.0,
+                    top_k: int = 0, top_p: float = 1.0):
+    """Sampled continuations [len(prompts), n_new]; seed torch's global RNG first for repeatability."""
+    return _continue(model, prompts, n_new, pad_id, do_sample=True, temperature=temperature,
+                     top_k=top_k, top_p=top_p)
+
+
+def continuation_nll(model, prompts: list[list[int]], continuations: list[list[int]], pad_id: int):
+    """Teacher-forced NLL (nats) of each continuation token given its prompt: a list of float arrays.
+
+    One right-padded forward pass per call: prompt + continuation, scored at the
+    continuation's positions. Right padding needs no position ids, and padding
+    after a sequence cannot change a causal model's outputs before it.
+    """
+    import torch
+
+    seqs = [p + c for p, c in zip(prompts, continuations, strict=True)]
+    width = max(map(len, seqs))
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, seq in enumerate(seqs):
+        ids[row, :len(seq)] = torch.as_tensor(seq)
+        mask[row, :len(seq)] = 1
+    with torch.no_grad():
+        logits = model(input_ids=ids.to(model.device), attention_mask=mask.to(model.device)).logits
+    logprobs = torch.log_softmax(logits.float(), dim=-1).cpu()
+    out = []
+    for row, (prompt, cont) in enumerate(zip(prompts, continuations, strict=True)):
+        positions = torch.arange(len(prompt) - 1, len(prompt) - 1 + len(cont))
+        out.append((-logprobs[row, positions, torch.as_tensor(cont)]).double().numpy())
+    return out

@@ -1,0 +1,115 @@
+"""Stage `evaluate`: trained model + tokenized splits + rare terms -> metrics/eval.json, plots.
+
+    python -m stages.evaluate
+    rarelm evaluate --model some/other/model
+
+Writes metrics/eval.json (see rarelm/evaluate.py for every key),
+plots/eval_buckets.csv (perplexity and accuracy per frequency bucket) and
+plots/eval_term_bands.csv (term generation accuracy per train-frequency band),
+and logs the same into the MLflow run that trained the model
+(models/model/mlflow_run.json) as `eval/<key>` metrics and `eval/` artifacts.
+"""
+
+from pathlib import Path
+
+import typer
+
+from stages import METRICS, MODEL, PARAMS, PLOTS, RARE, TOKENIZED
+
+app = typer.Typer(add_completion=False, help=__doc__)
+
+BUCKET_COLUMNS = ["bucket", "tokens", "ppl", "acc", "recall_at_5"]
+BAND_COLUMNS = ["band", "terms", "occurrences", "exact_match", "first_token_acc", "nll"]
+
+
+@app.command()
+def evaluate(
+    params_file: Path = typer.Option(PARAMS, "--params", help="params.yaml to read"),
+    model_dir: Path = typer.Option(MODEL, "--model", help="model folder (any local causal LM)"),
+    tokenized: Path = typer.Option(TOKENIZED, help="the tokenize stage's folder"),
+    rare: Path = typer.Option(RARE, help="the rare_terms stage's folder"),
+    metrics: Path = typer.Option(f"{METRICS}/eval.json", help="metrics file"),
+    plots: Path = typer.Option(PLOTS, help="folder for the plot CSVs"),
+) -> None:
+    """Perplexity per frequency bucket, rare-token accuracy, rare-term generation, diversity."""
+    import time
+
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from rarelm.errors import user_errors
+
+    started = time.perf_counter()
+    with user_errors("evaluate"):
+        from rarelm import evaluate as ev
+        from rarelm import term_search
+        from rarelm.data import TokenizedData
+        from rarelm.files import atomic_file, write_json
+        from rarelm.params import load_params
+
+        params = load_params(params_file)
+        data = TokenizedData.open(tokenized)
+        buckets = ev.load_buckets(rare, data.vocab_size)
+        terms = term_search.load_terms(rare / "terms.jsonl")
+        model, joins = _load(model_dir, data, params.eval.device)
+
+        columns = [TextColumn("evaluate: {task.description}"), BarColumn(),
+                   TextColumn("{task.completed}/{task.total}"), TimeRemainingColumn()]
+        results = {}
+        with Progress(*columns, transient=True) as bar:
+            def progress(description: str, total: int):
+                task = bar.add_task(f"{split} {description}", total=total)
+                return lambda n: bar.advance(task, n)
+
+            for split in params.eval.splits:
+                results[split] = ev.evaluate_split(model, data, split, buckets, terms, params.eval,
+                                                   params.seed, joins, progress)
+        out = ev.combine(results)
+        first = results[params.eval.splits[0]]
+        bucket_csv, band_csv = plots / "eval_buckets.csv", plots / "eval_term_bands.csv"
+        for path, columns_, rows in ((bucket_csv, BUCKET_COLUMNS, first.bucket_rows),
+                                     (band_csv, BAND_COLUMNS, first.band_rows)):
+            with atomic_file(path) as f:
+                f.write(_csv(columns_, rows))
+        write_json(metrics, out)
+        ev.log_to_mlflow(model_dir / "mlflow_run.json", out, [metrics, bucket_csv, band_csv])
+    seconds = time.perf_counter() - started
+    m = out
+    print(f"evaluate: {params.eval.splits[0]} ppl {_fmt(m['ppl'])} (frequent {_fmt(m['ppl_frequent'])}, "
+          f"medium {_fmt(m['ppl_medium'])}, rare {_fmt(m['ppl_rare'])}), rare-token acc "
+          f"{_fmt(m['rare_token_acc'])}, term exact match {_fmt(m['term_exact_match'])} over "
+          f"{m['n_eval_terms']} occurrences, {m['n_eval_tokens']} tokens, {seconds:.1f} s")
+
+
+def _load(model_dir: Path, data, device: str):
+    """The model on its device, and per-token word-boundary flags from the pipeline's tokenizer."""
+    import torch
+
+    from rarelm import term_search
+    from rarelm.errors import RarelmError
+    from rarelm.lm import load_causal_lm, load_tokenizer, resolve_device
+
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    model = load_causal_lm(model_dir, resolve_device(device))
+    vocab = getattr(model.config, "vocab_size", None)
+    if isinstance(vocab, int) and vocab < data.vocab_size:
+        raise RarelmError(f"{model_dir}: the model's vocabulary ({vocab}) is smaller than the "
+                          f"tokenizer's ({data.vocab_size}); was it trained on this data?")
+    joins = term_search.word_joins(load_tokenizer(data.tokenizer_dir), data.vocab_size)
+    return model, joins
+
+
+def _fmt(value) -> str:
+    return "n/a" if value is None else f"{value:.4g}"
+
+
+def _csv(columns: list[str], rows: list[dict]) -> str:
+    lines = [",".join(columns)]
+    for row in rows:
+        lines.append(",".join("" if row[c] is None else
+                              f"{row[c]:.6g}" if isinstance(row[c], float) else str(row[c])
+                              for c in columns))
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    app()

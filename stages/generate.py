@@ -1,0 +1,44 @@
+"""`rarelm generate`: continue a prompt with a trained model, streaming the text.
+
+    rarelm generate "The patient presented with" --max-tokens 40
+    rarelm generate "Acute" --model path/to/any/causal-lm --greedy
+
+Not a DVC stage: a tool to look at what a model writes (see rarelm/generate.py).
+"""
+
+from pathlib import Path
+
+import typer
+
+from stages import MODEL
+
+app = typer.Typer(add_completion=False, help=__doc__)
+
+
+@app.command()
+def generate(
+    prompt: str = typer.Argument("", help="text to continue ('' starts a fresh document)"),
+    model_dir: Path = typer.Option(MODEL, "--model", help="model folder (any local causal LM)"),
+    max_tokens: int = typer.Option(100, help="most new tokens"),
+    greedy: bool = typer.Option(False, "--greedy", help="always take the likeliest token"),
+    temperature: float = typer.Option(0.8, help="sampling temperature (> 0)"),
+    top_k: int = typer.Option(50, help="sample among the k likeliest tokens (0 = all)"),
+    top_p: float = typer.Option(0.95, help="nucleus: smallest set with this much probability (1 = all)"),
+    seed: int = typer.Option(0, help="sampling seed: same seed, same text"),
+    device: str = typer.Option("auto", help="auto | cpu | cuda"),
+) -> None:
+    """Continue PROMPT with a model folder, greedy or sampled, printing tokens as they come."""
+    from rarelm.errors import RarelmError, user_errors
+
+    with user_errors("generate"):
+        from rarelm.generate import Sampling, run
+
+        if device not in ("auto", "cpu", "cuda"):
+            raise RarelmError(f"--device = {device} is not allowed (must be one of auto, cpu, cuda)")
+        sampling = Sampling(max_tokens=max_tokens, greedy=greedy, temperature=temperature,
+                            top_k=top_k, top_p=top_p, seed=seed)
+        run(model_dir, prompt, sampling, device)
+
+
+if __name__ == "__main__":
+    app()
