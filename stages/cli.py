@@ -12,11 +12,15 @@ import typer
 from stages.evaluate import evaluate
 from stages.generate import generate
 from stages.prepare import prepare
+from stages.rare_terms import rare_terms
 from stages.tokenize import tokenize
+from stages.weights import weights
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 app.command()(prepare)
 app.command()(tokenize)
+app.command(name="rare_terms")(rare_terms)
+app.command()(weights)
 app.command()(evaluate)
 app.command()(generate)
 

@@ -1,0 +1,58 @@
+"""Stage `rare_terms`: token frequencies, frequency buckets and rare domain terms.
+
+    python -m stages.rare_terms
+
+Reads the tokenized train split and the prepared train documents, writes
+data/rare/ and metrics/rare_terms.json:
+
+    counts.npy     int64 [vocab_size]  occurrences of every token id in the train split
+    buckets.npy    int8 [vocab_size]   0 frequent, 1 medium, 2 rare, 3 unseen in train
+    buckets.json   bucket thresholds, sizes and shares of train occurrences
+    terms.jsonl    one JSON object per term: term, source (tfidf | glossary), count, df,
+                   idf, score, token_ids (list of token-id sequences, with/without a leading space)
+    summary.json   the same as metrics/rare_terms.json
+
+The rules (buckets, scoring, thresholds) are in rarelm/rare.py.
+"""
+
+from pathlib import Path
+
+import typer
+
+from stages import METRICS, PARAMS, PREPARED, RARE, TOKENIZED
+
+app = typer.Typer(add_completion=False, help=__doc__)
+
+
+@app.command()
+def rare_terms(
+    params_file: Path = typer.Option(PARAMS, "--params", help="params.yaml to read"),
+    prepared: Path = typer.Option(PREPARED, help="the prepare stage's folder"),
+    tokenized: Path = typer.Option(TOKENIZED, help="the tokenize stage's folder"),
+    out: Path = typer.Option(RARE, help="output folder"),
+    metrics: Path = typer.Option(f"{METRICS}/rare_terms.json", help="metrics file"),
+) -> None:
+    """Count token frequencies, bucket the vocabulary and extract rare domain terms."""
+    from rarelm import rare
+    from rarelm.errors import user_errors
+    from rarelm.files import atomic_dir, write_json
+    from rarelm.params import load_params
+
+    with user_errors("rare_terms"):
+        params = load_params(params_file)
+        with atomic_dir(out) as tmp:
+            result = rare.rare_terms(params.rare, params.corpus.reference_glossary, prepared,
+                                     tokenized, tmp)
+        write_json(metrics, result)
+    b = result["buckets"]
+    shares = ", ".join(f"{n} {b[n]['tokens']} ({b[n]['share']:.1%})" for n in rare.BUCKET_NAMES)
+    scored = ""
+    if "extraction" in result:
+        e = result["extraction"]
+        scored = f"; vs reference P {e['precision']:.3f} R {e['recall']:.3f} F1 {e['f1']:.3f}"
+    print(f"rare_terms: buckets {shares}; {result['terms']} terms ({result['tfidf_terms']} tfidf, "
+          f"{result['glossary_terms']} glossary, {result['language']}){scored}")
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,63 @@
+"""Stage `weights`: one sampling weight per training sample, from token frequencies and `alpha`.
+
+    python -m stages.weights
+    dvc exp run -S alpha=0.7        # re-runs weights and what follows it, nothing before
+
+Reads the tokenized train split and data/rare/{counts,buckets}.npy, writes:
+
+    data/weights/weights.npy   float64 [samples], mean 1; weight i belongs to rarelm.data.Samples window i
+    data/weights/summary.json  the same as metrics/weights.json
+    metrics/weights.json       alpha, Kish effective sample size (ess, ess_fraction), rare_exposure,
+                               exposure per bucket, top1pct_weight_share, min, max, max_over_min
+    plots/weights.csv          histogram of log10 weights (log10_weight, samples)
+
+The formula is in rarelm/weights.py.
+"""
+
+from pathlib import Path
+
+import typer
+
+from stages import METRICS, PARAMS, PLOTS, RARE, TOKENIZED, WEIGHTS
+
+app = typer.Typer(add_completion=False, help=__doc__)
+
+
+@app.command()
+def weights(
+    params_file: Path = typer.Option(PARAMS, "--params", help="params.yaml to read"),
+    tokenized: Path = typer.Option(TOKENIZED, help="the tokenize stage's folder"),
+    rare_dir: Path = typer.Option(RARE, "--rare", help="the rare_terms stage's folder"),
+    out: Path = typer.Option(WEIGHTS, help="output folder"),
+    metrics: Path = typer.Option(f"{METRICS}/weights.json", help="metrics file"),
+    plot: Path = typer.Option(f"{PLOTS}/weights.csv", help="weight histogram (CSV)"),
+) -> None:
+    """Weight every training sample by the rarity of its tokens."""
+    import csv
+
+    import numpy as np
+
+    from rarelm import weights as weighting
+    from rarelm.errors import user_errors
+    from rarelm.files import atomic_dir, atomic_file, write_json
+    from rarelm.params import load_params
+
+    with user_errors("weights"):
+        params = load_params(params_file)
+        values, stats, histogram = weighting.compute(params, tokenized, rare_dir)
+        with atomic_dir(out) as tmp:
+            np.save(tmp / "weights.npy", values)
+            write_json(tmp / "summary.json", stats)
+        write_json(metrics, stats)
+        with atomic_file(plot) as f:
+            writer = csv.DictWriter(f, fieldnames=["log10_weight", "samples"], lineterminator="\n")
+            writer.writeheader()
+            writer.writerows(histogram)
+    rare = stats["rare_exposure"]
+    print(f"weights: {stats['samples']} samples, alpha {stats['alpha']:g}, max/min "
+          f"{stats['max_over_min']:.3g}, ESS {stats['ess_fraction']:.1%}, rare-token exposure "
+          f"{'n/a' if rare is None else f'{rare:.3f}x'}, top 1% hold {stats['top1pct_weight_share']:.1%}")
+
+
+if __name__ == "__main__":
+    app()
