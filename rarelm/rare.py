@@ -147,6 +147,30 @@ def ngrams(words: list[str], n_max: int, sep: str) -> list[str]:
     return out
 
 
+_JIEBA_BASE = None
+
+
+def _fresh_jieba():
+    """A private jieba.Tokenizer with the default dictionary, loaded from disk once per process.
+
+    Private so glossary words added to it never leak into other users of jieba;
+    copied from a loaded one because loading the dictionary takes seconds.
+    """
+    global _JIEBA_BASE
+    import logging
+
+    import jieba
+
+    jieba.setLogLevel(logging.WARNING)
+    if _JIEBA_BASE is None:
+        _JIEBA_BASE = jieba.Tokenizer()
+        _JIEBA_BASE.initialize()
+    tokenizer = jieba.Tokenizer()
+    tokenizer.FREQ, tokenizer.total = dict(_JIEBA_BASE.FREQ), _JIEBA_BASE.total
+    tokenizer.initialized = True
+    return tokenizer
+
+
 class Segmenter:
     """Text -> phrases (lists of words) that n-grams stay inside.
 
@@ -159,12 +183,7 @@ class Segmenter:
         self.sep = "" if language == "zh" else " "
         self._jieba = None
         if language == "zh":
-            import logging
-
-            import jieba
-
-            jieba.setLogLevel(logging.WARNING)
-            self._jieba = jieba.Tokenizer()
+            self._jieba = _fresh_jieba()
             for term in glossary:
                 # glossary terms are whole words: one word, with a frequency that wins
                 self._jieba.add_word(normalize_term(term).replace(" ", ""), freq=10**6)

@@ -1,0 +1,221 @@
+"""rare_terms: counts, buckets, TF-IDF terms, glossaries, extraction scores; the stage's CLI errors."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+
+import numpy as np
+import pytest
+
+from rarelm import rare
+from rarelm.errors import RarelmError
+from tests.conftest import REPO, set_params, stage
+
+# ------------------------------------------------------------------ counts and buckets
+
+
+def test_count_tokens_in_chunks_equals_bincount():
+    tokens = np.random.default_rng(0).integers(0, 50, size=10_000).astype(np.uint16)
+    counts = rare.count_tokens(tokens, 60, chunk_tokens=1024)
+    assert counts.dtype == np.int64 and counts.tolist() == np.bincount(tokens, minlength=60).tolist()
+
+
+def test_count_tokens_rejects_an_id_outside_the_vocabulary():
+    with pytest.raises(RarelmError, match="token id 9 .* outside the vocabulary of 5"):
+        rare.count_tokens(np.array([1, 2, 9], dtype=np.uint16), 5, chunk_tokens=1024)
+
+
+def test_buckets_by_hand():
+    # 100 occurrences. Descending 50, 30 reach 80% -> frequent = count >= 30.
+    # Ascending 2, 3, 5 cover 10 <= 10% (adding 10 would make 20) -> rare = count <= 5.
+    counts = np.array([0, 50, 30, 10, 5, 3, 2])
+    buckets, summary = rare.bucket_tokens(counts, frequent_share=0.8, rare_share=0.1)
+    assert buckets.dtype == np.int8
+    assert buckets.tolist() == [3, 0, 0, 1, 2, 2, 2]
+    assert summary["frequent_min_count"] == 30 and summary["rare_max_count"] == 5
+    assert summary["frequent"] == {"tokens": 2, "occurrences": 80, "share": 0.8}
+    assert summary["medium"] == {"tokens": 1, "occurrences": 10, "share": 0.1}
+    assert summary["rare"] == {"tokens": 3, "occurrences": 10, "share": 0.1}
+    assert summary["unseen"] == {"tokens": 1, "occurrences": 0, "share": 0.0}
+
+
+def test_equal_counts_share_a_bucket():
+    # 40 reaches 70% at the first 40 -> every token with count 40 is frequent, covering 80%;
+    # rare: count-1 tokens cover 2/100 <= 5%, count 8 would make 10%.
+    counts = np.array([40, 40, 10, 8, 1, 1])
+    buckets, _ = rare.bucket_tokens(counts, frequent_share=0.7, rare_share=0.05)
+    assert buckets.tolist() == [0, 0, 1, 1, 2, 2]
+
+
+@pytest.mark.parametrize(("shares", "empty"), [((0.8, 0.001), "rare"), ((0.6, 0.2), "medium")])
+def test_thresholds_that_leave_a_bucket_empty(shares, empty):
+    counts = np.array([50, 30, 10, 5, 3, 2])
+    with pytest.raises(RarelmError, match=f"leave the {empty} bucket empty"):
+        rare.bucket_tokens(counts, *shares)
+
+
+# ------------------------------------------------------------------ words and terms
+
+
+def test_english_phrases_stop_at_punctuation_and_digits():
+    seg = rare.Segmenter("en")
+    assert list(seg.phrases("Assessment: Bilateral nephrosclerosis, seen 3 times; year-old")) == [
+        ["assessment"], ["bilateral", "nephrosclerosis"], ["seen"], ["times"], ["year-old"]]
+
+
+def test_chinese_glossary_terms_stay_whole():
+    text = "董事会决定发行质押式掉期产品。"
+    plain = [w for p in rare.Segmenter("zh").phrases(text) for w in p]
+    assert "质押式掉期产品" not in plain
+    assert "质押式掉期产品" in [w for p in rare.Segmenter("zh", ["质押式掉期产品"]).phrases(text) for w in p]
+    assert rare.join_words(["债券", "ABS", "CLO", "产品"], "") == "债券ABS CLO产品"
+
+
+def test_tfidf_terms_by_hand():
+    docs = ["The patient has renal colic. Renal colic again.", "The patient is fine.",
+            "The patient is well."]
+    terms = rare.tfidf_terms(docs, rare.Segmenter("en"), ngram_max=2, min_df=1, max_df=1.0,
+                             min_count=2, top_k=10)
+    # renal colic: count 2 in 1 of 3 documents, idf ln(4/2)+1, score (2/1)*idf.
+    # "renal", "colic", "the", "patient", "is" only ever occur inside a two-word n-gram that
+    # scores as high, so they are dropped; n-grams seen once fail min_count.
+    idf = [math.log(4 / 2) + 1, math.log(4 / 3) + 1, 1.0]
+    assert [(t.term, t.count, t.df) for t in terms] == [
+        ("renal colic", 2, 1), ("patient is", 2, 2), ("the patient", 3, 3)]
+    assert [t.idf for t in terms] == pytest.approx(idf)
+    assert [t.score for t in terms] == pytest.approx([2 * idf[0], idf[1], idf[2]])
+    top = rare.tfidf_terms(docs, rare.Segmenter("en"), 2, 1, 1.0, 2, top_k=1)
+    assert [t.term for t in top] == ["renal colic"]
+    few = rare.tfidf_terms(docs, rare.Segmenter("en"), 2, 1, max_df=0.5, min_count=2, top_k=10)
+    assert [t.term for t in few] == ["renal colic"]  # df 2 and 3 exceed half of 3 documents
+
+
+def test_count_phrases_of_glossary_terms():
+    docs = ["Renal colic and renal colic.", "No colic here.", "Nothing."]
+    stats = rare.count_phrases(docs, rare.Segmenter("en"), ["Renal Colic", "gout"], n_docs=3)
+    assert (stats["Renal Colic"].count, stats["Renal Colic"].df) == (2, 1)
+    assert stats["Renal Colic"].score == pytest.approx(2 * (math.log(4 / 2) + 1))
+    assert (stats["gout"].count, stats["gout"].df, stats["gout"].score) == (0, 0, 0.0)
+
+
+def test_extraction_scores_known_case():
+    found = ["renal colic", "gout", "patient", "Acute Gastritis"]
+    reference = ["acute gastritis", "renal  colic", "gout", "nephritis", "asthma", "eczema"]
+    s = rare.extraction_scores(found, reference)
+    assert (s["true_positives"], s["precision"], s["recall"]) == (3, 0.75, 0.5)
+    assert s["f1"] == pytest.approx(0.6)
+    assert rare.extraction_scores([], reference)["f1"] == 0.0
+
+
+def test_read_glossaries(tmp_path):
+    user = tmp_path / "g.txt"
+    user.write_text("\ufeffrenal colic\n\n  gout  \nrenal colic\n", encoding="utf-8")
+    assert rare.read_glossary(user) == ["renal colic", "gout"]
+    ref = tmp_path / "ref.tsv"
+    ref.write_text("term\tdocuments\nrenal colic\t3\ngout\t2\n", encoding="utf-8")
+    assert rare.read_reference(ref) == ["renal colic", "gout"]
+    (tmp_path / "empty.txt").write_text("\n \n", encoding="utf-8")
+    with pytest.raises(RarelmError, match="holds no term"):
+        rare.read_glossary(tmp_path / "empty.txt")
+    (tmp_path / "gbk.txt").write_bytes("质押式回购\n".encode("gbk"))
+    with pytest.raises(RarelmError, match="not valid UTF-8"):
+        rare.read_glossary(tmp_path / "gbk.txt")
+
+
+# ------------------------------------------------------------------ the stage through its CLI
+
+
+@pytest.fixture(scope="module")
+def tokenized_en(tmp_path_factory, tiny_raw):
+    """A folder with params.yaml and the tiny English corpus prepared and tokenized."""
+    root = tmp_path_factory.mktemp("rare_en")
+    shutil.copy(REPO / "params.yaml", root / "params.yaml")
+    set_params(root, **{"corpus.path": str(tiny_raw / "demo_en.txt.gz"),
+                        "corpus.reference_glossary": str(tiny_raw / "demo_en.glossary.tsv"),
+                        "tokenizer.vocab_size": 512})
+    stage("prepare", root, check=True)
+    stage("tokenize", root, check=True)
+    return root
+
+
+@pytest.fixture
+def work(tokenized_en, tmp_path):
+    root = tmp_path / "work"
+    shutil.copytree(tokenized_en, root)
+    return root
+
+
+def assert_user_error(result, message, root, *absent):
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert lines[0].startswith("rarelm rare_terms: error:") and message in lines[0], lines[0]
+    for rel in absent:
+        assert not (root / rel).exists(), rel
+
+
+def test_stage_outputs(work, tiny_raw):
+    glossary = work / "glossary.txt"
+    # the demo's commonest term: in too many documents for max_df, kept as a glossary term
+    glossary.write_text("Renal colic\nIdiopathic Pneumomyositis\n", encoding="utf-8")
+    set_params(work, **{"rare.glossary": "glossary.txt", "rare.top_k": 40})
+    result = stage("rare_terms", work, check=True)
+    assert result.stdout.startswith("rare_terms: buckets frequent") and "F1" in result.stdout
+    meta = json.loads((work / "data/tokenized/meta.json").read_text())
+    counts = np.load(work / "data/rare/counts.npy")
+    buckets = np.load(work / "data/rare/buckets.npy")
+    assert counts.dtype == np.int64 and counts.shape == (meta["vocab_size"],)
+    assert counts.sum() == meta["splits"]["train"]["tokens"]
+    assert buckets.dtype == np.int8 and buckets.shape == counts.shape
+    assert set(np.unique(buckets).tolist()) <= {0, 1, 2, 3}
+    assert ((buckets == 3) == (counts == 0)).all()
+    assert counts[buckets == 0].min() > counts[buckets == 1].max() > counts[buckets == 1].min() \
+        > counts[buckets == 2].max()
+    rows = [json.loads(line) for line in (work / "data/rare/terms.jsonl").read_text().splitlines()]
+    assert set(rows[0]) == {"term", "source", "count", "df", "idf", "score", "token_ids"}
+    assert [(r["term"], r["source"]) for r in rows[:2]] == [
+        ("Idiopathic Pneumomyositis", "glossary"), ("Renal colic", "glossary")]  # by score
+    assert rows[0]["df"] > 6 and rows[0]["count"] >= 2 * rows[0]["df"]
+    assert (rows[1]["count"], rows[1]["df"], rows[1]["score"]) == (0, 0, 0.0)
+    assert sum(r["source"] == "tfidf" for r in rows) == len(rows) - 2 == 40
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(str(work / "data/tokenized/tokenizer/tokenizer.json"))
+    for row in rows:
+        assert row["token_ids"][0] == tok.encode(row["term"]).ids
+        assert tok.encode(" " + row["term"]).ids in row["token_ids"]
+    metrics = json.loads((work / "metrics/rare_terms.json").read_text())
+    reference = rare.read_reference(tiny_raw / "demo_en.glossary.tsv")
+    extracted = [r["term"] for r in rows if r["source"] == "tfidf"]
+    assert metrics["extraction"] == pytest.approx(
+        {**rare.extraction_scores(extracted, reference),
+         "reference_in_train": metrics["extraction"]["reference_in_train"]})
+    assert metrics["extraction"]["f1"] > 0.8  # tiny corpus: 40 terms, some seen once or never
+    assert metrics["buckets"]["rare"]["share"] <= 0.05 <= metrics["buckets"]["frequent"]["share"] - 0.75
+
+
+@pytest.mark.parametrize(("setup", "message"), [
+    ({"rare.glossary": "empty.txt"}, "rare.glossary: empty.txt holds no term"),
+    ({"rare.glossary": "gbk.txt"}, "rare.glossary: gbk.txt is not valid UTF-8"),
+    ({"rare.glossary": "missing.txt"}, "rare.glossary: no such file: missing.txt"),
+    ({"rare.rare_share": 1e-6}, "leave the rare bucket empty"),
+    ({"rare.frequent_share": 1.5}, "rare.frequent_share = 1.5 is not allowed"),
+    ({"vocab": "meta"}, "the vocabulary does not match the tokenized data"),
+    ({"vocab": "tokens"}, "outside the vocabulary"),
+])
+def test_bad_input_is_one_line_and_leaves_nothing(work, setup, message):
+    (work / "empty.txt").write_text("\n", encoding="utf-8")
+    (work / "gbk.txt").write_bytes("质押式回购\n".encode("gbk"))
+    if setup.get("vocab") == "meta":  # tokenized data claiming another vocabulary
+        meta = json.loads((work / "data/tokenized/meta.json").read_text())
+        meta["vocab_size"] += 7
+        (work / "data/tokenized/meta.json").write_text(json.dumps(meta))
+    elif setup.get("vocab") == "tokens":  # a token id the tokenizer does not have
+        with open(work / "data/tokenized/train.tokens", "r+b") as f:
+            f.write(np.array([60000], dtype="<u2").tobytes())
+    else:
+        set_params(work, **setup)
+    result = stage("rare_terms", work)
+    assert_user_error(result, message, work, "data/rare", "metrics/rare_terms.json")
+    assert not list((work / "data").glob(".rare*"))  # no temporary folder left either
