@@ -1,0 +1,208 @@
+"""weights: hand-computed weights and stats, bad input through the CLI, and the DVC pipeline end to end."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import shutil
+
+import numpy as np
+import pytest
+
+from rarelm import rare
+from rarelm import weights as weighting
+from rarelm.data import Samples, TokenizedData
+from rarelm.errors import RarelmError
+from tests.conftest import REPO, run, set_params, stage
+
+
+def test_weights_by_hand():
+    counts = np.array([6, 2])  # p = 3/4, 1/4
+    tokens = np.array([1, 0, 0, 1, 1, 0, 1])  # targets [0, 0], [1, 1], [0, 1]
+    log_score = weighting.log_scores(tokens, counts, block_size=2, chunk_tokens=1024)
+    # mean inverse frequency: (4/3 + 4/3)/2, (4 + 4)/2, (4/3 + 4)/2
+    assert np.exp(log_score) == pytest.approx([4 / 3, 4, 8 / 3])
+    w = weighting.weights_from_scores(log_score, alpha=1.0, clip_ratio=100.0)
+    assert w == pytest.approx(np.array([4 / 3, 4, 8 / 3]) / (8 / 3))
+    half = weighting.weights_from_scores(log_score, alpha=0.5, clip_ratio=100.0)
+    assert half == pytest.approx(np.sqrt([4 / 3, 4, 8 / 3]) / np.sqrt([4 / 3, 4, 8 / 3]).mean())
+    assert weighting.weights_from_scores(log_score, alpha=0.0, clip_ratio=100.0).tolist() == [1, 1, 1]
+
+
+def test_chunks_do_not_change_the_result():
+    rng = np.random.default_rng(0)
+    tokens = rng.zipf(1.3, size=50_000) % 300
+    counts = np.bincount(tokens, minlength=300)
+    small = weighting.sample_weights(tokens, counts, 16, 0.8, 50.0, chunk_tokens=1024)
+    big = weighting.sample_weights(tokens, counts, 16, 0.8, 50.0, chunk_tokens=10**6)
+    assert len(small) == len(Samples(tokens, 16)) and small.dtype == np.float64
+    assert np.array_equal(small, big)
+
+
+def test_clipping_around_the_median():
+    log_score = np.array([0.0, 1.0, 2.0, 10.0])
+    w = weighting.weights_from_scores(log_score, alpha=1.0, clip_ratio=math.e ** 2)
+    # median 1.5, band [0.5, 2.5]: log weights 0.5, 1, 2, 2.5
+    expected = np.exp([0.5, 1.0, 2.0, 2.5])
+    assert w == pytest.approx(expected / expected.mean())
+    assert w.max() / w.min() == pytest.approx(math.e ** 2)
+    assert w.mean() == pytest.approx(1.0)
+    no_spread = weighting.weights_from_scores(log_score, alpha=1.0, clip_ratio=1.0)
+    assert no_spread.tolist() == [1.0] * 4
+
+
+def test_huge_scores_do_not_overflow():
+    w = weighting.weights_from_scores(np.array([800.0, 801.0, 900.0]), alpha=3.0, clip_ratio=1e300)
+    assert np.isfinite(w).all() and w.mean() == pytest.approx(1.0)
+
+
+def test_stats_by_hand():
+    weights = np.array([0.5, 1.5])
+    tokens = np.array([0, 0, 0, 1, 1])  # sample 0 targets [0, 0], sample 1 targets [1, 1]
+    buckets = np.array([0, 2], dtype=np.int8)  # token 0 frequent, token 1 rare
+    stats = weighting.weight_stats(weights, tokens, buckets, block_size=2, chunk_tokens=1024)
+    assert stats["ess"] == pytest.approx(4 / 2.5) and stats["ess_fraction"] == pytest.approx(0.8)
+    assert stats["top1pct_weight_share"] == pytest.approx(0.75)  # the top sample: 1.5 of 2
+    assert stats["rare_exposure"] == pytest.approx(1.5)  # both rare targets in the 1.5 sample
+    assert stats["exposure"] == {"frequent": 0.5, "medium": None, "rare": 1.5}
+    assert stats["max_over_min"] == pytest.approx(3.0)
+
+
+@pytest.mark.parametrize(("alpha", "clip", "message"), [
+    (-0.1, 10.0, "alpha = -0.1 is not allowed (must be >= 0)"),
+    (1.0, 0.5, "weights.clip_ratio = 0.5 is not allowed (must be >= 1)"),
+])
+def test_bad_params_in_the_library(alpha, clip, message):
+    with pytest.raises(RarelmError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        weighting.weights_from_scores(np.zeros(3), alpha, clip)
+
+
+def test_load_weights_checks_the_sample_count(tmp_path):
+    np.save(tmp_path / "w.npy", np.ones(5))
+    assert weighting.load_weights(tmp_path / "w.npy", 5).tolist() == [1.0] * 5
+    with pytest.raises(RarelmError, match="expected float64 \\[6\\]"):
+        weighting.load_weights(tmp_path / "w.npy", 6)
+    np.save(tmp_path / "w.npy", np.ones(5, dtype=np.float32))
+    with pytest.raises(RarelmError, match="does not match"):
+        weighting.load_weights(tmp_path / "w.npy", 5)
+
+
+# ------------------------------------------------------------------ the stage through its CLI
+
+
+@pytest.fixture(scope="module")
+def rare_done(tmp_path_factory, tiny_raw):
+    """A folder with the tiny English corpus prepared and tokenized, and its token counts and buckets."""
+    root = tmp_path_factory.mktemp("weights_en")
+    shutil.copy(REPO / "params.yaml", root / "params.yaml")
+    set_params(root, **{"corpus.path": str(tiny_raw / "demo_en.txt.gz"),
+                        "corpus.reference_glossary": "", "tokenizer.vocab_size": 512,
+                        "model.block_size": 32})
+    for name in ("prepare", "tokenize"):
+        stage(name, root, check=True)
+    # rare_terms' counts and buckets, made in-process (its CLI is tested in test_rare.py)
+    data = TokenizedData.open(root / "data/tokenized")
+    counts = rare.count_tokens(data.tokens("train"), data.vocab_size, chunk_tokens=1 << 20)
+    buckets, _ = rare.bucket_tokens(counts, frequent_share=0.8, rare_share=0.05)
+    (root / "data/rare").mkdir()
+    np.save(root / "data/rare/counts.npy", counts)
+    np.save(root / "data/rare/buckets.npy", buckets)
+    return root
+
+
+@pytest.fixture
+def work(rare_done, tmp_path):
+    root = tmp_path / "work"
+    shutil.copytree(rare_done, root)
+    return root
+
+
+def assert_user_error(result, message, root):
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert lines[0].startswith("rarelm weights: error:") and message in lines[0], lines[0]
+    for rel in ("data/weights", "metrics/weights.json", "plots/weights.csv"):
+        assert not (root / rel).exists(), rel
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"alpha": -0.5}, "params: alpha = -0.5 is not allowed (must be >= 0)"),
+    ({"weights.clip_ratio": 0.9}, "params: weights.clip_ratio = 0.9 is not allowed (must be >= 1)"),
+    ("short_counts", "expected int64 ["),
+    ("other_counts", "counts sum to"),
+    ("float_buckets", "buckets.npy: float64"),
+    ("no_rare", "data/rare/counts.npy: not found; run the rare_terms stage first"),
+])
+def test_bad_input_is_one_line_and_leaves_nothing(work, change, message):
+    rare_dir = work / "data/rare"
+    if isinstance(change, dict):
+        set_params(work, **change)
+    elif change == "short_counts":  # a counts file of another vocabulary
+        np.save(rare_dir / "counts.npy", np.load(rare_dir / "counts.npy")[:-3])
+    elif change == "other_counts":  # right shape, counted on other data
+        counts = np.load(rare_dir / "counts.npy")
+        counts[counts.argmax()] += 5
+        np.save(rare_dir / "counts.npy", counts)
+    elif change == "float_buckets":
+        np.save(rare_dir / "buckets.npy", np.load(rare_dir / "buckets.npy").astype(np.float64))
+    elif change == "no_rare":
+        shutil.rmtree(rare_dir)
+    assert_user_error(stage("weights", work), message, work)
+
+
+def test_stage_outputs(work):
+    set_params(work, alpha=1.0)
+    result = stage("weights", work, check=True)
+    assert result.stdout.startswith("weights: ") and "ESS" in result.stdout
+    data = TokenizedData.open(work / "data/tokenized")
+    n = len(Samples(data.tokens("train"), 32))
+    w = np.load(work / "data/weights/weights.npy")
+    assert w.dtype == np.float64 and w.shape == (n,) and w.mean() == pytest.approx(1.0)
+    assert w.max() / w.min() <= 100.0 * (1 + 1e-9)
+    metrics = json.loads((work / "metrics/weights.json").read_text())
+    assert metrics["samples"] == n and metrics["alpha"] == 1.0
+    assert metrics["ess"] == pytest.approx(w.sum() ** 2 / (w ** 2).sum())
+    assert metrics["rare_exposure"] > 1.0 > metrics["exposure"]["frequent"]
+    with open(work / "plots/weights.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert sum(int(r["samples"]) for r in rows) == n and len(rows) == 40
+
+
+# ------------------------------------------------------------------ through DVC, end to end
+
+
+def test_dvc_repro_weights_en_then_alpha_then_zh(repo):
+    set_params(repo, **{"model.block_size": 32, "rare.top_k": 40})
+    result = run(["dvc", "repro", "weights"], repo, check=True)
+    for name in ("prepare", "tokenize", "rare_terms", "weights"):
+        assert f"Running stage '{name}'" in result.stdout
+    rare_metrics = json.loads((repo / "metrics/rare_terms.json").read_text())
+    assert rare_metrics["language"] == "en" and rare_metrics["extraction"]["f1"] > 0.8
+    data = TokenizedData.open(repo / "data/tokenized")
+    w = np.load(repo / "data/weights/weights.npy")
+    assert w.shape == (len(Samples(data.tokens("train"), 32)),) and (w == 1.0).all()  # alpha 0
+    assert np.load(repo / "data/rare/buckets.npy").shape == (data.vocab_size,)
+
+    # a new alpha: only weights (and whatever follows it) is stale
+    set_params(repo, alpha=0.7)
+    status = json.loads(run(["dvc", "status", "--json", "weights", "--with-deps"], repo,
+                            check=True).stdout)
+    assert set(status) == {"weights"} and "alpha" in json.dumps(status["weights"])
+    again = run(["dvc", "repro", "weights"], repo, check=True)
+    assert "Running stage 'weights'" in again.stdout
+    assert all(f"Running stage '{n}'" not in again.stdout for n in ("prepare", "tokenize", "rare_terms"))
+    w = np.load(repo / "data/weights/weights.npy")
+    assert w.std() > 0 and json.loads((repo / "metrics/weights.json").read_text())["alpha"] == 0.7
+
+    # the Chinese demo by params alone
+    set_params(repo, **{"corpus.path": "data/raw/demo_zh.txt.gz", "corpus.language": "zh",
+                        "corpus.reference_glossary": "data/raw/demo_zh.glossary.tsv"})
+    run(["dvc", "repro", "weights"], repo, check=True)
+    rare_metrics = json.loads((repo / "metrics/rare_terms.json").read_text())
+    assert rare_metrics["language"] == "zh" and rare_metrics["extraction"]["f1"] > 0.8
+    first = json.loads((repo / "data/rare/terms.jsonl").read_text(encoding="utf-8").splitlines()[0])
+    assert all("\u4e00" <= ch <= "\u9fff" for ch in first["term"])
+    data = TokenizedData.open(repo / "data/tokenized")
+    assert np.load(repo / "data/weights/weights.npy").shape == (len(Samples(data.tokens("train"), 32)),)
