@@ -225,6 +225,8 @@ def tfidf_terms(documents: list[str], segmenter: Segmenter, ngram_max: int, min_
     from sklearn.feature_extraction.text import TfidfVectorizer
 
     n_docs = len(documents)
+    # On a handful of documents max_df * N can fall below min_df, which scikit-learn refuses;
+    # min_df wins then.
     vectorizer = TfidfVectorizer(analyzer=segmenter.analyzer(ngram_max), lowercase=False,
                                  norm=None, smooth_idf=True, sublinear_tf=False,
                                  min_df=min_df, max_df=max(max_df, min_df / max(n_docs, 1)),
