@@ -185,13 +185,11 @@ def test_dvc_repro_weights_en_then_alpha_then_zh(repo):
     assert w.shape == (len(Samples(data.tokens("train"), 32)),) and (w == 1.0).all()  # alpha 0
     assert np.load(repo / "data/rare/buckets.npy").shape == (data.vocab_size,)
 
-    # a new alpha: only weights (and whatever follows it) is stale
+    # a new alpha: only weights (and whatever follows it) is stale, so only weights re-runs
     set_params(repo, alpha=0.7)
-    status = json.loads(run(["dvc", "status", "--json", "weights", "--with-deps"], repo,
-                            check=True).stdout)
-    assert set(status) == {"weights"} and "alpha" in json.dumps(status["weights"])
     again = run(["dvc", "repro", "weights"], repo, check=True)
     assert "Running stage 'weights'" in again.stdout
+    assert "Stage 'rare_terms' didn't change, skipping" in again.stdout
     assert all(f"Running stage '{n}'" not in again.stdout for n in ("prepare", "tokenize", "rare_terms"))
     w = np.load(repo / "data/weights/weights.npy")
     assert w.std() > 0 and json.loads((repo / "metrics/weights.json").read_text())["alpha"] == 0.7
