@@ -1,0 +1,98 @@
+"""The model `train` trains: a GPT-2-style causal LM from scratch, or a local pretrained one.
+
+    model = build_model(params.model, data)     # data: rarelm.data.TokenizedData
+
+From scratch (`model.name_or_path: ""`) it is transformers' GPT2LMHeadModel sized
+by the `model` params, with the tokenizer's vocabulary, its end-of-text id as
+bos/eos, and PyTorch's scaled-dot-product attention ("sdpa"). With
+`model.name_or_path` a local folder, it is that folder's AutoModelForCausalLM;
+the folder's tokenizer must be the one `tokenize` used (same vocabulary), or
+the token ids would mean different things to the model and the data.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rarelm.data import TokenizedData
+from rarelm.errors import RarelmError
+from rarelm.params import ModelParams
+
+
+def gpt2_config(params: ModelParams, vocab_size: int, eot_id: int):
+    from transformers import GPT2Config
+
+    return GPT2Config(
+        vocab_size=vocab_size, n_positions=params.block_size, n_embd=params.n_embd,
+        n_layer=params.n_layer, n_head=params.n_head, resid_pdrop=params.dropout,
+        embd_pdrop=params.dropout, attn_pdrop=params.dropout,
+        bos_token_id=eot_id, eos_token_id=eot_id,
+        attn_implementation="sdpa")
+
+
+def build_model(params: ModelParams, data: TokenizedData):
+    """A float32 causal LM ready to train; random init uses torch's global RNG."""
+    if not params.name_or_path:
+        from transformers import GPT2LMHeadModel
+
+        return GPT2LMHeadModel(gpt2_config(params, data.vocab_size, data.eot_id))
+    return load_pretrained(params, data)
+
+
+def load_pretrained(params: ModelParams, data: TokenizedData):
+    """The local pretrained causal LM in params.name_or_path, checked against the data."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(params.name_or_path)
+    key = "model.name_or_path"
+    if not path.is_dir():
+        raise RarelmError(f"{key}: no such folder: {path} (a local pretrained causal LM)")
+    try:
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+    except Exception as exc:  # transformers raises OSError/ValueError/KeyError for bad folders
+        raise RarelmError(f"{key}: {path} holds no loadable model config ({_short(exc)})") from None
+    if type(config) not in AutoModelForCausalLM._model_mapping:
+        raise RarelmError(f"{key}: {path} is a {config.model_type!r} model, not a causal LM "
+                          "(AutoModelForCausalLM cannot load it)")
+    try:
+        theirs = AutoTokenizer.from_pretrained(path, local_files_only=True).get_vocab()
+    except Exception as exc:
+        raise RarelmError(f"{key}: {path} has no loadable tokenizer ({_short(exc)}); the model's "
+                          "tokenizer must be the one tokenize used") from None
+    ours = AutoTokenizer.from_pretrained(data.tokenizer_dir, local_files_only=True).get_vocab()
+    if theirs != ours:
+        differ = sorted(set(theirs.items()) ^ set(ours.items()))[:1]
+        raise RarelmError(
+            f"{key}: {path}'s tokenizer ({len(theirs)} tokens) is not the one tokenize used "
+            f"({len(ours)} tokens, first difference {differ}); set tokenizer.name_or_path "
+            f"to {path} and re-run tokenize")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            path, local_files_only=True, dtype=torch.float32, attn_implementation="sdpa")
+    except ValueError:  # an architecture without sdpa support: its default attention
+        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True,
+                                                     dtype=torch.float32)
+    except Exception as exc:
+        raise RarelmError(f"{key}: {path}: cannot load the model weights ({_short(exc)})") from None
+    rows = model.get_input_embeddings().num_embeddings
+    if rows < data.vocab_size:
+        raise RarelmError(f"{key}: {path} has {rows} embedding rows, fewer than the "
+                          f"tokenizer's {data.vocab_size} tokens")
+    positions = getattr(model.config, "max_position_embeddings", None) or getattr(
+        model.config, "n_positions", None)
+    if positions is not None and params.block_size > positions:
+        raise RarelmError(f"params: model.block_size = {params.block_size} is not allowed "
+                          f"(must be <= {positions}, the positions {path} was trained with)")
+    return model
+
+
+def fingerprint_files(params: ModelParams) -> list[Path]:
+    """Files whose content identifies the starting model (for the checkpoint key)."""
+    if not params.name_or_path:
+        return []
+    return sorted(p for p in Path(params.name_or_path).glob("*.json") if p.is_file())
+
+
+def _short(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:200]

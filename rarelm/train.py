@@ -1,0 +1,602 @@
+"""The training loop: one process per device under torchrun, read top to bottom.
+
+In the spirit of nanoGPT's train.py, everything a training run does is visible
+in `train()` below: process group and device, model, AdamW with warmup and
+cosine decay, mixed precision (bf16 autocast, or fp16 with a GradScaler),
+gradient accumulation that synchronises DDP gradients only on the last
+micro-step, clipping, logging, periodic validation, and checkpoints that let a
+killed run resume bit-identically.
+
+    torchrun --standalone --nproc-per-node 2 -m stages.train     # what dvc.yaml runs
+    python -m stages.train                                        # the same (it launches torchrun)
+
+Data: training samples are `rarelm.data.Samples` windows of the train split,
+drawn with replacement in proportion to data/weights/weights.npy by the
+`WeightedDistributedSampler` (each rank its own shard). The loss is
+`rarelm.loss.rare_weighted_loss` with the rare bucket of data/rare/buckets.npy.
+
+Determinism: `torch.use_deterministic_algorithms(True)`, the model initialised
+from `seed` on every rank, then per-rank RNG seeds derived from `seed`; every
+piece of state that a later step depends on is in the checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+import random
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rarelm.errors import RarelmError
+from rarelm.params import Params, TrainParams
+
+CURVE_COLUMNS = ("step", "loss", "ce", "rare_ce", "lr", "grad_norm", "tokens_per_s",
+                 "val_ce", "val_rare_ce")
+UPSTREAM_STAGES = ["prepare", "tokenize", "rare_terms", "weights"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Paths:
+    """Where the stage reads and writes (the defaults are the DAG's layout)."""
+
+    tokenized: Path = Path("data/tokenized")
+    rare: Path = Path("data/rare")
+    weights: Path = Path("data/weights")
+    model: Path = Path("models/model")
+    metrics: Path = Path("metrics/train.json")
+    plots: Path = Path("plots/train.csv")
+    metrics_dir: Path = Path("metrics")  # upstream stages' metrics, logged to MLflow
+    cache: Path = Path(".cache/train")  # checkpoints, outside DVC's outputs
+
+
+# --------------------------------------------------------------------------- pieces
+
+def lr_at(step: int, p: TrainParams) -> float:
+    """Linear warmup to p.lr over warmup_steps, then cosine decay to p.min_lr at max_steps.
+
+    >>> p = TrainParams(lr=1.0, min_lr=0.0, warmup_steps=10, max_steps=110)
+    >>> [round(lr_at(s, p), 3) for s in (0, 9, 10, 60, 110)]
+    [0.1, 1.0, 1.0, 0.5, 0.0]
+    """
+    if step < p.warmup_steps:
+        return p.lr * (step + 1) / p.warmup_steps
+    if step >= p.max_steps:
+        return p.min_lr
+    progress = (step - p.warmup_steps) / max(1, p.max_steps - p.warmup_steps)
+    return p.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (p.lr - p.min_lr)
+
+
+def cpu_has_bf16() -> bool:
+    """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX)."""
+    import torch
+
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
+
+
+def pick_precision(precision: str, device) -> tuple[Any, bool]:
+    """(autocast dtype or None for fp32, whether to use a GradScaler) for the device.
+
+    auto: bf16 where the hardware has it (recent GPUs, CPUs with AVX512-BF16/AMX),
+    fp16 with a GradScaler on older GPUs, fp32 on other CPUs.
+    """
+    import torch
+
+    if precision == "auto":
+        if device.type == "cuda":
+            precision = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+        else:  # CPUs without native bf16 emulate it ~10x slower than fp32 (measured, AVX2)
+            precision = "bf16" if cpu_has_bf16() else "fp32"
+    if precision == "fp16" and device.type != "cuda":
+        raise RarelmError("params: train.precision = 'fp16' is not allowed on CPU "
+                          "(must be auto, bf16 or fp32; fp16 with a GradScaler needs CUDA)")
+    return {"bf16": (torch.bfloat16, False), "fp16": (torch.float16, True),
+            "fp32": (None, False)}[precision]
+
+
+class SampleStream:
+    """This rank's endless stream of sample indices: epoch after epoch of its sampler.
+
+    Its whole state is (epoch, position), so a checkpoint can put it back exactly.
+    """
+
+    def __init__(self, sampler):
+        self.sampler = sampler
+        self.epoch, self.position = 0, 0
+        self._indices = None
+
+    def take(self, n: int) -> np.ndarray:
+        out = []
+        while n > 0:
+            if self._indices is None:
+                self._indices = self.sampler.indices(self.epoch)
+            chunk = self._indices[self.position:self.position + n]
+            out.append(chunk)
+            n -= len(chunk)
+            self.position += len(chunk)
+            if self.position >= len(self._indices):
+                self.epoch, self.position, self._indices = self.epoch + 1, 0, None
+        return np.concatenate(out)
+
+    def state(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def restore(self, state: dict[str, int]) -> None:
+        self.epoch, self.position, self._indices = int(state["epoch"]), int(state["position"]), None
+
+
+def to_batch(samples, indices: np.ndarray, device) -> tuple[Any, Any]:
+    """Inputs and next-token targets [len(indices), block_size] on `device`."""
+    import torch
+
+    windows = torch.from_numpy(np.stack([samples[int(i)] for i in indices]).astype(np.int64))
+    if device.type == "cuda":  # pinned host memory lets the copy overlap with compute
+        windows = windows.pin_memory().to(device, non_blocking=True)
+    return windows[:, :-1], windows[:, 1:]
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's RNG states (torch, CUDA, numpy, python) as weights_only-loadable values."""
+    import torch
+
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    state = {"torch": torch.get_rng_state(), "python": random.getstate(),
+             "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss)}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    import torch
+
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    if "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def seed_everything(seed: int) -> None:
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def configure_optimizer(model, p: TrainParams, device):
+    """AdamW; weight decay on matrices only (not biases, norms)."""
+    import torch
+
+    params = [q for q in model.parameters() if q.requires_grad]
+    groups = [{"params": [q for q in params if q.dim() >= 2], "weight_decay": p.weight_decay},
+              {"params": [q for q in params if q.dim() < 2], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=p.lr, betas=(0.9, 0.95), eps=1e-8,
+                             fused=device.type == "cuda")
+
+
+def val_windows(n_windows: int, count: int) -> np.ndarray:
+    """`count` window indices spread evenly over the val split (the same every time)."""
+    if n_windows == 0:
+        return np.zeros(0, dtype=np.int64)
+    return np.unique(np.linspace(0, n_windows - 1, num=min(count, n_windows)).astype(np.int64))
+
+
+def evaluate_split(model, samples, windows, batch_size, device, autocast, is_rare, dist):
+    """(plain CE, rare-target CE) over `windows`, sharded across ranks and summed.
+
+    `model` is the bare model, not the DDP wrapper: ranks may get one batch more or
+    less than each other, and DDP's forward would wait for a matching collective.
+    """
+    import torch
+
+    from rarelm.loss import rare_weighted_loss
+
+    stats = torch.zeros(4, device=device)
+    mine = windows[dist.rank::dist.world_size]
+    model.eval()
+    with torch.no_grad():
+        for start in range(0, len(mine), batch_size):
+            x, y = to_batch(samples, mine[start:start + batch_size], device)
+            with autocast():
+                logits = model(input_ids=x, use_cache=False).logits
+            stats += rare_weighted_loss(logits, y, is_rare, 0.0)[1]
+    model.train()
+    dist.all_reduce(stats)
+    ce_sum, n, rare_sum, n_rare = stats.tolist()
+    nan = float("nan")
+    return (ce_sum / n if n else nan), (rare_sum / n_rare if n_rare else nan)
+
+
+def die_with_parent() -> None:
+    """Have the kernel SIGKILL this worker when its torchrun agent dies (Linux).
+
+    torchrun starts workers in sessions of their own, so killing the job's process
+    group (SIGKILL, OOM killer) would leave them training on as orphans, racing a
+    restarted run for the checkpoints and outputs.
+    """
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: no such safety net
+        return
+    if os.getppid() == 1:  # the agent died before prctl took effect
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+@dataclasses.dataclass
+class Dist:
+    """This process's place in the job (torchrun's environment; one process without it)."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    device: Any = None
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    @classmethod
+    def setup(cls) -> Dist:
+        import torch
+        import torch.distributed as td
+
+        if "LOCAL_RANK" in os.environ:
+            die_with_parent()
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+        if torch.cuda.is_available():
+            torch.cuda.set_device(local)
+            device = torch.device("cuda", local)
+        else:
+            device = torch.device("cpu")
+        if world > 1:
+            td.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                                  device_id=device if device.type == "cuda" else None)
+        return cls(rank, local, world, device)
+
+    def all_reduce(self, tensor) -> None:
+        if self.world_size > 1:
+            import torch.distributed as td
+
+            td.all_reduce(tensor)
+
+    def broadcast(self, value: Any) -> Any:
+        if self.world_size == 1:
+            return value
+        import torch.distributed as td
+
+        box = [value]
+        td.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def gather(self, value: Any) -> list[Any]:
+        """Every rank's `value`, on rank 0 (other ranks get [])."""
+        if self.world_size == 1:
+            return [value]
+        import torch.distributed as td
+
+        out = [None] * self.world_size if self.main else None
+        td.gather_object(value, out, dst=0)
+        return out or []
+
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            import torch.distributed as td
+
+            td.barrier()
+
+    def close(self) -> None:
+        if self.world_size > 1:
+            import torch.distributed as td
+
+            if td.is_initialized():
+                td.destroy_process_group()
+
+
+def input_files(paths: Paths) -> list[Path]:
+    """Every file the run reads: its checkpoint key hashes their content."""
+    tokenizer = sorted(p for p in (paths.tokenized / "tokenizer").glob("*") if p.is_file())
+    return [paths.tokenized / "meta.json", paths.tokenized / "train.tokens",
+            paths.tokenized / "val.tokens", *tokenizer, paths.rare / "buckets.npy",
+            paths.weights / "weights.npy"]
+
+
+def load_inputs(params: Params, paths: Paths):
+    """(TokenizedData, train Samples, val Samples, sample weights, buckets), all checked."""
+    from rarelm.data import Samples, TokenizedData
+
+    data = TokenizedData.open(paths.tokenized)
+    block = params.model.block_size
+    train_samples = Samples(data.tokens("train"), block)
+    val_samples = Samples(data.tokens("val"), block)
+    if len(train_samples) == 0:
+        raise RarelmError(f"{paths.tokenized}: the train split has fewer than "
+                          f"model.block_size + 1 = {block + 1} tokens")
+    buckets_path, weights_path = paths.rare / "buckets.npy", paths.weights / "weights.npy"
+    for path, stage in ((buckets_path, "rare_terms"), (weights_path, "weights")):
+        if not path.is_file():
+            raise RarelmError(f"{path}: no such file; run the {stage} stage first")
+    buckets = np.load(buckets_path, mmap_mode="r")
+    if len(buckets) != data.vocab_size:
+        raise RarelmError(f"{buckets_path}: {len(buckets)} buckets, but the tokenizer has "
+                          f"{data.vocab_size} tokens; re-run the rare_terms stage")
+    weights = np.load(weights_path, mmap_mode="r")
+    if len(weights) != len(train_samples):
+        raise RarelmError(
+            f"{weights_path}: {len(weights)} weights, but the train split has "
+            f"{len(train_samples)} samples of model.block_size = {block} tokens; "
+            "re-run the weights stage")
+    return data, train_samples, val_samples, weights, buckets
+
+
+def write_curves(path: Path, rows: list[dict[str, Any]]) -> None:
+    from rarelm.files import atomic_file
+
+    with atomic_file(path) as f:
+        f.write(",".join(CURVE_COLUMNS) + "\n")
+        for row in rows:
+            f.write(",".join(_fmt(row.get(c)) for c in CURVE_COLUMNS) + "\n")
+
+
+def _fmt(value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    return str(value) if isinstance(value, int) else f"{value:.6g}"
+
+
+def save_model(model, data, paths: Paths, run) -> None:
+    """models/model: save_pretrained (safetensors, config) + the tokenizer + the run file."""
+    from transformers.utils import logging as hf_logging
+
+    from rarelm.files import atomic_dir
+
+    hf_logging.disable_progress_bar()  # no "Writing model shards" bar in the stage's log
+    with atomic_dir(paths.model) as tmp:
+        model.save_pretrained(tmp)
+        for path in sorted(data.tokenizer_dir.iterdir()):
+            if path.is_file():
+                shutil.copy2(path, tmp / path.name)
+        run.save(tmp / "mlflow_run.json")
+
+
+# --------------------------------------------------------------------------- the loop
+
+def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict[str, Any] | None:
+    """Train, write models/model, metrics and curves; the metrics on rank 0, None elsewhere."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from rarelm import checkpoint, tracking
+    from rarelm.files import write_json
+    from rarelm.loss import rare_mask, rare_weighted_loss
+    from rarelm.model import build_model, fingerprint_files
+    from rarelm.sampler import WeightedDistributedSampler
+
+    tp = params.train
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
+    dist = Dist.setup()
+    device = dist.device
+    # Bitwise reproducible on CPU; on CUDA some kernels (e.g. flash attention backward)
+    # have no deterministic version, so there it warns instead of refusing to run.
+    torch.use_deterministic_algorithms(True, warn_only=device.type == "cuda")
+    torch.backends.cuda.matmul.allow_tf32 = True  # on Ampere+; bf16/fp16 autocast dominates
+    amp_dtype, use_scaler = pick_precision(tp.precision, device)
+
+    def autocast():
+        return torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None)
+
+    data, train_samples, val_samples, weights, buckets = load_inputs(params, paths)
+    seed_everything(params.seed)  # the same initial weights on every rank
+    model = build_model(params.model, data).to(device)
+    raw_model = model  # what we save and checkpoint, whatever wraps it below
+    if tp.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    is_rare = rare_mask(buckets, model.get_input_embeddings().num_embeddings).to(device)
+    optimizer = configure_optimizer(model, tp, device)
+    scaler = torch.amp.GradScaler(device.type, enabled=use_scaler)
+    sampler = WeightedDistributedSampler(np.asarray(weights), num_replicas=dist.world_size,
+                                         rank=dist.rank, seed=params.seed)
+    stream = SampleStream(sampler)
+    val_idx = val_windows(len(val_samples), tp.eval_batches * tp.batch_size)
+
+    # Resume: the newest intact checkpoint of exactly this params + data, if any.
+    stage_params = {"seed": params.seed, "model": dataclasses.asdict(params.model),
+                    "train": dataclasses.asdict(tp), "loss": dataclasses.asdict(params.loss),
+                    "world_size": dist.world_size}
+    key = checkpoint.run_key(stage_params, input_files(paths) + fingerprint_files(params.model))
+    store = checkpoint.CheckpointStore(paths.cache, key)
+    found = dist.broadcast(str(store.latest_valid() or "") if dist.main else None)
+    state: dict[str, Any] = {"step": 0, "curves": [], "elapsed": 0.0, "run_id": None,
+                             "val": {}}
+    if found:
+        state = store.load(Path(found), raw_model)
+        optimizer.load_state_dict(state.pop("optimizer"))
+        scaler.load_state_dict(state.pop("scaler"))
+        mine = state.pop("ranks")[dist.rank]
+        stream.restore(mine["stream"])
+        set_rng_state(mine["rng"])
+    else:
+        seed_everything(params.seed * 1000 + dist.rank)  # dropout differs per rank, reproducibly
+    start_step = state["step"]
+
+    if tp.compile:
+        model = torch.compile(model)
+    if dist.world_size > 1:
+        model = DDP(model, device_ids=[dist.local_rank] if device.type == "cuda" else None)
+
+    # Tracking and progress display: rank 0 only.
+    run = tracking.Run("train", "", "")  # inert on other ranks
+    if dist.main:
+        run = tracking.start_run(params, stage="train", run_id=state["run_id"])
+        if start_step == 0:
+            run.log_metrics(tracking.upstream_metrics(paths.metrics_dir, UPSTREAM_STAGES))
+            run.log_metrics({"model.parameters": sum(q.numel() for q in raw_model.parameters())})
+        # torchrun stops the other workers with SIGTERM when one fails: end the run as FAILED.
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    bar = _progress(dist.main and progress, tp.max_steps, start_step)
+    if found and dist.main:
+        bar.console.print(f"train: resuming from {found} (step {start_step})")
+
+    tokens_per_step = tp.batch_size * params.model.block_size * tp.grad_accum * dist.world_size
+    try:
+        model.train()
+        window = torch.zeros(4, device=device)  # ce_sum, tokens, rare_ce_sum, rare_tokens
+        window_loss, window_t0, window_steps = torch.zeros(2, device=device), time.perf_counter(), 0
+        session_t0, grad_norm = time.perf_counter(), torch.zeros(())
+        for step in range(start_step, tp.max_steps):
+            lr = lr_at(step, tp)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+
+            # Gradient accumulation: DDP all-reduces gradients only on the last micro-step.
+            for micro in range(tp.grad_accum):
+                x, y = to_batch(train_samples, stream.take(tp.batch_size), device)
+                last = micro == tp.grad_accum - 1
+                sync = contextlib.nullcontext() if last or dist.world_size == 1 else model.no_sync()
+                with sync:
+                    with autocast():
+                        logits = model(input_ids=x, use_cache=False).logits
+                    loss, stats = rare_weighted_loss(logits, y, is_rare, params.loss.rare_weight)
+                    scaler.scale(loss / tp.grad_accum).backward()
+                window += stats
+                window_loss += torch.stack([loss.detach(), torch.ones((), device=device)])
+
+            scaler.unscale_(optimizer)  # true gradient norm, also under fp16 loss scaling
+            grad_norm = torch.nn.utils.clip_grad_norm_(
+                raw_model.parameters(), tp.grad_clip if tp.grad_clip > 0 else float("inf"))
+            scaler.step(optimizer)  # skips the step if fp16 gradients overflowed
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+            done = step + 1
+            window_steps += 1
+
+            row: dict[str, Any] = {}
+            if done % tp.log_every == 0 or done == tp.max_steps:
+                sums = torch.cat([window, window_loss])
+                dist.all_reduce(sums)  # averages over every rank's tokens
+                ce_sum, n, rare_sum, n_rare, loss_sum, n_loss = sums.tolist()
+                elapsed = time.perf_counter() - window_t0
+                row = {"step": done, "loss": loss_sum / n_loss, "ce": ce_sum / n,
+                       "rare_ce": rare_sum / n_rare if n_rare else float("nan"), "lr": lr,
+                       "grad_norm": float(grad_norm),
+                       "tokens_per_s": window_steps * tokens_per_step / elapsed}
+                window.zero_()
+                window_loss.zero_()
+                window_t0, window_steps = time.perf_counter(), 0
+            if done % tp.eval_every == 0 or done == tp.max_steps:
+                val_ce, val_rare = evaluate_split(raw_model, val_samples, val_idx, tp.batch_size,
+                                                  device, autocast, is_rare, dist)
+                row.update(step=done, val_ce=val_ce, val_rare_ce=val_rare)
+                state["val"] = {"val_ce": val_ce, "val_rare_ce": val_rare}
+                window_t0 = time.perf_counter()  # validation time is not training throughput
+            if row and dist.main:
+                state["curves"].append(row)
+                run.log_metrics({f"train/{k}": v for k, v in row.items()
+                                 if k != "step" and not k.startswith("val")}
+                                | {f"val/{k[4:]}": v for k, v in row.items()
+                                   if k.startswith("val_")}, step=done)
+                _show(bar, row, tp.max_steps)
+            bar.update(0, completed=done)
+
+            if done % tp.checkpoint_every == 0 and done < tp.max_steps:
+                state.update(step=done, run_id=run.run_id,
+                             elapsed=state["elapsed"] + time.perf_counter() - session_t0)
+                session_t0 = time.perf_counter()
+                ranks = dist.gather({"stream": stream.state(), "rng": rng_state()})
+                if dist.main:
+                    store.save(done, raw_model, {
+                        **state, "optimizer": optimizer.state_dict(),
+                        "scaler": scaler.state_dict(), "ranks": ranks})
+                dist.barrier()  # nobody runs ahead of a checkpoint that may be needed
+
+        elapsed = state["elapsed"] + time.perf_counter() - session_t0
+        metrics = None
+        if dist.main:
+            metrics = _final_metrics(state, tp, tokens_per_step, elapsed, raw_model, stream,
+                                     len(train_samples) / dist.world_size)
+            save_model(raw_model, data, paths, run)
+            write_curves(paths.plots, state["curves"])
+            write_json(paths.metrics, metrics)
+            run.log_metrics({f"train.{k}": v for k, v in metrics.items() if v is not None},
+                            step=tp.max_steps)
+            store.clear()  # finished: a later run with these params starts afresh
+        dist.barrier()
+        run.finish("FINISHED")
+        return metrics
+    except BaseException:
+        run.finish("FAILED")
+        raise
+    finally:
+        bar.stop()
+        dist.close()
+
+
+def _final_metrics(state, tp, tokens_per_step, elapsed, model, stream, samples_per_rank):
+    last = next((r for r in reversed(state["curves"]) if "loss" in r), {})
+    tokens = tp.max_steps * tokens_per_step
+    metrics = {
+        "steps": tp.max_steps, "tokens": tokens, "wall_time_s": round(elapsed, 3),
+        "tokens_per_s": round(tokens / elapsed, 1) if elapsed > 0 else 0.0,
+        "loss": last.get("loss"), "ce": last.get("ce"), "rare_ce": last.get("rare_ce"),
+        "val_ce": state["val"].get("val_ce"), "val_rare_ce": state["val"].get("val_rare_ce"),
+        "val_ppl": math.exp(state["val"]["val_ce"]) if "val_ce" in state["val"] else None,
+        "epochs": round(tp.max_steps * tp.batch_size * tp.grad_accum / samples_per_rank, 3),
+        "parameters": sum(q.numel() for q in model.parameters()),
+    }
+    # NaN (no rare target seen, no val split) is not JSON: None says "not measured".
+    return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in metrics.items()}
+
+
+def _progress(enabled: bool, total: int, completed: int):
+    """A rich progress bar (step, loss, tokens/s, ETA) on rank 0; a no-op elsewhere."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    console = Console(soft_wrap=True)  # a log line stays one line in DVC's log
+    bar = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("loss {task.fields[loss]:.3f}"),
+                   TextColumn("{task.fields[tok_s]:,.0f} tok/s"), TimeRemainingColumn(),
+                   console=console, transient=True,
+                   disable=not (enabled and console.is_terminal))  # log lines only in a log
+    bar.add_task("train", total=total, completed=completed, loss=float("nan"), tok_s=0.0)
+    bar.start()
+    return bar
+
+
+def _show(bar, row: dict[str, Any], max_steps: int) -> None:
+    parts = [f"step {row['step']}/{max_steps}"]
+    for key, fmt in (("loss", ".4f"), ("ce", ".4f"), ("rare_ce", ".4f"), ("lr", ".2e"),
+                     ("grad_norm", ".3f"), ("tokens_per_s", ",.0f"), ("val_ce", ".4f"),
+                     ("val_rare_ce", ".4f")):
+        if key in row:
+            parts.append(f"{key} {row[key]:{fmt}}")
+    if "tokens_per_s" in row:
+        bar.update(0, tok_s=row["tokens_per_s"])
+    bar.console.print(" | ".join(parts))
+
+
+def summary(metrics: dict[str, Any], paths: Paths) -> str:
+    """The stage's one-line summary."""
+    def f(key: str) -> str:
+        return "n/a" if metrics.get(key) is None else f"{metrics[key]:.4f}"
+
+    return (f"train: {metrics['steps']} steps, {metrics['tokens']:,} tokens "
+            f"({metrics['epochs']:g} epochs), loss {f('loss')}, val ce {f('val_ce')} "
+            f"(rare {f('val_rare_ce')}), {metrics['tokens_per_s']:,.0f} tokens/s, "
+            f"{metrics['wall_time_s']:.0f} s -> {paths.model}")

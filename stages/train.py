@@ -1,0 +1,91 @@
+"""Stage `train`: tokenized data + rare buckets + sample weights -> a trained model.
+
+    python -m stages.train                 # what dvc.yaml runs: starts torchrun itself
+    torchrun --standalone --nproc-per-node 2 -m stages.train     # the same, by hand
+
+Run plainly, it checks params and inputs, then launches `train.nproc` worker
+processes through torchrun's own launcher (torch.distributed.run, standalone
+rendezvous, `train.max_restarts` restarts; a restarted worker resumes from the
+last checkpoint). Run under torchrun (multi-node: one torchrun per node with
+rendezvous params, see README), it is a worker: rarelm.train does the work.
+
+Writes models/model/ (Hugging Face format + tokenizer + mlflow_run.json),
+metrics/train.json and plots/train.csv; checkpoints go to .cache/train/<key>/.
+"""
+
+import sys
+from pathlib import Path
+
+import typer
+
+from stages import METRICS, MODEL, PARAMS, PLOTS, RARE, TOKENIZED, WEIGHTS
+
+app = typer.Typer(add_completion=False, help=__doc__)
+
+
+def _launch(nproc: int, max_restarts: int, argv: list[str]) -> int:
+    """Run this module under torchrun's launcher with `nproc` workers; their exit code."""
+    import logging
+    import os
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (cores or 1) // nproc)))
+    # The workers print their own one-line errors; the launcher's logging would add a
+    # traceback-sized report for the same failure.
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    args = get_args_parser().parse_args(
+        ["--standalone", "--nproc-per-node", str(nproc), "--max-restarts", str(max_restarts),
+         "-m", "stages.train", *argv])
+    try:
+        run(args)
+    except ChildFailedError as exc:
+        code = exc.get_first_failure()[1].exitcode
+        return code if code > 0 else 128 - code  # killed by signal N: 128 + N, like a shell
+    return 0
+
+
+@app.command()
+def train(
+    params_file: Path = typer.Option(PARAMS, "--params", help="params.yaml to read"),
+    tokenized: Path = typer.Option(TOKENIZED, help="the tokenize stage's folder"),
+    rare: Path = typer.Option(RARE, help="the rare_terms stage's folder"),
+    weights: Path = typer.Option(WEIGHTS, help="the weights stage's folder"),
+    out: Path = typer.Option(MODEL, help="output model folder"),
+    metrics: Path = typer.Option(f"{METRICS}/train.json", help="metrics file"),
+    plots: Path = typer.Option(f"{PLOTS}/train.csv", help="step-wise curves"),
+    cache: Path = typer.Option(Path(".cache/train"), help="checkpoint folder (outside DVC outs)"),
+    progress: bool = typer.Option(True, help="show the progress bar"),
+) -> None:
+    """Train the model (DDP over train.nproc processes), resuming from a checkpoint if any."""
+    import os
+
+    from rarelm.errors import RarelmError, user_errors
+    from rarelm.params import load_params
+    from rarelm.train import Paths, load_inputs, summary
+
+    paths = Paths(tokenized=tokenized, rare=rare, weights=weights, model=out, metrics=metrics,
+                  plots=plots, metrics_dir=metrics.parent, cache=cache)
+    worker = "LOCAL_RANK" in os.environ
+    with user_errors("train"):
+        params = load_params(params_file)
+        if not worker and params.train.nproc > 1:
+            load_inputs(params, paths)  # bad inputs: one line from here, not one per worker
+            raise typer.Exit(_launch(params.train.nproc, params.train.max_restarts,
+                                     sys.argv[1:]))
+        try:
+            from rarelm.train import train as run_training
+
+            result = run_training(params, paths, progress=progress)
+        except RarelmError:
+            if int(os.environ.get("RANK", "0")) != 0:  # rank 0 says it once for everyone
+                raise typer.Exit(2) from None
+            raise
+    if result is not None:
+        print(summary(result, paths), flush=True)
+
+
+if __name__ == "__main__":
+    app()
