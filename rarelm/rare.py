@@ -31,7 +31,10 @@ a phrase that is rare in the corpus (idf) but repeated where it occurs.
 Candidates must satisfy `min_df <= df <= max_df * N`, and an n-gram is dropped
 when a one-word-longer n-gram has the same count (it never occurs on its own:
 "nephrosclerosis" inside "bilateral nephrosclerosis"). The `top_k` best
-scores are kept (ties by term, alphabetically). Terms of the user glossary
+scores are kept (ties by term, alphabetically). TF-IDF runs on at most
+`rare.max_documents` training documents, every k-th one (its vocabulary of
+n-grams is what takes memory); token counts always cover the whole split.
+Terms of the user glossary
 (`rare.glossary`) are always kept, and Chinese segmentation treats them as
 single words so they stay whole.
 
