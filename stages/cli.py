@@ -14,6 +14,7 @@ from stages.generate import generate
 from stages.prepare import prepare
 from stages.rare_terms import rare_terms
 from stages.tokenize import tokenize
+from stages.train import train
 from stages.weights import weights
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
@@ -21,6 +22,7 @@ app.command()(prepare)
 app.command()(tokenize)
 app.command(name="rare_terms")(rare_terms)
 app.command()(weights)
+app.command()(train)
 app.command()(evaluate)
 app.command()(generate)
 

@@ -13,7 +13,6 @@ Writes models/model/ (Hugging Face format + tokenizer + mlflow_run.json),
 metrics/train.json and plots/train.csv; checkpoints go to .cache/train/<key>/.
 """
 
-import sys
 from pathlib import Path
 
 import typer
@@ -73,8 +72,11 @@ def train(
         params = load_params(params_file)
         if not worker and params.train.nproc > 1:
             load_inputs(params, paths)  # bad inputs: one line from here, not one per worker
-            raise typer.Exit(_launch(params.train.nproc, params.train.max_restarts,
-                                     sys.argv[1:]))
+            argv = ["--params", str(params_file), "--tokenized", str(tokenized), "--rare", str(rare),
+                    "--weights", str(weights), "--out", str(out), "--metrics", str(metrics),
+                    "--plots", str(plots), "--cache", str(cache),
+                    "--progress" if progress else "--no-progress"]
+            raise typer.Exit(_launch(params.train.nproc, params.train.max_restarts, argv))
         try:
             from rarelm.train import train as run_training
 
