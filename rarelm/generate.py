@@ -90,9 +90,9 @@ def generate(model, tokenizer, prompt: str, sampling: Sampling, out: TextIO | No
 def run(model_dir: str | Path, prompt: str, sampling: Sampling, device: str = "auto",
         out: TextIO = sys.stdout) -> list[int]:
     """What the CLI does: load the folder, echo the prompt, stream the continuation."""
-    from rarelm.lm import load_causal_lm, load_tokenizer, resolve_device
+    from rarelm.lm import load_causal_lm, load_tokenizer
 
-    model = load_causal_lm(model_dir, resolve_device(device))
+    model = load_causal_lm(model_dir, device)
     tokenizer = load_tokenizer(model_dir)
     out.write(prompt)
     out.flush()

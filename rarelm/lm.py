@@ -27,7 +27,7 @@ def _first_line(exc: BaseException) -> str:
 
 
 def load_causal_lm(path: str | Path, device: str = "cpu"):
-    """The model in folder `path` (AutoModelForCausalLM), in eval mode on `device`."""
+    """The model in folder `path` (AutoModelForCausalLM), in eval mode on `device` (auto, cpu, cuda)."""
     path = Path(path)
     if not path.is_dir():
         raise RarelmError(f"{path}: no such model folder")
@@ -43,7 +43,7 @@ def load_causal_lm(path: str | Path, device: str = "cpu"):
         model = AutoModelForCausalLM.from_pretrained(path, config=config, local_files_only=True)
     except Exception as exc:  # transformers raises ValueError/OSError/KeyError/... for a bad folder
         raise RarelmError(f"{path}: not a loadable causal language model ({_first_line(exc)})") from None
-    return model.to(device).eval()
+    return model.to(resolve_device(device)).eval()
 
 
 def load_tokenizer(path: str | Path):

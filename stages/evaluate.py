@@ -34,6 +34,7 @@ def evaluate(
     """Perplexity per frequency bucket, rare-token accuracy, rare-term generation, diversity."""
     import time
 
+    from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
     from rarelm.errors import user_errors
@@ -55,7 +56,8 @@ def evaluate(
         columns = [TextColumn("evaluate: {task.description}"), BarColumn(),
                    TextColumn("{task.completed}/{task.total}"), TimeRemainingColumn()]
         results = {}
-        with Progress(*columns, transient=True) as bar:
+        console = Console(stderr=True)  # stdout holds only the summary line
+        with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as bar:
             def progress(description: str, total: int):
                 task = bar.add_task(f"{split} {description}", total=total)
                 return lambda n: bar.advance(task, n)
@@ -82,14 +84,13 @@ def evaluate(
 
 def _load(model_dir: Path, data, device: str):
     """The model on its device, and per-token word-boundary flags from the pipeline's tokenizer."""
-    import torch
-
     from rarelm import term_search
     from rarelm.errors import RarelmError
-    from rarelm.lm import load_causal_lm, load_tokenizer, resolve_device
+    from rarelm.lm import load_causal_lm, load_tokenizer
 
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    model = load_causal_lm(model_dir, resolve_device(device))
+    # no use_deterministic_algorithms here: inference on CPU is deterministic already, and the
+    # switch imports torch's compiler stack (~3 s)
+    model = load_causal_lm(model_dir, device)
     vocab = getattr(model.config, "vocab_size", None)
     if isinstance(vocab, int) and vocab < data.vocab_size:
         raise RarelmError(f"{model_dir}: the model's vocabulary ({vocab}) is smaller than the "
