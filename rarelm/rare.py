@@ -183,7 +183,10 @@ class Segmenter:
 
     def __init__(self, language: str, glossary: Iterable[str] = ()):
         self.language = language
-        self.sep = "" if language == "zh" else " "
+        self.sep = "" if language == "zh" else " "  # between words of a term as shown
+        # between words of an n-gram key: Chinese keys keep their word boundaries, since
+        # jieba may cut the concatenated string differently from the same text in context
+        self.key_sep = "\x1f" if language == "zh" else " "
         self._jieba = None
         if language == "zh":
             self._jieba = _fresh_jieba()
@@ -201,8 +204,12 @@ class Segmenter:
                 yield words
 
     def analyzer(self, n_max: int) -> Callable[[str], list[str]]:
-        """A scikit-learn analyzer: document -> its n-grams (n = 1..n_max)."""
-        return lambda text: [g for words in self.phrases(text) for g in ngrams(words, n_max, self.sep)]
+        """A scikit-learn analyzer: document -> its n-gram keys (n = 1..n_max)."""
+        return lambda text: [g for words in self.phrases(text) for g in ngrams(words, n_max, self.key_sep)]
+
+    def display(self, key: str) -> str:
+        """An n-gram key as a term: "质押\x1f式\x1f回购" -> "质押式回购"."""
+        return key if self.key_sep == self.sep else join_words(key.split(self.key_sep), self.sep)
 
 
 # ---------------------------------------------------------------- TF-IDF terms
@@ -244,46 +251,44 @@ def tfidf_terms(documents: list[str], segmenter: Segmenter, ngram_max: int, min_
     count = np.rint(np.asarray(matrix.sum(axis=0)).ravel() / idf).astype(np.int64)
     score = count / df * idf
     by_name = {name: i for i, name in enumerate(names)}
+    shown = [segmenter.display(name) for name in names]
     # covered[side][j]: occurrences of n-gram j inside a one-word-longer n-gram (extended on
     # that side) that scores at least as high; all of them covered = it is only ever a part
     covered = np.zeros((2, len(names)), dtype=np.int64)
     for i, name in enumerate(names):
-        words = _split_words(name, segmenter)
+        words = name.split(segmenter.key_sep)
         if len(words) < 2:
             continue
         for side, part in enumerate((words[1:], words[:-1])):
-            j = by_name.get(join_words(part, segmenter.sep))
+            j = by_name.get(segmenter.key_sep.join(part))
             if j is not None and score[i] >= score[j] * (1 - 1e-12):
                 covered[side, j] += count[i]
     keep = ~(covered == count).any(axis=0) & (count >= min_count)
-    order = sorted(np.flatnonzero(keep).tolist(), key=lambda i: (-score[i], names[i]))
-    return [TermStats(str(names[i]), int(count[i]), int(df[i]), float(idf[i]), float(score[i]))
+    order = sorted(np.flatnonzero(keep).tolist(), key=lambda i: (-score[i], shown[i]))
+    return [TermStats(shown[i], int(count[i]), int(df[i]), float(idf[i]), float(score[i]))
             for i in order[:top_k]]
-
-
-def _split_words(ngram: str, segmenter: Segmenter) -> list[str]:
-    """The words an n-gram string was made of (Chinese n-grams are re-segmented)."""
-    if segmenter.sep:
-        return ngram.split(" ")
-    return [w for words in segmenter.phrases(ngram) for w in words]
 
 
 def count_phrases(documents: Iterable[str], segmenter: Segmenter, terms: Iterable[str],
                   n_docs: int) -> dict[str, TermStats]:
-    """Corpus count, df, idf and score of given terms (e.g. glossary terms), by the same analyzer."""
+    """Corpus count, df, idf and score of given terms (e.g. glossary terms), by the same analyzer.
+
+    A term is found where a run of whole words reads as the term; Chinese words are
+    compared by their concatenation, however jieba cut the text in between.
+    """
     wanted: dict[str, str] = {}
     n_max = 1
     for term in terms:
-        words = _split_words(normalize_term(term), segmenter)
+        words = [w for phrase in segmenter.phrases(term) for w in phrase]
         if words:
-            key = join_words(words, segmenter.sep)
-            wanted[key] = term
-            n_max = max(n_max, len(words))
+            wanted[join_words(words, segmenter.sep)] = term
+            # in context jieba may cut a Chinese term into a few more words than alone
+            n_max = max(n_max, len(words) + (2 if segmenter.key_sep != segmenter.sep else 0))
     count: Counter[str] = Counter()
     df: Counter[str] = Counter()
-    analyze = segmenter.analyzer(n_max)
+    analyze, display = segmenter.analyzer(n_max), segmenter.display
     for doc in documents:
-        found = Counter(g for g in analyze(doc) if g in wanted)
+        found = Counter(shown for g in analyze(doc) if (shown := display(g)) in wanted)
         count.update(found)
         df.update(found.keys())
     out = {}

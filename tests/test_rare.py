@@ -92,6 +92,20 @@ def test_tfidf_terms_by_hand():
     assert [t.term for t in few] == ["renal colic"]  # df 2 and 3 exceed half of 3 documents
 
 
+def test_chinese_terms_by_hand():
+    docs = ["董事会决定发行质押式掉期产品。本次质押式掉期产品募集资金。", "公司经营情况总体稳定。",
+            "公司经营情况总体稳定。"]
+    seg = rare.Segmenter("zh")  # jieba cuts the term into 质押/式/掉/期/产品
+    terms = rare.tfidf_terms(docs, seg, ngram_max=5, min_df=1, max_df=1.0, min_count=2, top_k=2)
+    assert [(t.term, t.count, t.df) for t in terms] == [
+        ("质押式掉期产品", 2, 1), ("公司经营情况总体稳定", 2, 2)]
+    assert terms[0].score == pytest.approx(2 * (math.log(4 / 2) + 1))
+    stats = rare.count_phrases(docs, seg, ["质押式掉期产品", "掉期", "押式"], n_docs=3)
+    assert (stats["质押式掉期产品"].count, stats["质押式掉期产品"].df) == (2, 1)
+    assert stats["掉期"].count == 2  # the words 掉 + 期 read as 掉期
+    assert stats["押式"].count == 0  # cuts through the word 质押
+
+
 def test_count_phrases_of_glossary_terms():
     docs = ["Renal colic and renal colic.", "No colic here.", "Nothing."]
     stats = rare.count_phrases(docs, rare.Segmenter("en"), ["Renal Colic", "gout"], n_docs=3)
