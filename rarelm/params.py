@@ -110,21 +110,21 @@ class TrainParams:
     """The training loop (`train`)."""
 
     nproc: int = param(2, ge=1)
-    max_steps: int = param(600, ge=1)
+    max_steps: int = param(150, ge=1)
     batch_size: int = param(16, ge=1)  # micro-batch per process
     grad_accum: int = param(1, ge=1)
     lr: float = param(3e-3, gt=0.0)
     min_lr: float = param(3e-4, ge=0.0)
-    warmup_steps: int = param(50, ge=0)
+    warmup_steps: int = param(15, ge=0)
     weight_decay: float = param(0.1, ge=0.0)
     grad_clip: float = param(1.0, ge=0.0)  # 0 disables clipping
-    precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"  # auto: bf16 where native, see train.py
     gradient_checkpointing: bool = False
     compile: bool = False
-    log_every: int = param(20, ge=1)
-    eval_every: int = param(200, ge=1)
-    eval_batches: int = param(20, ge=1)
-    checkpoint_every: int = param(100, ge=1)
+    log_every: int = param(10, ge=1)
+    eval_every: int = param(50, ge=1)
+    eval_batches: int = param(8, ge=1)  # val batches of batch_size per evaluation
+    checkpoint_every: int = param(50, ge=1)
     max_restarts: int = param(0, ge=0)
 
 

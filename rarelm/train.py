@@ -265,19 +265,27 @@ class Dist:
             device = torch.device("cuda", local)
         else:
             device = torch.device("cpu")
-        if world > 1:
+        # Under torchrun always a process group and DDP, even for one process: the same
+        # code path (NCCL or gloo) whatever the world size.
+        if "LOCAL_RANK" in os.environ:
             td.init_process_group("nccl" if device.type == "cuda" else "gloo",
                                   device_id=device if device.type == "cuda" else None)
         return cls(rank, local, world, device)
 
+    @property
+    def ddp(self) -> bool:
+        import torch.distributed as td
+
+        return td.is_available() and td.is_initialized()
+
     def all_reduce(self, tensor) -> None:
-        if self.world_size > 1:
+        if self.ddp:
             import torch.distributed as td
 
             td.all_reduce(tensor)
 
     def broadcast(self, value: Any) -> Any:
-        if self.world_size == 1:
+        if not self.ddp:
             return value
         import torch.distributed as td
 
@@ -287,7 +295,7 @@ class Dist:
 
     def gather(self, value: Any) -> list[Any]:
         """Every rank's `value`, on rank 0 (other ranks get [])."""
-        if self.world_size == 1:
+        if not self.ddp:
             return [value]
         import torch.distributed as td
 
@@ -296,13 +304,13 @@ class Dist:
         return out or []
 
     def barrier(self) -> None:
-        if self.world_size > 1:
+        if self.ddp:
             import torch.distributed as td
 
             td.barrier()
 
     def close(self) -> None:
-        if self.world_size > 1:
+        if self.ddp:
             import torch.distributed as td
 
             if td.is_initialized():
@@ -437,7 +445,7 @@ def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict
 
     if tp.compile:
         model = torch.compile(model)
-    if dist.world_size > 1:
+    if dist.ddp:
         model = DDP(model, device_ids=[dist.local_rank] if device.type == "cuda" else None)
 
     # Tracking and progress display: rank 0 only.
@@ -468,7 +476,7 @@ def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict
             for micro in range(tp.grad_accum):
                 x, y = to_batch(train_samples, stream.take(tp.batch_size), device)
                 last = micro == tp.grad_accum - 1
-                sync = contextlib.nullcontext() if last or dist.world_size == 1 else model.no_sync()
+                sync = contextlib.nullcontext() if last or not dist.ddp else model.no_sync()
                 with sync:
                     with autocast():
                         logits = model(input_ids=x, use_cache=False).logits
