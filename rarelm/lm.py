@@ -51,9 +51,12 @@ def load_tokenizer(path: str | Path):
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(Path(path), local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(Path(path), local_files_only=True)
     except Exception as exc:
         raise RarelmError(f"{path}: no loadable tokenizer ({_first_line(exc)})") from None
+    if len(tokenizer) < 2:  # transformers builds an empty tokenizer from config.json alone
+        raise RarelmError(f"{path}: no loadable tokenizer (no tokenizer files in the folder)")
+    return tokenizer
 
 
 def resolve_device(device: str) -> str:
