@@ -72,7 +72,8 @@ class RareParams:
     min_df: int = param(1, ge=1)  # a term occurs in at least this many training documents
     max_df: float = param(0.1, gt=0.0, le=1.0)  # ... and in at most this fraction of them
     min_count: int = param(2, ge=1)  # ... and at least this many times in all
-    top_k: int = param(300, ge=1)  # TF-IDF terms kept, best score first
+    min_mean_tf: float = param(1.5, ge=1.0)  # ... and this many times per document having it
+    top_k: int = param(1000, ge=1)  # at most this many TF-IDF terms, best score first
     max_documents: int = param(10_000, ge=1)  # TF-IDF on at most this many (evenly spread) documents
     glossary: str = ""  # optional user glossary, one term per line (UTF-8); always kept
     chunk_tokens: int = param(4_000_000, ge=1024)  # tokens counted per chunk (bounds memory)

@@ -28,7 +28,10 @@ smooth idf = ln((1 + N) / (1 + df)) + 1 from this corpus, no normalisation)
 gives each n-gram's TF-IDF in every document; a term's score is its mean
 TF-IDF over the documents that contain it, i.e. (count / df) * idf: high for
 a phrase that is rare in the corpus (idf) but repeated where it occurs.
-Candidates must satisfy `min_df <= df <= max_df * N`, and an n-gram is dropped
+Candidates must satisfy `min_df <= df <= max_df * N`, occur at least
+`min_count` times, and `min_mean_tf` times per document that has them (domain
+terms are bursty: a text that uses one tends to repeat it, while one-off
+phrases occur once; 1.0 turns this off). An n-gram is dropped
 when a one-word-longer n-gram has the same count (it never occurs on its own:
 "nephrosclerosis" inside "bilateral nephrosclerosis"). The `top_k` best
 scores are kept (ties by term, alphabetically). TF-IDF runs on at most
@@ -230,7 +233,7 @@ def smooth_idf(df: int, n_docs: int) -> float:
 
 
 def tfidf_terms(documents: list[str], segmenter: Segmenter, ngram_max: int, min_df: int,
-                max_df: float, min_count: int, top_k: int) -> list[TermStats]:
+                max_df: float, min_count: int, min_mean_tf: float, top_k: int) -> list[TermStats]:
     """The `top_k` TF-IDF terms of `documents`, best first (scoring in the module docstring)."""
     from sklearn.feature_extraction.text import TfidfVectorizer
 
@@ -263,7 +266,7 @@ def tfidf_terms(documents: list[str], segmenter: Segmenter, ngram_max: int, min_
             j = by_name.get(segmenter.key_sep.join(part))
             if j is not None and score[i] >= score[j] * (1 - 1e-12):
                 covered[side, j] += count[i]
-    keep = ~(covered == count).any(axis=0) & (count >= min_count)
+    keep = ~(covered == count).any(axis=0) & (count >= min_count) & (count >= min_mean_tf * df)
     order = sorted(np.flatnonzero(keep).tolist(), key=lambda i: (-score[i], shown[i]))
     return [TermStats(shown[i], int(count[i]), int(df[i]), float(idf[i]), float(score[i]))
             for i in order[:top_k]]
@@ -417,7 +420,7 @@ def rare_terms(params, reference_glossary: str, prepared_dir: Path, tokenized_di
     documents = training_documents(prepared_dir, stats["train"]["documents"], params.max_documents)
     segmenter = Segmenter(language, glossary)
     extracted = tfidf_terms(documents, segmenter, params.ngram_max, params.min_df, params.max_df,
-                            params.min_count, params.top_k)
+                            params.min_count, params.min_mean_tf, params.top_k)
     from_glossary = count_phrases(documents, segmenter, glossary, len(documents))
 
     rows: dict[str, dict] = {}

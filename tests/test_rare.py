@@ -77,7 +77,7 @@ def test_tfidf_terms_by_hand():
     docs = ["The patient has renal colic. Renal colic again.", "The patient is fine.",
             "The patient is well."]
     terms = rare.tfidf_terms(docs, rare.Segmenter("en"), ngram_max=2, min_df=1, max_df=1.0,
-                             min_count=2, top_k=10)
+                             min_count=2, min_mean_tf=1.0, top_k=10)
     # renal colic: count 2 in 1 of 3 documents, idf ln(4/2)+1, score (2/1)*idf.
     # "renal", "colic", "the", "patient", "is" only ever occur inside a two-word n-gram that
     # scores as high, so they are dropped; n-grams seen once fail min_count.
@@ -86,17 +86,21 @@ def test_tfidf_terms_by_hand():
         ("renal colic", 2, 1), ("patient is", 2, 2), ("the patient", 3, 3)]
     assert [t.idf for t in terms] == pytest.approx(idf)
     assert [t.score for t in terms] == pytest.approx([2 * idf[0], idf[1], idf[2]])
-    top = rare.tfidf_terms(docs, rare.Segmenter("en"), 2, 1, 1.0, 2, top_k=1)
+    top = rare.tfidf_terms(docs, rare.Segmenter("en"), 2, 1, 1.0, 2, 1.0, top_k=1)
     assert [t.term for t in top] == ["renal colic"]
-    few = rare.tfidf_terms(docs, rare.Segmenter("en"), 2, 1, max_df=0.5, min_count=2, top_k=10)
+    few = rare.tfidf_terms(docs, rare.Segmenter("en"), 2, 1, max_df=0.5, min_count=2,
+                           min_mean_tf=1.0, top_k=10)
     assert [t.term for t in few] == ["renal colic"]  # df 2 and 3 exceed half of 3 documents
+    bursty = rare.tfidf_terms(docs, rare.Segmenter("en"), 2, 1, 1.0, 2, min_mean_tf=1.5, top_k=10)
+    assert [t.term for t in bursty] == ["renal colic"]  # the others occur once per document
 
 
 def test_chinese_terms_by_hand():
     docs = ["董事会决定发行质押式掉期产品。本次质押式掉期产品募集资金。", "公司经营情况总体稳定。",
             "公司经营情况总体稳定。"]
     seg = rare.Segmenter("zh")  # jieba cuts the term into 质押/式/掉/期/产品
-    terms = rare.tfidf_terms(docs, seg, ngram_max=5, min_df=1, max_df=1.0, min_count=2, top_k=2)
+    terms = rare.tfidf_terms(docs, seg, ngram_max=5, min_df=1, max_df=1.0, min_count=2,
+                             min_mean_tf=1.0, top_k=2)
     assert [(t.term, t.count, t.df) for t in terms] == [
         ("质押式掉期产品", 2, 1), ("公司经营情况总体稳定", 2, 2)]
     assert terms[0].score == pytest.approx(2 * (math.log(4 / 2) + 1))
@@ -174,7 +178,7 @@ def test_stage_outputs(work, tiny_raw):
     glossary = work / "glossary.txt"
     # the demo's commonest term: in too many documents for max_df, kept as a glossary term
     glossary.write_text("Renal colic\nIdiopathic Pneumomyositis\n", encoding="utf-8")
-    set_params(work, **{"rare.glossary": "glossary.txt", "rare.top_k": 40})
+    set_params(work, **{"rare.glossary": "glossary.txt"})
     result = stage("rare_terms", work, check=True)
     assert result.stdout.startswith("rare_terms: buckets frequent") and "F1" in result.stdout
     meta = json.loads((work / "data/tokenized/meta.json").read_text())
@@ -193,13 +197,13 @@ def test_stage_outputs(work, tiny_raw):
         ("Idiopathic Pneumomyositis", "glossary"), ("Renal colic", "glossary")]  # by score
     assert rows[0]["df"] > 6 and rows[0]["count"] >= 2 * rows[0]["df"]
     assert (rows[1]["count"], rows[1]["df"], rows[1]["score"]) == (0, 0, 0.0)
-    assert sum(r["source"] == "tfidf" for r in rows) == len(rows) - 2 == 40
+    metrics = json.loads((work / "metrics/rare_terms.json").read_text())
+    assert sum(r["source"] == "tfidf" for r in rows) == len(rows) - 2 == metrics["tfidf_terms"] > 20
     from tokenizers import Tokenizer
     tok = Tokenizer.from_file(str(work / "data/tokenized/tokenizer/tokenizer.json"))
     for row in rows:
         assert row["token_ids"][0] == tok.encode(row["term"]).ids
         assert tok.encode(" " + row["term"]).ids in row["token_ids"]
-    metrics = json.loads((work / "metrics/rare_terms.json").read_text())
     reference = rare.read_reference(tiny_raw / "demo_en.glossary.tsv")
     extracted = [r["term"] for r in rows if r["source"] == "tfidf"]
     assert metrics["extraction"] == pytest.approx(

@@ -174,7 +174,7 @@ def test_stage_outputs(work):
 
 
 def test_dvc_repro_weights_en_then_alpha_then_zh(repo):
-    set_params(repo, **{"model.block_size": 32, "rare.top_k": 40})
+    set_params(repo, **{"model.block_size": 32})
     result = run(["dvc", "repro", "weights"], repo, check=True)
     for name in ("prepare", "tokenize", "rare_terms", "weights"):
         assert f"Running stage '{name}'" in result.stdout
