@@ -31,15 +31,16 @@ a phrase that is rare in the corpus (idf) but repeated where it occurs.
 Candidates must satisfy `min_df <= df <= max_df * N`, occur at least
 `min_count` times, and `min_mean_tf` times per document that has them (domain
 terms are bursty: a text that uses one tends to repeat it, while one-off
-phrases occur once; 1.0 turns this off). An n-gram is dropped
-when a one-word-longer n-gram has the same count (it never occurs on its own:
-"nephrosclerosis" inside "bilateral nephrosclerosis"). The `top_k` best
-scores are kept (ties by term, alphabetically). TF-IDF runs on at most
+phrases occur once; 1.0 turns this off). An n-gram is dropped when every one
+of its occurrences extends, on the same side, to a one-word-longer n-gram
+that scores at least as high: it is only ever part of better terms
+("nephrosclerosis" inside "bilateral nephrosclerosis"; Chinese "利率私募债"
+inside "浮动利率私募债" and "固定利率私募债"). At most `top_k` terms are kept,
+best score first (ties by term, alphabetically). TF-IDF runs on at most
 `rare.max_documents` training documents, every k-th one (its vocabulary of
 n-grams is what takes memory); token counts always cover the whole split.
-Terms of the user glossary
-(`rare.glossary`) are always kept, and Chinese segmentation treats them as
-single words so they stay whole.
+Terms of the user glossary (`rare.glossary`) are always kept, and Chinese
+segmentation treats them as single words so they stay whole.
 
     >>> ngrams(["chronic", "renal", "failure"], 2, " ")
     ['chronic', 'renal', 'failure', 'chronic renal', 'renal failure']
