@@ -27,6 +27,7 @@ def _launch(nproc: int, max_restarts: int, argv: list[str]) -> int:
     import logging
     import os
 
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
@@ -43,6 +44,8 @@ def _launch(nproc: int, max_restarts: int, argv: list[str]) -> int:
     except ChildFailedError as exc:
         code = exc.get_first_failure()[1].exitcode
         return code if code > 0 else 128 - code  # killed by signal N: 128 + N, like a shell
+    except SignalException as exc:  # SIGTERM/SIGINT: torchrun has stopped the workers
+        return 128 + int(exc.sigval)
     return 0
 
 

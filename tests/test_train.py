@@ -1,0 +1,385 @@
+"""The train stage: loss weighting by hand, the loop's pieces, and real runs through the CLI.
+
+The CLI tests share one throw-away repo (module scope) in which `dvc repro` builds the
+tiny pipeline and trains with 2 DDP processes; a later run with the same params, killed
+and then finished by torchrun by hand, must end byte-identical.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rarelm.checkpoint import CheckpointStore, run_key
+from rarelm.errors import RarelmError
+from rarelm.loss import rare_mask, rare_weighted_loss
+from rarelm.params import TrainParams
+from rarelm.train import SampleStream, lr_at, pick_precision
+from tests.conftest import BIN, REPO, run, set_params
+
+TINY_TRAIN = {
+    "seed": 7, "alpha": 0.5, "model.block_size": 32, "model.n_layer": 1, "model.n_head": 2,
+    "model.n_embd": 32, "model.dropout": 0.1, "loss.rare_weight": 1.0, "rare.top_k": 40,
+    "train.nproc": 2, "train.max_steps": 300, "train.batch_size": 4, "train.warmup_steps": 10,
+    "train.log_every": 50, "train.eval_every": 150, "train.eval_batches": 2,
+    "train.checkpoint_every": 50, "tracking.experiment": "test-train",
+}
+METRIC_KEYS = {"steps", "tokens", "wall_time_s", "tokens_per_s", "loss", "ce", "rare_ce",
+               "val_ce", "val_rare_ce", "val_ppl", "epochs", "parameters"}
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+# --------------------------------------------------------------------------- loss
+
+def test_rare_weighted_loss_matches_hand_computation():
+    # vocab 3, targets [0, 2, 1, 2]; token 2 is rare; rare_weight 3 -> weights [1, 4, 1, 4]
+    probs = torch.tensor([[[0.7, 0.2, 0.1], [0.3, 0.3, 0.4], [0.25, 0.5, 0.25], [0.1, 0.1, 0.8]]])
+    targets = torch.tensor([[0, 2, 1, 2]])
+    is_rare = torch.tensor([False, False, True])
+    ce = [-math.log(0.7), -math.log(0.4), -math.log(0.5), -math.log(0.8)]
+    expected = (1 * ce[0] + 4 * ce[1] + 1 * ce[2] + 4 * ce[3]) / (1 + 4 + 1 + 4)
+    loss, stats = rare_weighted_loss(torch.log(probs).to(torch.bfloat16).float(), targets,
+                                     is_rare, 3.0)
+    loss32, _ = rare_weighted_loss(torch.log(probs), targets, is_rare, 3.0)
+    assert loss32.item() == pytest.approx(expected, rel=1e-6)
+    assert loss.item() == pytest.approx(expected, rel=1e-2)  # bf16 logits, fp32 loss
+    ce_sum, n, rare_sum, n_rare = rare_weighted_loss(torch.log(probs), targets, is_rare, 3.0)[1]
+    assert (n.item(), n_rare.item()) == (4, 2)
+    assert ce_sum.item() == pytest.approx(sum(ce), rel=1e-6)
+    assert rare_sum.item() == pytest.approx(ce[1] + ce[3], rel=1e-6)
+    assert stats.dtype == torch.float32
+
+
+def test_rare_weight_zero_is_plain_cross_entropy_and_gradients_follow_the_weights():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 5, 11, requires_grad=True)
+    targets = torch.randint(0, 11, (2, 5))
+    is_rare = torch.zeros(11, dtype=torch.bool)
+    is_rare[targets[0, 0]] = True
+    plain, _ = rare_weighted_loss(logits, targets, is_rare, 0.0)
+    assert plain.item() == pytest.approx(F.cross_entropy(logits.reshape(-1, 11),
+                                                         targets.reshape(-1)).item(), rel=1e-6)
+    # with rare_weight w, the rare target's gradient is (1 + w) times a common one's, relatively
+    weighted, _ = rare_weighted_loss(logits, targets, is_rare, 5.0)
+    (grad,) = torch.autograd.grad(weighted, logits)
+    (grad0,) = torch.autograd.grad(plain, logits)
+    scale = grad[0, 1].norm() / grad0[0, 1].norm()  # a common target
+    rare_rows = [(b, t) for b in range(2) for t in range(5) if is_rare[targets[b, t]]]
+    for b, t in rare_rows:
+        assert (grad[b, t].norm() / grad0[b, t].norm()).item() == pytest.approx(6 * scale.item(),
+                                                                                 rel=1e-5)
+
+
+def test_rare_mask_pads_a_larger_model_vocabulary():
+    mask = rare_mask(np.array([0, 2, 1, 3, 2], dtype=np.int8), 7)
+    assert mask.tolist() == [False, True, False, False, True, False, False]
+
+
+# --------------------------------------------------------------------------- loop pieces
+
+def test_lr_warms_up_then_decays_to_min_lr():
+    p = TrainParams(lr=1e-3, min_lr=1e-4, warmup_steps=4, max_steps=14)
+    lrs = [lr_at(s, p) for s in range(15)]
+    assert lrs[:4] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3])
+    assert lrs[4] == pytest.approx(1e-3) and lrs[9] == pytest.approx(5.5e-4)
+    assert lrs[14] == pytest.approx(1e-4)
+    assert all(np.diff(lrs[4:]) <= 0)
+
+
+def test_precision_choice():
+    cpu = torch.device("cpu")
+    assert pick_precision("fp32", cpu) == (None, False)
+    assert pick_precision("bf16", cpu) == (torch.bfloat16, False)
+    assert pick_precision("auto", cpu)[1] is False
+    with pytest.raises(RarelmError, match="train.precision = 'fp16'"):
+        pick_precision("fp16", cpu)
+
+
+def test_sample_stream_crosses_epochs_and_restores_exactly():
+    from rarelm.sampler import WeightedDistributedSampler
+
+    sampler = WeightedDistributedSampler(np.arange(1, 8, dtype=float), num_replicas=2, rank=1,
+                                         seed=3)
+    whole = SampleStream(sampler)
+    drawn = np.concatenate([whole.take(3) for _ in range(5)])  # 15 draws over 4-long epochs
+    assert np.array_equal(drawn[:4], sampler.indices(0))
+    assert np.array_equal(drawn[4:8], sampler.indices(1))
+    first = SampleStream(sampler)
+    head = np.concatenate([first.take(3) for _ in range(2)])
+    resumed = SampleStream(sampler)
+    resumed.restore(first.state())
+    tail = np.concatenate([resumed.take(3) for _ in range(3)])
+    assert np.array_equal(np.concatenate([head, tail]), drawn)
+
+
+def test_checkpoints_are_verified_and_only_the_last_two_kept(tmp_path, capsys):
+    model = torch.nn.Linear(3, 2)
+    store = CheckpointStore(tmp_path, run_key({"a": 1}, []))
+    for step in (1, 2, 3):
+        with torch.no_grad():
+            model.weight.fill_(step)
+        store.save(step, model, {"step": step, "rng": torch.get_rng_state(),
+                                 "python": (3, (1, 2), None)})
+    assert [p.name for p in sorted(store.dir.iterdir())] == ["step-00000002", "step-00000003"]
+    # a flipped byte in the newest one: skipped with one warning, the one before it is used
+    path = store.dir / "step-00000003" / "model.safetensors"
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+    best = store.latest_valid()
+    assert best is not None and best.name == "step-00000002"
+    warning = capsys.readouterr().err.strip().splitlines()
+    assert len(warning) == 1 and "skipping corrupt checkpoint" in warning[0]
+    fresh = torch.nn.Linear(3, 2)
+    state = store.load(best, fresh)
+    assert state["step"] == 2 and torch.equal(fresh.weight, torch.full((2, 3), 2.0))
+    # a half-written one (no manifest yet) is skipped too
+    shutil.rmtree(store.dir / "step-00000002")
+    (store.dir / "step-00000003" / "manifest.json").unlink()
+    assert store.latest_valid() is None
+    assert run_key({"a": 1}, []) != run_key({"a": 2}, [])
+
+
+# --------------------------------------------------------------------------- real runs
+
+def _make_repo(root: Path, tiny_raw: Path) -> Path:
+    """A git + DVC copy of the repo on the tiny corpus (what conftest's `repo` does, once)."""
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                           cwd=REPO, capture_output=True, check=True).stdout.decode().split("\0")
+    for rel in filter(None, files):
+        src = REPO / rel
+        if src.is_file() and not rel.startswith("data/raw/"):
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, root / rel)
+    shutil.copytree(tiny_raw, root / "data" / "raw")
+    set_params(root, **{"tokenizer.vocab_size": 512}, **TINY_TRAIN)
+    for cmd in (["git", "init", "-q"], ["git", "add", "-A"],
+                ["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "init"]):
+        subprocess.run(cmd, cwd=root, check=True, capture_output=True)
+    return root
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, tiny_raw):
+    """The tiny pipeline through `dvc repro train` (2 DDP workers); its own MLflow store."""
+    root = _make_repo(tmp_path_factory.mktemp("train") / "repo", tiny_raw)
+    env = {"MLFLOW_TRACKING_URI": f"sqlite:///{root / 'test-mlflow.db'}",
+           "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "1"}
+    result = run(["dvc", "repro", "train"], root, env=env, check=True)
+    return root, env, result
+
+
+def _train_cli(out: str) -> list[str]:
+    """Options that send a stage run's outputs beside the DVC-tracked ones."""
+    return ["--out", f"models/{out}", "--metrics", f"metrics/{out}.json",
+            "--plots", f"plots/{out}.csv", "--no-progress"]
+
+
+def test_dvc_repro_trains_with_two_ddp_processes(trained):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    root, env, result = trained
+    assert "Running stage 'train'" in result.stdout
+    summary = [line for line in result.stdout.splitlines() if line.startswith("train: ")]
+    assert len(summary) == 1 and "300 steps" in summary[0], result.stdout
+    metrics = json.loads((root / "metrics/train.json").read_text())
+    assert set(metrics) == METRIC_KEYS and all(v is not None for v in metrics.values())
+    # 2 ranks x 4 samples x 32 tokens per step
+    assert metrics["steps"] == 300 and metrics["tokens"] == 300 * 2 * 4 * 32
+    assert metrics["val_ce"] < 5.0  # it learned: the tiny corpus's unigram entropy is ~5.3
+    rows = list(csv.DictReader((root / "plots/train.csv").open()))
+    assert [int(r["step"]) for r in rows] == [50, 100, 150, 200, 250, 300]
+    assert float(rows[-1]["ce"]) < float(rows[0]["ce"])
+    assert rows[2]["val_ce"] and not rows[1]["val_ce"]
+    model = AutoModelForCausalLM.from_pretrained(root / "models/model")
+    tokenizer = AutoTokenizer.from_pretrained(root / "models/model")
+    assert model.config.n_layer == 1 and model.config.vocab_size == len(tokenizer)
+    ids = tokenizer("The patient", return_tensors="pt").input_ids
+    assert model(input_ids=ids).logits.shape[-1] == len(tokenizer)
+    assert not (root / ".cache/train").exists() or not any((root / ".cache/train").iterdir())
+    # a second `dvc repro` has nothing to do
+    assert "Stage 'train' didn't change, skipping" in run(["dvc", "repro", "train"], root,
+                                                          env=env, check=True).stdout
+
+
+def test_mlflow_run_holds_params_step_metrics_tags_and_system_metrics(trained):
+    import mlflow
+
+    from rarelm.params import load_params
+
+    root, env, _ = trained
+    info = json.loads((root / "models/model/mlflow_run.json").read_text())
+    assert info["tracking_uri"] == env["MLFLOW_TRACKING_URI"]
+    assert info["experiment"] == "test-train"
+    client = mlflow.MlflowClient(info["tracking_uri"])
+    mlrun = client.get_run(info["run_id"])
+    assert mlrun.info.status == "FINISHED"
+    assert client.get_experiment(mlrun.info.experiment_id).name == "test-train"
+    flat = load_params(root / "params.yaml").flat()
+    assert set(mlrun.data.params) == set(flat)
+    assert mlrun.data.params["train.max_steps"] == "300" and mlrun.data.params["alpha"] == "0.5"
+    tags = mlrun.data.tags
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
+                            text=True).stdout.strip()
+    assert tags["stage"] == "train" and tags["git_commit"] == commit
+    assert "DVC_EXP_NAME" not in tags  # only under `dvc exp run`
+    history = client.get_metric_history(info["run_id"], "train/loss")
+    assert [m.step for m in history] == [50, 100, 150, 200, 250, 300]
+    metrics = mlrun.data.metrics
+    for key in ("train/ce", "train/rare_ce", "train/lr", "train/grad_norm", "train/tokens_per_s",
+                "val/ce", "val/rare_ce", "train.val_ppl", "tokenize.vocab_size",
+                "prepare.documents", "weights.alpha", "model.parameters"):
+        assert key in metrics, key
+    assert any(k.startswith("system/cpu_utilization") for k in metrics), sorted(metrics)
+
+
+def test_killed_run_resumes_bit_identical_under_torchrun_by_hand(trained):
+    """SIGKILL the job mid-run, then finish it with torchrun by hand: the same model bytes."""
+    root, env, _ = trained
+    cmd = [sys.executable, "-m", "stages.train", *_train_cli("resumed")]
+    full_env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", **env}
+    proc = subprocess.Popen(cmd, cwd=root, env=full_env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    cache = root / ".cache/train"
+    deadline = time.monotonic() + 300
+    while not list(cache.glob("*/step-*")) and time.monotonic() < deadline:
+        assert proc.poll() is None, "the run ended before its first checkpoint"
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)  # the launcher and everything in its group
+    proc.wait()
+    time.sleep(1)  # workers live in sessions of their own: they must die with their parent
+    assert not (root / "models/resumed").exists(), "the run finished before it was killed"
+    leftover = subprocess.run(["pgrep", "-f", "models/resumed"], capture_output=True, text=True)
+    assert leftover.stdout.strip() == "", "orphaned workers kept training"
+    torchrun = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", "-m",
+                "stages.train", *_train_cli("resumed")]
+    result = run(torchrun, root, env=env, check=True)
+    assert "train: 300 steps" in result.stdout
+    resumed_line = [line for line in result.stdout.splitlines() if "resuming from" in line]
+    assert len(resumed_line) == 1, result.stdout
+    step = int(resumed_line[0].rsplit("step ", 1)[1].rstrip(")"))
+    assert 50 <= step < 300
+    for name in ("model.safetensors", "config.json", "tokenizer.json"):
+        assert sha256(root / "models/resumed" / name) == sha256(root / "models/model" / name), name
+    # the curves survived the kill: every logged step is there once
+    rows = list(csv.DictReader((root / "plots/resumed.csv").open()))
+    assert [int(r["step"]) for r in rows] == [50, 100, 150, 200, 250, 300]
+    assert not list(cache.glob("*/step-*"))  # a finished run leaves no checkpoints behind
+
+
+def test_unreachable_tracking_store_warns_once_and_training_finishes(trained, tmp_path):
+    root, _, _ = trained
+    params = tmp_path / "params.yaml"
+    shutil.copy(root / "params.yaml", params)
+    set_params(tmp_path, **{"train.nproc": 1, "train.max_steps": 20})
+    env = {"MLFLOW_TRACKING_URI": "http://127.0.0.1:9"}  # nothing listens on the discard port
+    result = run([sys.executable, "-m", "stages.train", "--params", str(params),
+                  *_train_cli("untracked")], root, env=env)
+    assert result.returncode == 0, result.stderr
+    warnings = [line for line in result.stderr.splitlines() if "warning" in line.lower()]
+    assert len(warnings) == 1 and "MLflow tracking store http://127.0.0.1:9" in warnings[0]
+    assert "going on without tracking" in warnings[0]
+    metrics = json.loads((root / "metrics/untracked.json").read_text())
+    assert set(metrics) == METRIC_KEYS and all(v is not None for v in metrics.values())
+    assert not (root / "models/untracked/mlflow_run.json").exists()
+    assert (root / "models/untracked/model.safetensors").is_file()
+
+
+def test_bad_inputs_are_one_line_errors(trained, tmp_path):
+    root, env, _ = trained
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    np.save(weights / "weights.npy", np.ones(3))
+    result = run([sys.executable, "-m", "stages.train", "--weights", str(weights),
+                  *_train_cli("bad")], root, env=env)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()]
+    assert "weights.npy: 3 weights, but the train split has" in result.stderr
+    missing = run([sys.executable, "-m", "stages.train", "--rare", str(tmp_path / "nope"),
+                   *_train_cli("bad")], root, env=env)
+    assert missing.returncode == 2 and "run the rare_terms stage first" in missing.stderr
+    assert not (root / "models/bad").exists()
+
+
+def test_crashed_run_is_marked_failed(trained, tmp_path, monkeypatch):
+    import mlflow
+
+    from rarelm import loss, train
+    from rarelm.params import load_params
+
+    root, _, _ = trained
+    uri = f"sqlite:///{tmp_path / 'crash.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.chdir(root)
+    params = load_params(root / "params.yaml")
+    params = dataclasses.replace(params, train=dataclasses.replace(params.train, nproc=1))
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(loss, "rare_weighted_loss", broken)
+    paths = train.Paths(model=tmp_path / "model", metrics=tmp_path / "m.json",
+                        plots=tmp_path / "p.csv", cache=tmp_path / "cache")
+    with pytest.raises(RuntimeError, match="boom"):
+        train.train(params, paths, progress=False)
+    runs = mlflow.MlflowClient(uri).search_runs(
+        [mlflow.MlflowClient(uri).get_experiment_by_name("test-train").experiment_id])
+    assert [r.info.status for r in runs] == ["FAILED"]
+    assert not (tmp_path / "model").exists()
+
+
+# --------------------------------------------------------------------------- fine-tuning
+
+def test_pretrained_model_must_share_the_tokenizer(trained, tmp_path):
+    from transformers import AutoTokenizer, DistilBertConfig, DistilBertModel, GPT2LMHeadModel
+
+    from rarelm.data import TokenizedData
+    from rarelm.model import gpt2_config, load_pretrained
+    from rarelm.params import ModelParams
+
+    root, _, _ = trained
+    data = TokenizedData.open(root / "data/tokenized")
+    good = tmp_path / "good"
+    GPT2LMHeadModel(gpt2_config(ModelParams(n_layer=1, n_head=2, n_embd=32, block_size=64),
+                                data.vocab_size, data.eot_id)).save_pretrained(good)
+    AutoTokenizer.from_pretrained(data.tokenizer_dir).save_pretrained(good)
+    model = load_pretrained(ModelParams(name_or_path=str(good), block_size=32), data)
+    assert model.get_input_embeddings().num_embeddings == data.vocab_size
+
+    with pytest.raises(RarelmError, match="must be <= 64"):
+        load_pretrained(ModelParams(name_or_path=str(good), block_size=128), data)
+
+    other = tmp_path / "other"
+    shutil.copytree(good, other)
+    vocab = json.loads((other / "tokenizer.json").read_text())
+    first = next(iter(vocab["model"]["vocab"]))
+    vocab["model"]["vocab"]["zz-not-ours"] = vocab["model"]["vocab"].pop(first)
+    (other / "tokenizer.json").write_text(json.dumps(vocab))
+    with pytest.raises(RarelmError, match="is not the one tokenize used"):
+        load_pretrained(ModelParams(name_or_path=str(other), block_size=32), data)
+
+    encoder = tmp_path / "encoder"
+    DistilBertModel(DistilBertConfig(vocab_size=data.vocab_size, dim=32, n_layers=1, n_heads=2,
+                                     hidden_dim=64)).save_pretrained(encoder)
+    with pytest.raises(RarelmError, match="not a causal LM"):
+        load_pretrained(ModelParams(name_or_path=str(encoder), block_size=32), data)
+    with pytest.raises(RarelmError, match="no such folder"):
+        load_pretrained(ModelParams(name_or_path=str(tmp_path / "nope"), block_size=32), data)
