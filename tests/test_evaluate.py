@@ -143,12 +143,23 @@ def test_select_round_robin_prefers_breadth():
     assert [(o.term, o.position) for o in chosen] == [(0, 0), (1, 50), (0, 1), (0, 2)]
 
 
-def test_batched_generation_equals_one_at_a_time():
-    from transformers import GPT2Config, GPT2LMHeadModel
+def tiny_random_lm(arch: str):
+    """A random causal LM with a large init, so greedy output varies from token to token."""
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=50, n_positions=64, n_embd=32, n_layer=2, n_head=2,
-                                       bos_token_id=0, eos_token_id=0, initializer_range=0.5)).eval()
+    if arch == "gpt2":  # learned absolute positions
+        return GPT2LMHeadModel(GPT2Config(vocab_size=50, n_positions=64, n_embd=32, n_layer=2, n_head=2,
+                                          bos_token_id=0, eos_token_id=0, initializer_range=0.5)).eval()
+    return LlamaForCausalLM(LlamaConfig(  # rotary positions, grouped-query attention
+        vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, bos_token_id=0, eos_token_id=0,
+        initializer_range=0.5)).eval()
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_batched_generation_equals_one_at_a_time(arch):
+    model = tiny_random_lm(arch)
     prompts = [[5, 6, 7, 8, 9], [1, 2], [3, 4, 5, 6, 7, 8, 9, 10], [11]]
     conts = [[1, 2], [3], [4, 5, 6], [7, 8, 9, 10]]
     batched = greedy_continue(model, prompts, 6, pad_id=0)
