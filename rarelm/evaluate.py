@@ -159,9 +159,13 @@ def score_tokens(model, tokens: np.ndarray, buckets: np.ndarray, block_size: int
 
 def evaluate_terms(model, tokens: np.ndarray, offsets: np.ndarray, terms: list[term_search.Term],
                    *, max_terms: int, context_tokens: int, batch_size: int, eot_id: int,
-                   joins_word: np.ndarray | None = None,
-                   progress: Progress | None = None) -> tuple[dict, list[dict]]:
-    """Greedy term generation at each chosen occurrence; returns (metrics, rows per frequency band)."""
+                   joins_word: np.ndarray | None = None, progress: Progress | None = None,
+                   samples: list[dict] | None = None) -> tuple[dict, list[dict]]:
+    """Greedy term generation at each chosen occurrence; returns (metrics, rows per frequency band).
+
+    With a `samples` list, every occurrence's record is appended to it (term, prompt,
+    expected and generated token ids, scores), for people to read what the model wrote.
+    """
     from rarelm.lm import continuation_nll, greedy_continue
 
     per_term = term_search.find_occurrences(tokens, terms, joins_word)
@@ -174,6 +178,7 @@ def evaluate_terms(model, tokens: np.ndarray, offsets: np.ndarray, terms: list[t
     exact = np.zeros(len(chosen), dtype=bool)
     first = np.zeros(len(chosen), dtype=bool)
     nll = np.zeros(len(chosen), dtype=np.float64)
+    outputs: list[list[int]] = [[] for _ in chosen]
     advance = (progress or _silent)("generating terms", len(chosen))
     for b in range(0, len(order), batch_size):
         idx = order[b:b + batch_size]
@@ -186,7 +191,13 @@ def evaluate_terms(model, tokens: np.ndarray, offsets: np.ndarray, terms: list[t
             exact[i] = bool((generated[row, :len(seq)] == seq).all())
             first[i] = bool(generated[row, 0] == seq[0])
             nll[i] = float(term_nll[row].mean())
+            outputs[i] = generated[row, :len(seq)].tolist()
         advance(len(idx))
+    if samples is not None:
+        samples.extend({"term": terms[o.term].text, "band": term_search.frequency_band(terms[o.term].count),
+                        "position": o.position, "prompt": prompts[i], "expected": list(o.sequence),
+                        "generated": outputs[i], "exact": bool(exact[i]), "first_token": bool(first[i]),
+                        "nll": float(nll[i])} for i, o in enumerate(chosen))
 
     n = len(chosen)
     evaluated_terms = {o.term for o in chosen}
@@ -255,6 +266,7 @@ class SplitResult:
     metrics: dict
     bucket_rows: list[dict]
     band_rows: list[dict]
+    term_samples: list[dict]  # one record per evaluated term occurrence (see evaluate_terms)
 
 
 def evaluate_split(model, data, split: str, buckets: np.ndarray, terms: list[term_search.Term],
@@ -281,13 +293,15 @@ def evaluate_split(model, data, split: str, buckets: np.ndarray, terms: list[ter
             raise RarelmError(f"the model's context of {limit} tokens is too short for terms of "
                               f"{longest} tokens and eval.diversity_tokens = {params.diversity_tokens}")
     stats = score_tokens(model, tokens, buckets, block, params.batch_size, progress)
+    samples: list[dict] = []
     term_metrics, band_rows = evaluate_terms(
         model, tokens, offsets, terms, max_terms=params.max_terms, context_tokens=context,
-        batch_size=params.batch_size, eot_id=data.eot_id, joins_word=joins_word, progress=progress)
+        batch_size=params.batch_size, eot_id=data.eot_id, joins_word=joins_word, progress=progress,
+        samples=samples)
     div = diversity(model, tokens, offsets, buckets, n_prompts=params.diversity_prompts,
                     n_new=params.diversity_tokens, context_tokens=context, batch_size=params.batch_size,
                     eot_id=data.eot_id, seed=seed, progress=progress)
-    return SplitResult({**stats.metrics(), **term_metrics, **div}, stats.rows(), band_rows)
+    return SplitResult({**stats.metrics(), **term_metrics, **div}, stats.rows(), band_rows, samples)
 
 
 def combine(results: dict[str, SplitResult]) -> dict:

@@ -7,7 +7,9 @@ Writes metrics/eval.json (see rarelm/evaluate.py for every key),
 plots/eval_buckets.csv (perplexity and accuracy per frequency bucket) and
 plots/eval_term_bands.csv (term generation accuracy per train-frequency band),
 and logs the same into the MLflow run that trained the model
-(models/model/mlflow_run.json) as `eval/<key>` metrics and `eval/` artifacts.
+(models/model/mlflow_run.json) as `eval/<key>` metrics and `eval/` artifacts, with
+`eval/term_samples.jsonl`: each evaluated term occurrence, the end of its prompt, the
+term and what the model wrote instead.
 """
 
 from pathlib import Path
@@ -32,6 +34,8 @@ def evaluate(
     plots: Path = typer.Option(PLOTS, help="folder for the plot CSVs"),
 ) -> None:
     """Perplexity per frequency bucket, rare-token accuracy, rare-term generation, diversity."""
+    import json
+    import tempfile
     import time
 
     from rich.console import Console
@@ -51,7 +55,7 @@ def evaluate(
         data = TokenizedData.open(tokenized)
         buckets = ev.load_buckets(rare, data.vocab_size)
         terms = term_search.load_terms(rare / "terms.jsonl")
-        model, joins = _load(model_dir, data, params.eval.device)
+        model, joins, tokenizer = _load(model_dir, data, params.eval.device)
 
         columns = [TextColumn("evaluate: {task.description}"), BarColumn(),
                    TextColumn("{task.completed}/{task.total}"), TimeRemainingColumn()]
@@ -73,7 +77,11 @@ def evaluate(
             with atomic_file(path) as f:
                 f.write(_csv(columns_, rows))
         write_json(metrics, out)
-        ev.log_to_mlflow(model_dir / "mlflow_run.json", out, [metrics, bucket_csv, band_csv])
+        with tempfile.TemporaryDirectory() as tmp:  # term samples go to MLflow only: for reading
+            samples = Path(tmp) / "term_samples.jsonl"
+            samples.write_text("".join(json.dumps(_readable(r, tokenizer), ensure_ascii=False) + "\n"
+                                       for r in first.term_samples), encoding="utf-8")
+            ev.log_to_mlflow(model_dir / "mlflow_run.json", out, [metrics, bucket_csv, band_csv, samples])
     seconds = time.perf_counter() - started
     m = out
     print(f"evaluate: {params.eval.splits[0]} ppl {_fmt(m['ppl'])} (frequent {_fmt(m['ppl_frequent'])}, "
@@ -83,7 +91,7 @@ def evaluate(
 
 
 def _load(model_dir: Path, data, device: str):
-    """The model on its device, and per-token word-boundary flags from the pipeline's tokenizer."""
+    """The model on its device, per-token word-boundary flags, and the pipeline's tokenizer."""
     from rarelm import term_search
     from rarelm.errors import RarelmError
     from rarelm.lm import load_causal_lm, load_tokenizer
@@ -95,8 +103,19 @@ def _load(model_dir: Path, data, device: str):
     if isinstance(vocab, int) and vocab < data.vocab_size:
         raise RarelmError(f"{model_dir}: the model's vocabulary ({vocab}) is smaller than the "
                           f"tokenizer's ({data.vocab_size}); was it trained on this data?")
-    joins = term_search.word_joins(load_tokenizer(data.tokenizer_dir), data.vocab_size)
-    return model, joins
+    tokenizer = load_tokenizer(data.tokenizer_dir)
+    return model, term_search.word_joins(tokenizer, data.vocab_size), tokenizer
+
+
+def _readable(record: dict, tokenizer) -> dict:
+    """A term sample with text instead of token ids: what came before, what was due, what was written."""
+    def text(ids: list[int]) -> str:
+        return tokenizer.decode(ids, skip_special_tokens=True)
+
+    return {"term": record["term"], "band": record["band"], "position": record["position"],
+            "prompt_end": text(record["prompt"][-24:]), "expected": text(record["expected"]),
+            "generated": text(record["generated"]), "exact": record["exact"],
+            "first_token": record["first_token"], "nll": round(record["nll"], 4)}
 
 
 def _fmt(value) -> str:

@@ -87,8 +87,9 @@ def test_token_metrics_are_exact(block_size, batch_size):
 
 
 def test_term_metrics_are_exact():
+    samples = []
     metrics, bands = ev.evaluate_terms(bigram(), TOKENS, OFFSETS, TERMS, max_terms=100, context_tokens=2,
-                                       batch_size=2, eot_id=0)
+                                       batch_size=2, eot_id=0, samples=samples)
     # five six@3 -> [4 5]; four five@6 -> [1 2]; one two three@0 -> [1 2 3] (right);
     # six six: [3 5]@2 -> [3 4] (first right), [6 6]@11 -> [1 2]; seven two never occurs
     assert metrics == {"term_exact_match": 1 / 5, "term_first_token_acc": 2 / 5,
@@ -99,6 +100,10 @@ def test_term_metrics_are_exact():
         ("band 00: 0", 1, 2, 0.0, 0.5), ("band 01: 1", 1, 1, 0.0, 0.0),
         ("band 02: 2-3", 1, 1, 1.0, 1.0), ("band 04: 8-15", 1, 1, 0.0, 0.0)]
     assert [b["nll"] / LN2 for b in bands] == pytest.approx([4.0, 2.5, 1.0, 1.5], rel=1e-6)
+    assert [(r["term"], r["position"], r["prompt"], r["generated"], r["exact"]) for r in samples] == [
+        ("five six", 3, [2, 3], [4, 5], False), ("four five", 6, [0], [1, 2], False),
+        ("one two three", 0, [0], [1, 2, 3], True), ("six six", 2, [1, 2], [3, 4], False),
+        ("six six", 11, [0], [1, 2], False)]
 
 
 def test_term_cap_is_round_robin_and_deterministic():
@@ -289,7 +294,12 @@ def test_stage_writes_metrics_plots_and_logs_into_the_training_run(workspace, tm
     assert logged.data.metrics["eval/val/ppl"] == pytest.approx(m["val"]["ppl"])
     assert "evaluate" in logged.data.tags["stages"]
     artifacts = {a.path for a in client.list_artifacts(run_id, "eval")}
-    assert artifacts == {"eval/eval.json", "eval/eval_buckets.csv", "eval/eval_term_bands.csv"}
+    assert artifacts == {"eval/eval.json", "eval/eval_buckets.csv", "eval/eval_term_bands.csv",
+                         "eval/term_samples.jsonl"}
+    samples_file = client.download_artifacts(run_id, "eval/term_samples.jsonl", str(tmp_path))
+    samples = [json.loads(line) for line in open(samples_file, encoding="utf-8")]
+    assert len(samples) == m["n_eval_terms"]
+    assert sum(s["exact"] for s in samples) == round(m["term_exact_match"] * m["n_eval_terms"])
 
 
 def test_unreachable_store_is_one_warning_line(tmp_path, monkeypatch, capsys):
