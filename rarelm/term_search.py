@@ -130,8 +130,14 @@ def select_round_robin(per_term: list[list[Occurrence]], cap: int) -> list[Occur
 
 
 def word_joins(tokenizer, vocab_size: int) -> np.ndarray:
-    """Per token id: bit 1 if its text ends with an ASCII letter or digit, bit 2 if it starts with one."""
-    texts = tokenizer.batch_decode([[i] for i in range(vocab_size)])
+    """Per token id: bit 1 if it ends with an ASCII letter or digit, bit 2 if it starts with one.
+
+    Read from the raw token strings, where a word-initial token carries its
+    space marker ("Ġstart" in byte-level BPE, "▁start" in SentencePiece): decoding
+    a single SentencePiece token would drop that space. Non-ASCII letters (CJK)
+    never join, since those scripts do not separate words by spaces.
+    """
+    texts = [t or "" for t in tokenizer.convert_ids_to_tokens(list(range(vocab_size)))]
     out = np.zeros(vocab_size, dtype=np.int8)
     for i, text in enumerate(texts):
         if text and text[-1].isascii() and text[-1].isalnum():

@@ -142,6 +142,20 @@ def test_occurrences_inside_a_word_are_dropped():
         [0, 3, 5, 7]
 
 
+def test_word_joins_from_a_real_tokenizer():
+    from transformers import PreTrainedTokenizerFast
+
+    from rarelm.tokenization import train_bpe
+
+    tok = PreTrainedTokenizerFast(tokenizer_object=train_bpe(
+        iter(["start art start art restart 心肌梗死"] * 5), vocab_size=300, min_frequency=1))
+    joins = term_search.word_joins(tok, len(tok))
+    ids = {text: tok.encode(text, add_special_tokens=False) for text in (" start", "art", "心")}
+    assert len(ids[" start"]) == 1 and joins[ids[" start"][0]] == 1  # word-initial: ends, does not start
+    assert len(ids["art"]) == 1 and joins[ids["art"][0]] == 3
+    assert all(joins[i] == 0 for i in ids["心"])
+
+
 def test_select_round_robin_prefers_breadth():
     per_term = [[Occurrence(0, p, (1,)) for p in range(10)], [Occurrence(1, 50, (2,))], []]
     chosen = term_search.select_round_robin(per_term, 4)
