@@ -66,7 +66,7 @@ def resolve_device(device: str) -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
-        raise RarelmError("eval.device = 'cuda' but no CUDA device is available")
+        raise RarelmError("device 'cuda' was asked for, but no CUDA device is available")
     return device
 
 
