@@ -106,8 +106,14 @@ def _continue(model, prompts: list[list[int]], n_new: int, pad_id: int, **sampli
 
     ids, mask = left_pad(prompts, pad_id, model.device)
     config = GenerationConfig(max_new_tokens=n_new, eos_token_id=[], pad_token_id=pad_id, **sampling)
-    with torch.no_grad():
-        out = model.generate(ids, attention_mask=mask, generation_config=config)
+    # generate() fills unset fields from the folder's generation_config.json (repetition penalty,
+    # no-repeat n-grams, ...): swap in a blank one so the raw model is measured
+    shipped, model.generation_config = model.generation_config, GenerationConfig()
+    try:
+        with torch.no_grad():
+            out = model.generate(ids, attention_mask=mask, generation_config=config)
+    finally:
+        model.generation_config = shipped
     return out[:, ids.shape[1]:].cpu()
 
 

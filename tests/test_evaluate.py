@@ -184,6 +184,10 @@ def test_batched_generation_equals_one_at_a_time(arch):
     batched = greedy_continue(model, prompts, 6, pad_id=0)
     single = torch.cat([greedy_continue(model, [p], 6, pad_id=0) for p in prompts])
     assert torch.equal(batched, single)
+    model.generation_config.no_repeat_ngram_size = 1  # a folder's decoding preferences are not measured
+    model.generation_config.repetition_penalty = 5.0
+    assert torch.equal(greedy_continue(model, prompts, 6, pad_id=0), batched)
+    assert model.generation_config.repetition_penalty == 5.0
     assert len(set(batched.flatten().tolist())) > 3  # a real, varied continuation, not one repeated token
     nll = continuation_nll(model, prompts, conts, pad_id=0)
     for p, c, got in zip(prompts, conts, nll, strict=True):
