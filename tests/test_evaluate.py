@@ -336,7 +336,6 @@ def test_unreachable_store_is_one_warning_line(tmp_path, monkeypatch, capsys):
 
 @pytest.mark.parametrize("breakage,message", [
     ("no_model", "models/model: no such model folder"),
-    ("not_a_model", "models/model: not a loadable causal language model"),
     ("no_terms", "data/rare/terms.jsonl: no such file; run the rare_terms stage first"),
     ("no_buckets", "data/rare/buckets.npy: no such file; run the rare_terms stage first"),
 ])
@@ -345,8 +344,6 @@ def test_bad_inputs_are_one_line_errors_without_output(workspace, tmp_path, brea
     shutil.copytree(workspace, ws)
     if breakage == "no_model":
         shutil.rmtree(ws / "models/model")
-    elif breakage == "not_a_model":
-        (ws / "models/model/config.json").write_text(json.dumps({"model_type": "vit"}))
     else:
         (ws / "data/rare" / ("terms.jsonl" if breakage == "no_terms" else "buckets.npy")).unlink()
     result = stage("evaluate", ws)
@@ -354,6 +351,16 @@ def test_bad_inputs_are_one_line_errors_without_output(workspace, tmp_path, brea
     assert result.stderr.strip().count("\n") == 0 and message in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
     assert not (ws / "metrics").exists() and not (ws / "plots").exists()
+
+
+def test_folder_that_is_not_a_causal_lm(tmp_path):
+    """In-process (the stage path is the same as above): transformers is already imported here."""
+    from rarelm.lm import load_causal_lm
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "vit"}))
+    with pytest.raises(RarelmError, match="not a loadable causal language model") as info:
+        load_causal_lm(tmp_path)
+    assert "\n" not in str(info.value)
 
 
 def test_dvc_plots_show_renders_the_eval_plots(repo):
