@@ -24,6 +24,7 @@ def tokenize(
     metrics: Path = typer.Option(f"{METRICS}/tokenize.json", help="stats file"),
 ) -> None:
     """Build the tokenizer and encode every split."""
+    from rich.console import Console
     from rich.progress import Progress
 
     from rarelm import tokenization
@@ -38,7 +39,8 @@ def tokenize(
         except FileNotFoundError:
             raise RarelmError(f"{prepared}: no stats.json; run the prepare stage first") from None
         total = sum(stats[s]["documents"] for s in ("train", "val", "test"))
-        with atomic_dir(out) as tmp, Progress(transient=True) as bar:
+        # the bar goes to stderr so stdout holds only the summary line
+        with atomic_dir(out) as tmp, Progress(console=Console(stderr=True), transient=True) as bar:
             task = bar.add_task("tokenize: encoding documents", total=total)
             meta = tokenization.tokenize(params.tokenizer, prepared, tmp,
                                          progress=lambda n: bar.advance(task, n))
