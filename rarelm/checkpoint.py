@@ -17,7 +17,8 @@ warning and the one before it used. The last `keep` checkpoints are kept.
 
     store = CheckpointStore(".cache/train", run_key({"lr": 1e-3}, ["data/x.npy"]))
     store.save(7, model, {"step": 7})
-    step, state = store.load_latest(model)          # (7, {"step": 7}) or (0, None)
+    path = store.latest_valid()                     # .../step-00000007, or None
+    state = store.load(path, model)                 # weights into model; {"step": 7}
 """
 
 from __future__ import annotations
@@ -118,13 +119,22 @@ class CheckpointStore:
                   file=sys.stderr, flush=True)
         return None
 
-    def load(self, path: Path, model) -> dict[str, Any]:
-        """Load weights into `model` and return the state dict saved with them."""
+    def load_state(self, path: Path) -> dict[str, Any]:
+        """The state dict saved in checkpoint `path` (plain data and tensors only)."""
         import torch
+
+        return torch.load(path / FILES[1], weights_only=True, map_location="cpu")
+
+    def load_weights(self, path: Path, model) -> None:
+        """Load checkpoint `path`'s weights into `model` (strict: every tensor must match)."""
         from safetensors.torch import load_model
 
         load_model(model, str(path / FILES[0]))
-        return torch.load(path / FILES[1], weights_only=True, map_location="cpu")
+
+    def load(self, path: Path, model) -> dict[str, Any]:
+        """Both: weights into `model`, and the state dict returned."""
+        self.load_weights(path, model)
+        return self.load_state(path)
 
     def clear(self) -> None:
         """Remove this run's checkpoints (after the run has finished)."""

@@ -105,9 +105,16 @@ class Run:
         self._client = None
         self._monitor = None
         self._warned = False
+        self._thread = None  # connecting in the background (start_run(background=True))
+
+    def _join(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
 
     @property
     def active(self) -> bool:
+        self._join()
         return self._client is not None and self.run_id is not None
 
     def _fail(self, exc: BaseException) -> None:
@@ -179,7 +186,7 @@ class Run:
 
     def save(self, path: str | Path) -> None:
         """Write the run file (run_id, tracking_uri, experiment); nothing if inert."""
-        if self.run_id is not None and self._client is not None:
+        if self.active:
             write_json(path, {"run_id": self.run_id, "tracking_uri": self.tracking_uri,
                               "experiment": self.experiment})
 
@@ -213,30 +220,41 @@ def run_tags(stage: str) -> dict[str, str]:
             "DVC_EXP_NAME": os.environ.get("DVC_EXP_NAME", "")}
 
 
-def start_run(params, stage: str, run_id: str | None = None) -> Run:
+def start_run(params, stage: str, run_id: str | None = None, background: bool = False) -> Run:
     """Start a run for `params` (a rarelm.params.Params), or resume `run_id` if given.
 
     Logs every param flattened and the tags above; starts MLflow's system-metrics
     thread when `params.tracking.system_metrics` is on. Never raises: an
-    unreachable store gives an inert Run and one warning line.
+    unreachable store gives an inert Run and one warning line. With `background`,
+    connecting (seconds: `import mlflow`, the SQLite store's schema check) overlaps
+    with the caller's work; the Run's first use waits for it.
     """
-    def attempt(resume_id: str | None) -> Run:
-        run = Run(stage, tracking_uri(), params.tracking.experiment, resume_id,
-                  system_metrics=params.tracking.system_metrics)
-        run._connect(params.flat(), run_tags(stage), resume=resume_id is not None)
-        return run
+    import threading
 
-    try:
-        return attempt(run_id)
-    except Exception as exc:  # unreachable store, bad URI, read-only file, run deleted...
-        error = exc
-    if run_id is not None:  # the run to resume is gone (store wiped?): start a new one
+    run = Run(stage, tracking_uri(), params.tracking.experiment, run_id,
+              system_metrics=params.tracking.system_metrics)
+
+    def connect() -> None:
         try:
-            return attempt(None)
-        except Exception as exc:
+            run._connect(params.flat(), run_tags(stage), resume=run_id is not None)
+            return
+        except Exception as exc:  # unreachable store, bad URI, read-only file, run deleted...
             error = exc
-    run = Run(stage, tracking_uri(), params.tracking.experiment, None)
-    run._fail(error)
+        if run_id is not None:  # the run to resume is gone (store wiped?): start a new one
+            run.run_id = None
+            try:
+                run._connect(params.flat(), run_tags(stage), resume=False)
+                return
+            except Exception as exc:
+                error = exc
+        run.run_id = None
+        run._fail(error)
+
+    if background:
+        run._thread = threading.Thread(target=connect, name="mlflow-connect", daemon=True)
+        run._thread.start()
+    else:
+        connect()
     return run
 
 

@@ -402,7 +402,10 @@ def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict
     device = dist.device
     # Bitwise reproducible on CPU; on CUDA some kernels (e.g. flash attention backward)
     # have no deterministic version, so there it warns instead of refusing to run.
-    torch.use_deterministic_algorithms(True, warn_only=device.type == "cuda")
+    if tp.compile:
+        torch.use_deterministic_algorithms(True, warn_only=device.type == "cuda")
+    else:  # the public call also imports torch._inductor (~6 s per worker) to configure it
+        torch._C._set_deterministic_algorithms(True, warn_only=device.type == "cuda")
     torch.backends.cuda.matmul.allow_tf32 = True  # on Ampere+; bf16/fp16 autocast dominates
     amp_dtype, use_scaler = pick_precision(tp.precision, device)
 
@@ -410,20 +413,8 @@ def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict
         return torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None)
 
     data, train_samples, val_samples, weights, buckets = load_inputs(params, paths)
-    seed_everything(params.seed)  # the same initial weights on every rank
-    model = build_model(params.model, data).to(device)
-    raw_model = model  # what we save and checkpoint, whatever wraps it below
-    if tp.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    is_rare = rare_mask(buckets, model.get_input_embeddings().num_embeddings).to(device)
-    optimizer = configure_optimizer(model, tp, device)
-    scaler = torch.amp.GradScaler(device.type, enabled=use_scaler)
-    sampler = WeightedDistributedSampler(np.asarray(weights), num_replicas=dist.world_size,
-                                         rank=dist.rank, seed=params.seed)
-    stream = SampleStream(sampler)
-    val_idx = val_windows(len(val_samples), tp.eval_batches * tp.batch_size)
 
-    # Resume: the newest intact checkpoint of exactly this params + data, if any.
+    # Resume: the newest intact checkpoint of exactly these params + data, if any.
     stage_params = {"seed": params.seed, "model": dataclasses.asdict(params.model),
                     "train": dataclasses.asdict(tp), "loss": dataclasses.asdict(params.loss),
                     "world_size": dist.world_size}
@@ -433,36 +424,54 @@ def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict
     state: dict[str, Any] = {"step": 0, "curves": [], "elapsed": 0.0, "run_id": None,
                              "val": {}}
     if found:
-        state = store.load(Path(found), raw_model)
-        optimizer.load_state_dict(state.pop("optimizer"))
-        scaler.load_state_dict(state.pop("scaler"))
-        mine = state.pop("ranks")[dist.rank]
-        stream.restore(mine["stream"])
-        set_rng_state(mine["rng"])
-    else:
-        seed_everything(params.seed * 1000 + dist.rank)  # dropout differs per rank, reproducibly
-    start_step = state["step"]
+        state = store.load_state(Path(found))
 
-    if tp.compile:
-        model = torch.compile(model)
-    if dist.ddp:
-        model = DDP(model, device_ids=[dist.local_rank] if device.type == "cuda" else None)
-
-    # Tracking and progress display: rank 0 only.
+    # Tracking on rank 0 only; it connects in the background while the model is built.
     run = tracking.Run("train", "", "")  # inert on other ranks
     if dist.main:
-        run = tracking.start_run(params, stage="train", run_id=state["run_id"])
-        if start_step == 0:
-            run.log_metrics(tracking.upstream_metrics(paths.metrics_dir, UPSTREAM_STAGES))
-            run.log_metrics({"model.parameters": sum(q.numel() for q in raw_model.parameters())})
+        run = tracking.start_run(params, stage="train", run_id=state["run_id"], background=True)
         # torchrun stops the other workers with SIGTERM when one fails: end the run as FAILED.
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-    bar = _progress(dist.main and progress, tp.max_steps, start_step)
-    if found and dist.main:
-        bar.console.print(f"train: resuming from {found} (step {start_step})")
-
-    tokens_per_step = tp.batch_size * params.model.block_size * tp.grad_accum * dist.world_size
+    bar = None
     try:
+        seed_everything(params.seed)  # the same initial weights on every rank
+        model = build_model(params.model, data).to(device)
+        raw_model = model  # what we save and checkpoint, whatever wraps it below
+        if tp.gradient_checkpointing:
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False})
+        is_rare = rare_mask(buckets, model.get_input_embeddings().num_embeddings).to(device)
+        optimizer = configure_optimizer(model, tp, device)
+        scaler = torch.amp.GradScaler(device.type, enabled=use_scaler)
+        sampler = WeightedDistributedSampler(np.asarray(weights), num_replicas=dist.world_size,
+                                             rank=dist.rank, seed=params.seed)
+        stream = SampleStream(sampler)
+        val_idx = val_windows(len(val_samples), tp.eval_batches * tp.batch_size)
+        if found:
+            store.load_weights(Path(found), raw_model)
+            optimizer.load_state_dict(state.pop("optimizer"))
+            scaler.load_state_dict(state.pop("scaler"))
+            mine = state.pop("ranks")[dist.rank]
+            stream.restore(mine["stream"])
+            set_rng_state(mine["rng"])
+        else:
+            seed_everything(params.seed * 1000 + dist.rank)  # per-rank dropout, reproducibly
+        start_step = state["step"]
+        # Logged with the first step metrics, so that connecting has had time to finish.
+        first_metrics = {} if start_step else {
+            **tracking.upstream_metrics(paths.metrics_dir, UPSTREAM_STAGES),
+            "model.parameters": sum(q.numel() for q in raw_model.parameters())}
+
+        if tp.compile:
+            model = torch.compile(model)
+        if dist.ddp:
+            model = DDP(model, device_ids=[dist.local_rank] if device.type == "cuda" else None)
+
+        bar = _progress(dist.main and progress, tp.max_steps, start_step)
+        if found and dist.main:
+            bar.console.print(f"train: resuming from {found} (step {start_step})")
+
+        tokens_per_step = tp.batch_size * params.model.block_size * tp.grad_accum * dist.world_size
         model.train()
         window = torch.zeros(4, device=device)  # ce_sum, tokens, rare_ce_sum, rare_tokens
         window_loss, window_t0, window_steps = torch.zeros(2, device=device), time.perf_counter(), 0
@@ -515,6 +524,9 @@ def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict
                 window_t0 = time.perf_counter()  # validation time is not training throughput
             if row and dist.main:
                 state["curves"].append(row)
+                if first_metrics:
+                    run.log_metrics(first_metrics, step=0)
+                    first_metrics = {}
                 run.log_metrics({f"train/{k}": v for k, v in row.items()
                                  if k != "step" and not k.startswith("val")}
                                 | {f"val/{k[4:]}": v for k, v in row.items()
@@ -551,7 +563,8 @@ def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict
         run.finish("FAILED")
         raise
     finally:
-        bar.stop()
+        if bar is not None:
+            bar.stop()
         dist.close()
 
 

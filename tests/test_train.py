@@ -383,3 +383,20 @@ def test_pretrained_model_must_share_the_tokenizer(trained, tmp_path):
         load_pretrained(ModelParams(name_or_path=str(encoder), block_size=32), data)
     with pytest.raises(RarelmError, match="no such folder"):
         load_pretrained(ModelParams(name_or_path=str(tmp_path / "nope"), block_size=32), data)
+
+
+# --------------------------------------------------------------------------- GPU check
+
+def test_gpu_check_falls_back_to_cpu_without_a_gpu(tmp_path):
+    env = {"CUDA_VISIBLE_DEVICES": "", "PYTHON": sys.executable, "TMPDIR": str(tmp_path)}
+    result = run(["bash", "bench/gpu_check.sh"], REPO, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.strip().splitlines()
+    assert lines[0].startswith("gpu_check: no CUDA device here: running the CPU fallback")
+    summary = json.loads(lines[-1])
+    assert summary["gpu"] is False and summary["device"] == "cpu"
+    assert summary["tokens_per_s"] > 0 and 0 < summary["mfu"] < 1
+    first, last = summary["bf16_loss_first_last"]
+    assert math.isfinite(first) and last < first  # it trained
+    assert summary["fp16_loss_first_last"] is None  # fp16 + GradScaler: CUDA only
+    assert not list(tmp_path.glob("gpu_check.*"))  # its work folder is cleaned up
