@@ -33,6 +33,10 @@ def _launch(nproc: int, max_restarts: int, argv: list[str]) -> int:
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (cores or 1) // nproc)))
+    # Restarted workers (train.max_restarts) must not rendezvous through the agent's shared
+    # store: they can read the previous attempt's gloo addresses and hang or fail to connect
+    # (pytorch/pytorch#135712). A store of their own per attempt avoids it.
+    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     # The workers print their own one-line errors; the launcher's logging would add a
     # traceback-sized report for the same failure.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
