@@ -81,7 +81,7 @@ def dir_manifest(root: Path, md5: str) -> dict[str, str]:
         return {}
 
 
-def _without_wall_clock(path: Path) -> Any:
+def without_wall_clock(path: Path) -> Any:
     """A metrics (JSON/YAML) or plots (CSV) file's content, wall-clock fields left out."""
     text = path.read_text(encoding="utf-8")
     if path.suffix == ".csv":
@@ -154,10 +154,11 @@ def run_once(root: Path, clean: tuple[str, ...] = CHECKPOINT_DIRS, env: dict | N
 
 def reproduce(root: str | Path, runs: int = 2, clean: tuple[str, ...] = CHECKPOINT_DIRS,
               env: dict | None = None, save_reference: str | Path | None = None,
-              log=print) -> dict[str, str]:
+              log=print, run_env=None, results: list | None = None) -> dict[str, str]:
     """Run the DAG `runs` times from scratch; raise ReproError unless all outputs match.
 
-    Returns the output hashes of the last run.
+    `run_env(i)` may add environment variables for run i (0-based); `results`, if given,
+    collects each run's CompletedProcess. Returns the output hashes of the last run.
     """
     root = Path(root)
     small = _small_outputs(root)
@@ -166,9 +167,11 @@ def reproduce(root: str | Path, runs: int = 2, clean: tuple[str, ...] = CHECKPOI
     first_manifests: dict[str, dict[str, str]] = {}
     for i in range(runs):
         log(f"reprocheck: run {i + 1}/{runs}: dvc repro --force (from scratch)")
-        run_once(root, clean, env)
+        result = run_once(root, clean, {**(env or {}), **(run_env(i) if run_env else {})})
+        if results is not None:
+            results.append(result)
         hashes = lock_hashes(root / "dvc.lock")
-        contents = {p: _without_wall_clock(root / p) for p in small if (root / p).is_file()}
+        contents = {p: without_wall_clock(root / p) for p in small if (root / p).is_file()}
         if first_hashes is None:
             first_hashes, first_small = hashes, contents
             first_manifests = {p: dir_manifest(root, h) for p, h in hashes.items() if h.endswith(".dir")}

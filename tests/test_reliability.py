@@ -7,17 +7,26 @@ RLIMIT_FSIZE is tiny and which ignores SIGXFSZ, so its writes fail with the kern
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import os
 import resource
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
+import psutil
 import pytest
+import yaml
 
-from tests.conftest import BIN, set_params, stage
+from rarelm import reprocheck
+from tests.conftest import BIN, REPO, run, set_params, stage
 
 
 def tree_digest(*paths: Path) -> dict[str, str]:
@@ -71,3 +80,247 @@ def test_full_disk_while_writing_outputs_keeps_previous_outputs(repo, name):
     if name == "prepare":  # with space again, the same command succeeds
         stage(name, repo, check=True)
         assert tree_digest(*outputs) != before
+
+
+# ------------------------------------------------------------------ the whole DAG, tiny
+#
+# One module-scoped run of the whole DAG, twice from scratch (the reproducibility check, with the
+# MLflow server down in the second run), is the baseline every fault below is compared with: a
+# faulted run must end byte-identical to it.
+
+TINY_DAG = {"tokenizer.vocab_size": 512, "model.n_layer": 1, "model.n_head": 2, "model.n_embd": 32,
+            "model.block_size": 32, "train.nproc": 2, "train.max_steps": 40, "train.batch_size": 4,
+            "train.log_every": 5, "train.eval_every": 20, "train.eval_batches": 2,
+            "train.checkpoint_every": 5, "train.warmup_steps": 2, "eval.batch_size": 8,
+            "eval.max_terms": 20, "eval.diversity_prompts": 4, "eval.diversity_tokens": 8}
+EVAL_KEYS = ("ppl", "ppl_frequent", "ppl_medium", "ppl_rare", "rare_token_acc", "rare_token_recall_at_5",
+             "term_exact_match", "term_first_token_acc", "n_eval_tokens", "n_eval_terms")
+
+
+def copy_repo(root: Path, tiny_raw: Path) -> Path:
+    """As conftest's `repo` fixture (which is function-scoped): the repo, the tiny corpus, git."""
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                           cwd=REPO, capture_output=True, check=True).stdout.decode().split("\0")
+    for rel in filter(None, files):
+        if (REPO / rel).is_file() and not rel.startswith(("data/raw/", "metrics/", "plots/", "dvc.lock")):
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / rel, root / rel)
+    shutil.copytree(tiny_raw, root / "data" / "raw")
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    set_params(root, **{k: v for k, v in TINY_DAG.items()
+                        if k.split(".")[1] in (params.get(k.split(".")[0]) or {})})
+    for cmd in (["git", "init", "-q"], ["git", "add", "-A"],
+                ["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "init"]):
+        subprocess.run(cmd, cwd=root, check=True, capture_output=True)
+    return root
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def dag(tmp_path_factory, tiny_raw):
+    """The whole DAG run twice from scratch; in run 2 the MLflow server is down."""
+    root = copy_repo(tmp_path_factory.mktemp("dag") / "repo", tiny_raw)
+    down = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    log: list[str] = []
+    results: list[subprocess.CompletedProcess] = []
+    try:
+        hashes, error = reprocheck.reproduce(
+            root, runs=2, log=log.append, results=results,
+            run_env=lambda i: {"MLFLOW_TRACKING_URI": down} if i == 1 else {}), None
+    except reprocheck.ReproError as exc:
+        hashes, error = {}, exc
+    return SimpleNamespace(root=root, hashes=hashes, error=error, log=log, results=results, down=down)
+
+
+def dag_stages(root: Path) -> dict:
+    return yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
+
+
+def test_dag_twice_from_scratch_gives_byte_identical_outputs(dag):
+    """`dvc repro --force` twice, training checkpoints removed: identical hashes in dvc.lock."""
+    assert dag.error is None, str(dag.error)
+    stages = dag_stages(dag.root)
+    assert {"prepare", "tokenize", "rare_terms", "weights", "train", "evaluate"} <= set(stages)
+    outs = {o if isinstance(o, str) else next(iter(o)) for s in stages.values() for o in s.get("outs", [])}
+    assert outs <= set(dag.hashes)
+    for result in dag.results:  # every stage really ran, twice
+        for name in stages:
+            assert f"Running stage '{name}'" in result.stdout, name
+    assert dag.log[-1].endswith("byte-identical across 2 runs")
+
+
+def test_mlflow_server_down_dag_completes_with_complete_metrics_and_one_warning(dag):
+    assert len(dag.results) == 2, str(dag.error)
+    up, down = dag.results
+
+    def tracking_warnings(result) -> list[str]:
+        return [line for line in (result.stdout + result.stderr).splitlines()
+                if ": warning:" in line and "MLflow" in line]
+
+    assert tracking_warnings(up) == []
+    warnings = tracking_warnings(down)
+    stages = [line.split(":")[0] for line in warnings]
+    assert stages == ["rarelm train", "rarelm evaluate"], warnings  # one line per tracking stage
+    assert f"MLflow tracking store {dag.down} is not reachable" in warnings[0]
+    metrics = json.loads((dag.root / "metrics/eval.json").read_text())
+    assert all(isinstance(metrics.get(k), (int, float)) for k in EVAL_KEYS), metrics
+    train = json.loads((dag.root / "metrics/train.json").read_text())
+    assert train["steps"] == TINY_DAG["train.max_steps"] and train["loss"] > 0
+    # and the same outputs as run 1, which tracked into the embedded store
+    assert dag.error is None and (dag.root / "mlflow.db").is_file()
+
+
+def clone(dag, dest: Path) -> Path:
+    """A copy of the finished DAG's workspace without DVC's cache, so DVC cannot restore
+    `train`'s outputs from it and has to run the stage (as after a param change)."""
+    if dag.error is not None:
+        pytest.skip(f"the baseline DAG failed: {dag.error}")
+    shutil.copytree(dag.root, dest, symlinks=True)
+    for rel in (".dvc/cache", ".dvc/tmp", ".cache"):
+        shutil.rmtree(dest / rel, ignore_errors=True)
+    return dest
+
+
+def start(args: list[str], cwd: Path, out: Path, env: dict | None = None) -> subprocess.Popen:
+    full = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "PYTHONUNBUFFERED": "1",
+            **(env or {})}
+    with open(out, "w") as f:  # a file, not a pipe: nobody blocks on a full pipe
+        return subprocess.Popen(args, cwd=cwd, env=full, stdout=f, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+def checkpoints(root: Path) -> list[Path]:
+    return sorted(root.glob(".cache/train/*/step-*"))
+
+
+def wait_for_checkpoints(root: Path, proc: subprocess.Popen, n: int, log: Path,
+                         timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while len(checkpoints(root)) < n:
+        assert proc.poll() is None, f"exited {proc.returncode} before checkpoint {n}:\n{log.read_text()}"
+        assert time.monotonic() < deadline, f"no checkpoint {n} after {timeout} s"
+        time.sleep(0.01)
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL the process and every descendant (torchrun's workers run in their own sessions)."""
+    parent = psutil.Process(proc.pid)
+    for p in [parent, *parent.children(recursive=True)]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    proc.wait()
+
+
+def assert_same_training_result(root: Path, baseline: Path) -> None:
+    """Model bytes, train metrics and curves equal to the uninterrupted run (wall clock aside)."""
+    for rel in ("models/model/model.safetensors", "models/model/config.json"):
+        assert (root / rel).read_bytes() == (baseline / rel).read_bytes(), rel
+    same = reprocheck.without_wall_clock
+    for rel in ("metrics/train.json", "plots/train.csv"):
+        assert same(root / rel) == same(baseline / rel), rel
+
+
+@pytest.fixture(scope="module")
+def killed(dag, tmp_path_factory):
+    """`dvc repro` of train SIGKILLed (dvc, torchrun and both workers) after two checkpoints."""
+    root = clone(dag, tmp_path_factory.mktemp("killed") / "repo")
+    log = root.parent / "killed.log"
+    proc = start(["dvc", "repro", "--force", "--single-item", "train"], root, log)
+    try:
+        wait_for_checkpoints(root, proc, 2, log)
+    finally:
+        kill_tree(proc)
+    assert proc.returncode == -signal.SIGKILL
+    assert not (root / "models/model").exists(), "DVC removes the outputs before it runs a stage"
+    return root
+
+
+def test_training_sigkilled_then_dvc_repro_resumes_bit_identical(dag, killed, tmp_path):
+    root = tmp_path / "repo"
+    shutil.copytree(killed, root, symlinks=True)
+    last = checkpoints(root)[-1]
+    result = run(["dvc", "repro", "train"], root, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert f"train: resuming from {last.relative_to(root)}" in result.stdout or \
+        f"resuming from {last}" in result.stdout, result.stdout[-3000:]
+    assert_same_training_result(root, dag.root)
+    assert checkpoints(root) == []  # a finished run clears its checkpoints
+
+
+def test_corrupt_checkpoint_is_skipped_with_a_warning(dag, killed, tmp_path):
+    root = tmp_path / "repo"
+    shutil.copytree(killed, root, symlinks=True)
+    older, newest = checkpoints(root)[-2:]
+    weights = newest / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # truncated
+    result = run(["dvc", "repro", "train"], root, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    output = result.stdout + result.stderr
+    warnings = [line for line in output.splitlines() if "warning: skipping corrupt checkpoint" in line]
+    assert len(warnings) == 1 and newest.name in warnings[0], output[-3000:]
+    assert "resuming from" in result.stdout and older.name in result.stdout
+    assert_same_training_result(root, dag.root)
+
+
+def test_one_ddp_worker_killed_torchrun_restarts_and_resumes(dag, tmp_path):
+    root = clone(dag, tmp_path / "repo")
+    set_params(root, **{"train.max_restarts": 1})
+    log = tmp_path / "train.log"
+    proc = start([sys.executable, "-m", "stages.train", "--no-progress"], root, log)
+    try:
+        wait_for_checkpoints(root, proc, 1, log)
+        workers = [p for p in psutil.Process(proc.pid).children(recursive=True)
+                   if "stages.train" in " ".join(p.cmdline()) and p.environ().get("LOCAL_RANK") == "1"]
+        assert len(workers) == 1, workers
+        workers[0].kill()
+        try:
+            assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
+        except subprocess.TimeoutExpired:
+            pytest.fail("the restarted workers hung in gloo's rendezvous on the previous attempt's "
+                        "keys (pytorch#135712); torchrun needs TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1")
+    finally:
+        if proc.poll() is None:
+            kill_tree(proc)
+    output = log.read_text()
+    assert "train: resuming from" in output, output[-3000:]
+    assert_same_training_result(root, dag.root)
+
+
+@pytest.mark.parametrize(("name", "split"),
+                         [("rare_terms", "train"), ("train", "train"), ("evaluate", "test")])
+def test_corrupted_token_array_is_a_one_line_error_and_outputs_stay(dag, tmp_path, name, split):
+    root = clone(dag, tmp_path / "repo")
+    tokens = root / f"data/tokenized/{split}.tokens"
+    with open(tokens, "r+b") as f:
+        f.truncate(tokens.stat().st_size - 3)  # not even a whole number of tokens
+    outs = [root / "data/rare", root / "models/model", root / "metrics", root / "plots"]
+    before = tree_digest(*outs)
+    result = stage(name, root)
+    assert_one_line_error(result, f"rarelm {name}: error:", f"{split}.tokens", "re-run the tokenize stage")
+    assert result.returncode == 2
+    assert tree_digest(*outs) == before
+
+
+@pytest.mark.parametrize("uri", ["nosuchscheme://nowhere", "sqlite:////proc/no/such/dir/mlflow.db",
+                                 "http://[not-a-host"])
+def test_bad_tracking_uri_gives_one_warning_and_an_inert_run(uri, monkeypatch, capsys, tmp_path):
+    """A malformed or impossible MLFLOW_TRACKING_URI: the stage goes on, nothing is logged or saved.
+    (A server that is down: test_mlflow_server_down_...; train and evaluate on their own:
+    tests/test_train.py and tests/test_evaluate.py.)"""
+    from rarelm import tracking
+    from rarelm.params import Params
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    run = tracking.start_run(Params(), stage="train")
+    run.log_metrics({"train/loss": 1.0}, step=1)
+    run.save(tmp_path / "mlflow_run.json")
+    run.finish()
+    assert not run.active and not (tmp_path / "mlflow_run.json").exists()
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"rarelm train: warning: MLflow tracking store {uri} ")
+    assert lines[0].endswith("going on without tracking")

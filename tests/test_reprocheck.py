@@ -1,4 +1,8 @@
-"""rarelm.reprocheck: the reproducibility checks that CI (.github/workflows/ci.yml) runs."""
+"""rarelm.reprocheck: the reproducibility checks that CI (.github/workflows/ci.yml) runs.
+
+The checker is tested here on toy DAGs; its run on the real DAG (tiny params, train.nproc = 2)
+is tests/test_reliability.py::test_dag_twice_from_scratch_gives_byte_identical_outputs.
+"""
 
 from __future__ import annotations
 
@@ -10,20 +14,7 @@ import pytest
 import yaml
 
 from rarelm import reprocheck
-from tests.conftest import BIN, run, set_params
-
-# Small enough for a 2-core machine; train.nproc = 2 exercises real two-process DDP.
-TINY_TRAIN = {"model.n_layer": 1, "model.n_head": 2, "model.n_embd": 32, "model.block_size": 32,
-              "train.nproc": 2, "train.max_steps": 6, "train.batch_size": 4, "train.log_every": 2,
-              "train.eval_every": 3, "train.eval_batches": 2, "train.checkpoint_every": 3,
-              "train.warmup_steps": 1, "eval.batch_size": 8, "eval.max_terms": 20}
-
-
-def tiny_params(root: Path) -> None:
-    """TINY_TRAIN for every key params.yaml has (the DAG grows stage by stage)."""
-    params = yaml.safe_load((root / "params.yaml").read_text())
-    set_params(root, **{k: v for k, v in TINY_TRAIN.items()
-                        if k.split(".")[1] in (params.get(k.split(".")[0]) or {})})
+from tests.conftest import BIN, run
 
 
 def toy_repo(root: Path, stages: dict, params: dict | None = None) -> Path:
@@ -35,18 +26,6 @@ def toy_repo(root: Path, stages: dict, params: dict | None = None) -> Path:
                 ["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "init"]):
         run(cmd, root, check=True)
     return root
-
-
-def test_dag_twice_from_scratch_gives_byte_identical_outputs(repo):
-    """The issue's check on our own suite: `dvc repro --force` twice, identical dvc.lock hashes."""
-    tiny_params(repo)
-    log: list[str] = []
-    hashes = reprocheck.reproduce(repo, runs=2, log=log.append)
-    outs = {o if isinstance(o, str) else next(iter(o))
-            for s in yaml.safe_load((repo / "dvc.yaml").read_text())["stages"].values()
-            for o in s.get("outs", [])}
-    assert outs and outs <= set(hashes)
-    assert "byte-identical across 2 runs" in log[-1]
 
 
 def test_reproduce_names_the_output_that_differs_and_forgives_wall_clock(tmp_path):
