@@ -324,3 +324,18 @@ def test_bad_tracking_uri_gives_one_warning_and_an_inert_run(uri, monkeypatch, c
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"rarelm train: warning: MLflow tracking store {uri} ")
     assert lines[0].endswith("going on without tracking")
+
+
+def test_reliability_doc_names_only_tests_that_exist():
+    """docs/reliability.md cites `tests/<file>.py::<test>`: every one of them must exist."""
+    import re
+
+    doc = (REPO / "docs/reliability.md").read_text()
+    cited = re.findall(r"`(tests/test_\w+\.py)::(test_\w+)", doc)
+    # the short form after a full one: `tests/x.py::test_a`, `::test_b`
+    follow = r"`(tests/test_\w+\.py)::test_\w+[^`]*`((?:, `::test_\w+`)+)"
+    cited += [(path, name) for path, names in re.findall(follow, doc)
+              for name in re.findall(r"::(test_\w+)", names)]
+    assert len(cited) > 20
+    for path, name in cited:
+        assert re.search(rf"^def {name}\(", (REPO / path).read_text(), re.M), f"{path}::{name}"
