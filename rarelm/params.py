@@ -111,12 +111,12 @@ class TrainParams:
     """The training loop (`train`)."""
 
     nproc: int = param(2, ge=1)
-    max_steps: int = param(150, ge=1)
+    max_steps: int = param(100, ge=1)
     batch_size: int = param(16, ge=1)  # micro-batch per process
     grad_accum: int = param(1, ge=1)
     lr: float = param(3e-3, gt=0.0)
     min_lr: float = param(3e-4, ge=0.0)
-    warmup_steps: int = param(15, ge=0)
+    warmup_steps: int = param(10, ge=0)
     weight_decay: float = param(0.1, ge=0.0)
     grad_clip: float = param(1.0, ge=0.0)  # 0 disables clipping
     precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"  # auto: bf16 where native, see train.py

@@ -585,11 +585,12 @@ def _final_metrics(state, tp, tokens_per_step, elapsed, model, stream, samples_p
 
 
 def _progress(enabled: bool, total: int, completed: int):
-    """A rich progress bar (step, loss, tokens/s, ETA) on rank 0; a no-op elsewhere."""
+    """A rich progress bar (step, loss, tokens/s, ETA) on rank 0's terminal, and log lines."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    console = Console(soft_wrap=True)  # a log line stays one line in DVC's log
+    # stderr, so stdout holds only the summary line; soft_wrap: a log line stays one line
+    console = Console(stderr=True, soft_wrap=True)
     bar = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(),
                    TextColumn("loss {task.fields[loss]:.3f}"),
                    TextColumn("{task.fields[tok_s]:,.0f} tok/s"), TimeRemainingColumn(),

@@ -200,6 +200,7 @@ def test_dvc_repro_trains_with_two_ddp_processes(trained):
     assert "Running stage 'train'" in result.stdout
     summary = [line for line in result.stdout.splitlines() if line.startswith("train: ")]
     assert len(summary) == 1 and "300 steps" in summary[0], result.stdout
+    assert "step 300/300 | loss" in result.stderr  # log lines go to stderr
     metrics = json.loads((root / "metrics/train.json").read_text())
     assert set(metrics) == METRIC_KEYS and all(v is not None for v in metrics.values())
     # 2 ranks x 4 samples x 32 tokens per step
@@ -273,8 +274,8 @@ def test_killed_run_resumes_bit_identical_under_torchrun_by_hand(trained):
                 "stages.train", *_train_cli("resumed")]
     result = run(torchrun, root, env=env, check=True)
     assert "train: 300 steps" in result.stdout
-    resumed_line = [line for line in result.stdout.splitlines() if "resuming from" in line]
-    assert len(resumed_line) == 1, result.stdout
+    resumed_line = [line for line in result.stderr.splitlines() if "resuming from" in line]
+    assert len(resumed_line) == 1, result.stderr
     step = int(resumed_line[0].rsplit("step ", 1)[1].rstrip(")"))
     assert 50 <= step < 300
     for name in ("model.safetensors", "config.json", "tokenizer.json"):
