@@ -406,7 +406,6 @@ def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict
         torch.use_deterministic_algorithms(True, warn_only=device.type == "cuda")
     else:  # the public call also imports torch._inductor (~6 s per worker) to configure it
         torch._C._set_deterministic_algorithms(True, warn_only=device.type == "cuda")
-    torch.backends.cuda.matmul.allow_tf32 = True  # on Ampere+; bf16/fp16 autocast dominates
     amp_dtype, use_scaler = pick_precision(tp.precision, device)
 
     def autocast():

@@ -349,6 +349,36 @@ def test_crashed_run_is_marked_failed(trained, tmp_path, monkeypatch):
 
 # --------------------------------------------------------------------------- fine-tuning
 
+def test_grad_accumulation_and_checkpointing_match_one_big_batch(trained, tmp_path, monkeypatch):
+    """4 micro-batches of 2 = one batch of 8 (plain CE, no dropout), with or without
+    gradient checkpointing: the same samples in the same order, the same mean loss."""
+    from safetensors.torch import load_file
+
+    from rarelm import train
+    from rarelm.params import load_params
+
+    root, _, _ = trained
+    monkeypatch.chdir(root)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")  # no store needed here
+    base = load_params(root / "params.yaml")
+    base = dataclasses.replace(base, loss=dataclasses.replace(base.loss, rare_weight=0.0),
+                               model=dataclasses.replace(base.model, dropout=0.0))
+    weights = {}
+    for name, batch, accum, ckpt in (("big", 8, 1, False), ("accum", 2, 4, False),
+                                     ("accum-ckpt", 2, 4, True)):
+        params = dataclasses.replace(base, train=dataclasses.replace(
+            base.train, nproc=1, max_steps=3, batch_size=batch, grad_accum=accum,
+            gradient_checkpointing=ckpt, log_every=1, eval_every=3))
+        paths = train.Paths(model=tmp_path / name, metrics=tmp_path / f"{name}.json",
+                            plots=tmp_path / f"{name}.csv", cache=tmp_path / "cache")
+        metrics = train.train(params, paths, progress=False)
+        assert metrics["tokens"] == 3 * 8 * 32
+        weights[name] = load_file(tmp_path / name / "model.safetensors")
+    for name in ("accum", "accum-ckpt"):
+        for key, tensor in weights["big"].items():
+            assert torch.allclose(weights[name][key], tensor, atol=1e-5), (name, key)
+
+
 def test_pretrained_model_must_share_the_tokenizer(trained, tmp_path):
     from transformers import AutoTokenizer, DistilBertConfig, DistilBertModel, GPT2LMHeadModel
 
