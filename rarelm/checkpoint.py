@@ -84,13 +84,17 @@ class CheckpointStore:
         tmp = self.dir / f".step-{step:08d}.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        save_model(model, str(tmp / FILES[0]))
-        torch.save(state, tmp / FILES[1])
-        manifest = {"step": step, "sha256": {name: sha256_file(tmp / name) for name in FILES}}
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
-        for name in (*FILES, MANIFEST):  # on disk before the rename makes it visible
-            with open(tmp / name, "rb") as f:
-                os.fsync(f.fileno())
+        try:
+            save_model(model, str(tmp / FILES[0]))
+            torch.save(state, tmp / FILES[1])
+            manifest = {"step": step, "sha256": {name: sha256_file(tmp / name) for name in FILES}}
+            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+            for name in (*FILES, MANIFEST):  # on disk before the rename makes it visible
+                with open(tmp / name, "rb") as f:
+                    os.fsync(f.fileno())
+        except BaseException:  # e.g. a full disk: give the space of the partial one back
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         shutil.rmtree(final, ignore_errors=True)
         os.rename(tmp, final)
         _fsync_dir(self.dir)

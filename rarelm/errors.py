@@ -35,28 +35,36 @@ def user_errors(stage: str) -> Iterator[None]:
         print(f"rarelm {stage}: error: {message}", file=sys.stderr)
         raise typer.Exit(EXIT_USER_ERROR) from None
     except Exception as exc:
-        code = disk_errno(exc)
-        if code is None:
+        reason = disk_error(exc)
+        if reason is None:
             raise
         where = f" {exc.filename}:" if getattr(exc, "filename", None) else ""
-        print(f"rarelm {stage}: error: cannot write outputs:{where} {os.strerror(code)} "
+        print(f"rarelm {stage}: error: cannot write outputs:{where} {reason} "
               f"(disk full or file size limit); no half-written output is left", file=sys.stderr)
         raise typer.Exit(EXIT_USER_ERROR) from None
 
 
-def disk_errno(exc: BaseException) -> int | None:
-    """The errno of a failed write for want of space, else None.
+# PyTorch's zip writer (torch.save) reports a failed write without its errno.
+_TORCH_SHORT_WRITE = re.compile(
+    r"unexpected pos \d+ vs \d+|PytorchStreamWriter failed writing|file write failed")
 
-    Rust-backed libraries (tokenizers, safetensors) report it as text, not as OSError:
 
-    >>> disk_errno(Exception("File too large (os error 27)")) == errno.EFBIG
-    True
-    >>> disk_errno(OSError(errno.ENOENT, "No such file or directory")) is None
+def disk_error(exc: BaseException) -> str | None:
+    """Why a write failed for want of space (a short reason), or None for any other error.
+
+    Rust-backed libraries (tokenizers, safetensors) and torch.save report it as text:
+
+    >>> disk_error(Exception("File too large (os error 27)"))
+    'File too large'
+    >>> disk_error(RuntimeError("[enforce fail at inline_container.cc:672] unexpected pos 202048 vs 202000"))
+    'a write was cut short'
+    >>> disk_error(OSError(errno.ENOENT, "No such file or directory")) is None
     True
     """
     if isinstance(exc, OSError):
-        code = exc.errno
-    else:
-        match = re.search(r"os error (\d+)|code: (\d+)", str(exc))
-        code = int(match.group(1) or match.group(2)) if match else None
-    return code if code in DISK_ERRNOS else None
+        return os.strerror(exc.errno) if exc.errno in DISK_ERRNOS else None
+    text = str(exc)
+    match = re.search(r"os error (\d+)|code: (\d+)", text)
+    if match and int(match.group(1) or match.group(2)) in DISK_ERRNOS:
+        return os.strerror(int(match.group(1) or match.group(2)))
+    return "a write was cut short" if _TORCH_SHORT_WRITE.search(text) else None
