@@ -14,10 +14,12 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # git: DVC needs the repository's git metadata (the repo is mounted at run time, .git included).
 # Why DL3008 (unpinned apt package) is ignored: the base image digest fixes the Ubuntu release and
 # so git's version line; an exact Debian version pin breaks the build whenever the archive rotates.
+# dvc.yaml runs `python -m stages.<name>`: make sure `python` exists where a base has only python3.
 # hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends git \
-    && rm -rf /var/lib/apt/lists/*
+    && rm -rf /var/lib/apt/lists/* \
+    && { command -v python >/dev/null || ln -s "$(command -v python3)" /usr/local/bin/python; }
 
 # A non-root user whose uid can match the host's (so files written into the mounted repo belong to
 # you): docker compose build --build-arg USER_UID="$(id -u)". Some base releases already have a

@@ -118,6 +118,10 @@ def test_runs_as_non_root_with_dvc_repro_as_entry(dockerfile):
     assert [a for w, a in dockerfile if w == "ENTRYPOINT"][-1] == '["dvc"]'
     assert [a for w, a in dockerfile if w == "CMD"][-1] == '["repro"]'
     assert [a for w, a in dockerfile if w == "WORKDIR"][-1] == "/workspace"
+    # dvc.yaml's commands call `python`; the image provides it even where the base has only python3
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    assert all(s["cmd"].startswith("python -m stages.") for s in stages.values())
+    assert any("command -v python >/dev/null || ln -s" in a for w, a in dockerfile if w == "RUN")
     assert not any(re.search(r"PASSWORD|SECRET|TOKEN", a) for w, a in dockerfile if w in ("ENV", "ARG"))
 
 
