@@ -48,12 +48,14 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *needles: str) ->
     return lines[0]
 
 
-def run_with_file_size_limit(args: list[str], cwd: Path, limit_bytes: int) -> subprocess.CompletedProcess:
+def run_with_file_size_limit(args: list[str], cwd: Path, limit_bytes: int,
+                             env: dict | None = None) -> subprocess.CompletedProcess:
     def limit() -> None:
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a failing write, not a killed process
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
 
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "PYTHONDONTWRITEBYTECODE": "1"}
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "PYTHONDONTWRITEBYTECODE": "1",
+           **(env or {})}
     return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, preexec_fn=limit,
                           timeout=300)
 
@@ -246,8 +248,9 @@ def test_training_sigkilled_then_dvc_repro_resumes_bit_identical(dag, killed, tm
     last = checkpoints(root)[-1]
     result = run(["dvc", "repro", "train"], root, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert f"train: resuming from {last.relative_to(root)}" in result.stdout or \
-        f"resuming from {last}" in result.stdout, result.stdout[-3000:]
+    output = result.stdout + result.stderr  # log lines go to stderr, the summary to stdout
+    assert f"train: resuming from {last.relative_to(root)} (step {int(last.name[5:])})" in output, \
+        output[-3000:]
     assert_same_training_result(root, dag.root)
     assert checkpoints(root) == []  # a finished run clears its checkpoints
 
@@ -263,7 +266,7 @@ def test_corrupt_checkpoint_is_skipped_with_a_warning(dag, killed, tmp_path):
     output = result.stdout + result.stderr
     warnings = [line for line in output.splitlines() if "warning: skipping corrupt checkpoint" in line]
     assert len(warnings) == 1 and newest.name in warnings[0], output[-3000:]
-    assert "resuming from" in result.stdout and older.name in result.stdout
+    assert f"train: resuming from {older.relative_to(root)} (step {int(older.name[5:])})" in output
     assert_same_training_result(root, dag.root)
 
 
@@ -289,6 +292,24 @@ def test_one_ddp_worker_killed_torchrun_restarts_and_resumes(dag, tmp_path):
     output = log.read_text()
     assert "train: resuming from" in output, output[-3000:]
     assert_same_training_result(root, dag.root)
+
+
+def test_full_disk_while_training_writes_a_checkpoint(dag, tmp_path):
+    """The checkpoint (weights + optimizer state) does not fit: one line, exit 2, nothing left."""
+    root = clone(dag, tmp_path / "repo")
+    outs = [root / "models/model", root / "metrics/train.json", root / "plots/train.csv"]
+    before = tree_digest(*outs)
+    limit = int((root / "models/model/model.safetensors").stat().st_size * 1.5)  # weights fit, state not
+    down = {"MLFLOW_TRACKING_URI": f"http://127.0.0.1:{free_port()}"}  # no SQLite store to write
+    result = run_with_file_size_limit([sys.executable, "-m", "stages.train", "--no-progress"], root,
+                                      limit, env=down)
+    errors = [line for line in result.stderr.splitlines() if ": error:" in line]
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert errors == ["rarelm train: error: cannot write outputs: a write was cut short (disk full or "
+                      "file size limit); no half-written output is left"], result.stderr[-3000:]
+    assert tree_digest(*outs) == before
+    assert [p.name for p in root.glob(".cache/train/*/*")] == []  # no partial checkpoint kept
+    assert leftovers(root / "models") == []
 
 
 @pytest.mark.parametrize(("name", "split"),
