@@ -4,7 +4,7 @@
 
 From scratch (`model.name_or_path: ""`) it is transformers' GPT2LMHeadModel sized
 by the `model` params, with the tokenizer's vocabulary, its end-of-text id as
-bos/eos, and PyTorch's scaled-dot-product attention ("sdpa"). With
+bos/eos, PyTorch's scaled-dot-product attention ("sdpa") and fused tanh-GELU. With
 `model.name_or_path` a local folder, it is that folder's AutoModelForCausalLM;
 the folder's tokenizer must be the one `tokenize` used (same vocabulary), or
 the token ids would mean different things to the model and the data.
@@ -27,6 +27,9 @@ def gpt2_config(params: ModelParams, vocab_size: int, eot_id: int):
         n_layer=params.n_layer, n_head=params.n_head, resid_pdrop=params.dropout,
         embd_pdrop=params.dropout, attn_pdrop=params.dropout,
         bos_token_id=eot_id, eos_token_id=eot_id,
+        # GPT-2's tanh-approximated GELU as one PyTorch kernel; "gelu_new" computes the same
+        # function from five elementwise ops (and saves each for backward).
+        activation_function="gelu_pytorch_tanh",
         attn_implementation="sdpa")
 
 
