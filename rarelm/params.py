@@ -111,7 +111,7 @@ class TrainParams:
     """The training loop (`train`)."""
 
     nproc: int = param(2, ge=1)
-    max_steps: int = param(100, ge=1)
+    max_steps: int = param(150, ge=1)
     batch_size: int = param(16, ge=1)  # micro-batch per process
     grad_accum: int = param(1, ge=1)
     lr: float = param(3e-3, gt=0.0)
