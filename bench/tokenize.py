@@ -13,17 +13,19 @@ in its own process so peak memory (max RSS) is that run's alone:
 * `raw`: what a user would otherwise write: read every document into a list and
   call `Tokenizer.encode_batch` once.
 
-Each side runs `--repeats` times, alternating, and its best run counts. Prints a table, then one JSON line with tokens/s, the stage/raw ratio and peak
-memory per size (target: ratio >= 0.8; stage peak memory flat as the corpus grows).
+Each side runs `--repeats` times, alternating, and its best run counts. Prints a
+table, then one JSON line with tokens/s, the stage/raw ratio and peak memory per size
+(target: ratio >= 0.8; stage peak memory flat as the corpus grows).
 """
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
-# This file is named like the standard library's `tokenize`, which transformers imports:
-# take this folder off the import path before anything else is imported.
-sys.path[:] = [p for p in sys.path if p != sys.path[0] or not p.endswith("bench")]
+# Run as a file, this folder would be sys.path[0], and this file would shadow the standard
+# library's `tokenize` (which transformers imports): put the repo root there instead.
+sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import argparse
 import gzip
@@ -32,7 +34,6 @@ import os
 import subprocess
 import tempfile
 import time
-from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -56,11 +57,11 @@ def build_corpus(folder: Path, size_mb: int) -> None:
 
 def worker(mode: str, prepared: Path, tokenizer_dir: Path, out: Path) -> dict:
     """Run one measurement in this process; returns tokens and seconds."""
+    import transformers  # noqa: F401  (imported before the clock starts, as on the raw side)
+
     from rarelm.corpus import read_split
     from rarelm.params import TokenizerParams
     from rarelm.tokenization import tokenize
-
-    import transformers  # noqa: F401  (imported before the clock starts, as on the raw side)
 
     if mode == "stage":
         start = time.perf_counter()
