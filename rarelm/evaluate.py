@@ -58,23 +58,6 @@ def _ppl(nll_sum: float, n: int) -> float | None:
     return None if n == 0 else math.exp(nll_sum / n)
 
 
-def load_buckets(rare_dir: str | Path, vocab_size: int) -> np.ndarray:
-    """data/rare/buckets.npy, checked against the tokenizer's vocabulary size."""
-    path = Path(rare_dir) / "buckets.npy"
-    if not path.is_file():
-        raise RarelmError(f"{path}: no such file; run the rare_terms stage first")
-    try:
-        buckets = np.load(path, allow_pickle=False)
-    except (ValueError, OSError) as exc:
-        raise RarelmError(f"{path}: not a numpy array file ({exc})") from None
-    if buckets.ndim != 1 or len(buckets) != vocab_size:
-        raise RarelmError(f"{path}: shape {buckets.shape} does not match the tokenizer's vocabulary "
-                          f"of {vocab_size}; re-run the rare_terms stage")
-    if len(buckets) and (buckets.min() < 0 or buckets.max() >= len(BUCKETS)):
-        raise RarelmError(f"{path}: bucket ids must be 0..{len(BUCKETS) - 1}")
-    return buckets.astype(np.int64)
-
-
 # ---------------------------------------------------------------- teacher-forced scoring
 
 

@@ -339,20 +339,11 @@ def load_inputs(params: Params, paths: Paths):
     if len(train_samples) == 0:
         raise RarelmError(f"{paths.tokenized}: the train split has fewer than "
                           f"model.block_size + 1 = {block + 1} tokens")
-    buckets_path, weights_path = paths.rare / "buckets.npy", paths.weights / "weights.npy"
-    for path, stage in ((buckets_path, "rare_terms"), (weights_path, "weights")):
-        if not path.is_file():
-            raise RarelmError(f"{path}: no such file; run the {stage} stage first")
-    buckets = np.load(buckets_path, mmap_mode="r")
-    if len(buckets) != data.vocab_size:
-        raise RarelmError(f"{buckets_path}: {len(buckets)} buckets, but the tokenizer has "
-                          f"{data.vocab_size} tokens; re-run the rare_terms stage")
-    weights = np.load(weights_path, mmap_mode="r")
-    if len(weights) != len(train_samples):
-        raise RarelmError(
-            f"{weights_path}: {len(weights)} weights, but the train split has "
-            f"{len(train_samples)} samples of model.block_size = {block} tokens; "
-            "re-run the weights stage")
+    from rarelm.rare import load_buckets
+    from rarelm.weights import load_weights
+
+    buckets = load_buckets(paths.rare, data.vocab_size)
+    weights = load_weights(paths.weights / "weights.npy", len(train_samples))
     return data, train_samples, val_samples, weights, buckets
 
 

@@ -50,10 +50,11 @@ def evaluate(
         from rarelm.data import TokenizedData
         from rarelm.files import atomic_file, write_json
         from rarelm.params import load_params
+        from rarelm.rare import load_buckets
 
         params = load_params(params_file)
         data = TokenizedData.open(tokenized)
-        buckets = ev.load_buckets(rare, data.vocab_size)
+        buckets = load_buckets(rare, data.vocab_size).astype("int64")
         terms = term_search.load_terms(rare / "terms.jsonl")
         model, joins, tokenizer = _load(model_dir, data, params.eval.device)
 

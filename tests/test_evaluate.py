@@ -23,6 +23,7 @@ from rarelm import term_search
 from rarelm.errors import RarelmError
 from rarelm.lm import continuation_nll, greedy_continue
 from rarelm.params import EvalParams
+from rarelm.rare import load_buckets
 from rarelm.term_search import Occurrence, Term
 from tests.conftest import run, set_params, stage
 
@@ -198,10 +199,10 @@ def test_batched_generation_equals_one_at_a_time(arch):
 
 def test_bad_rare_inputs_are_one_line_errors(tmp_path):
     np.save(tmp_path / "buckets.npy", np.zeros(5, dtype=np.int8))
-    with pytest.raises(RarelmError, match="does not match the tokenizer's vocabulary of 8"):
-        ev.load_buckets(tmp_path, 8)
+    with pytest.raises(RarelmError, match=r"expected int8 \[8\] .* does not match the vocabulary"):
+        load_buckets(tmp_path, 8)
     with pytest.raises(RarelmError, match="run the rare_terms stage first"):
-        ev.load_buckets(tmp_path / "nope", 8)
+        load_buckets(tmp_path / "nope", 8)
     (tmp_path / "terms.jsonl").write_text('{"term": "x", "count": 1}\n')
     with pytest.raises(RarelmError, match=r"terms.jsonl:1: not a term record"):
         term_search.load_terms(tmp_path / "terms.jsonl")
@@ -337,7 +338,7 @@ def test_unreachable_store_is_one_warning_line(tmp_path, monkeypatch, capsys):
 @pytest.mark.parametrize("breakage,message", [
     ("no_model", "models/model: no such model folder"),
     ("no_terms", "data/rare/terms.jsonl: no such file; run the rare_terms stage first"),
-    ("no_buckets", "data/rare/buckets.npy: no such file; run the rare_terms stage first"),
+    ("no_buckets", "data/rare/buckets.npy: not found; run the rare_terms stage first"),
 ])
 def test_bad_inputs_are_one_line_errors_without_output(workspace, tmp_path, breakage, message):
     ws = tmp_path / "ws"

@@ -276,7 +276,7 @@ def test_bad_inputs_are_one_line_errors(trained, tmp_path):
                   *_train_cli("bad")], root, env=env)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [result.stderr.strip()]
-    assert "weights.npy: 3 weights, but the train split has" in result.stderr
+    assert "weights.npy: float64 [3], expected float64 [" in result.stderr
     missing = run([sys.executable, "-m", "stages.train", "--rare", str(tmp_path / "nope"),
                    *_train_cli("bad")], root, env=env)
     assert missing.returncode == 2 and "run the rare_terms stage first" in missing.stderr
