@@ -431,8 +431,8 @@ def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict
         model = build_model(params.model, data).to(device)
         raw_model = model  # what we save and checkpoint, whatever wraps it below
         if tp.gradient_checkpointing:
-            model.gradient_checkpointing_enable(
-                gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.activation_checkpointing_enable(  # transformers 5's name for it
+                activation_checkpointing_kwargs={"use_reentrant": False})
         is_rare = rare_mask(buckets, model.get_input_embeddings().num_embeddings).to(device)
         optimizer = configure_optimizer(model, tp, device)
         scaler = torch.amp.GradScaler(device.type, enabled=use_scaler)
