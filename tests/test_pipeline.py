@@ -1,7 +1,6 @@
 """The prepare and tokenize stages through their real CLIs and through `dvc repro`."""
 
 import json
-import time
 
 import pytest
 
@@ -31,10 +30,8 @@ def test_dvc_repro_prepare_tokenize_then_nothing_to_do(repo):
     assert (repo / "data/tokenized/train.tokens").stat().st_size == 2 * meta["splits"]["train"]["tokens"]
     lock = (repo / "dvc.lock").read_text()
     assert "data/tokenized" in lock
-    start = time.monotonic()
     again = run(["dvc", "repro", "tokenize"], repo, check=True)
     assert "didn't change, skipping" in again.stdout and "Running stage" not in again.stdout
-    assert time.monotonic() - start < 10
 
 
 def test_chinese_demo_by_params_alone(repo):
