@@ -32,6 +32,19 @@ def stage(name: str, cwd: Path, *args: str, **kwargs) -> subprocess.CompletedPro
     return run([sys.executable, "-m", f"stages.{name}", *args], cwd, **kwargs)
 
 
+def assert_user_error(result: subprocess.CompletedProcess, message: str, root: Path,
+                      *absent: str, stage: str = "") -> None:
+    """An expected failure: exit 2, one stderr line (`rarelm <stage>: error: ...` holding
+    `message`), no traceback, and none of the `absent` paths under root left behind."""
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    prefix = f"rarelm {stage}: error:" if stage else "rarelm "
+    assert lines[0].startswith(prefix) and message in lines[0], lines[0]
+    for rel in absent:
+        assert not (root / rel).exists(), rel
+
+
 def set_params(root: Path, **overrides) -> None:
     """Set params in root/params.yaml: set_params(root, alpha=0.5, **{"train.max_steps": 3})."""
     path = root / "params.yaml"

@@ -5,16 +5,7 @@ import json
 import pytest
 
 from rarelm.files import read_json
-from tests.conftest import run, set_params, stage
-
-
-def assert_user_error(result, message, root, *absent):
-    assert result.returncode == 2, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
-    assert message in lines[0], lines[0]
-    for rel in absent:
-        assert not (root / rel).exists(), rel
+from tests.conftest import assert_user_error, run, set_params, stage
 
 
 def test_dvc_repro_prepare_tokenize_then_nothing_to_do(repo):

@@ -11,7 +11,7 @@ import pytest
 
 from rarelm import rare
 from rarelm.errors import RarelmError
-from tests.conftest import REPO, set_params, stage
+from tests.conftest import REPO, assert_user_error, set_params, stage
 
 # ------------------------------------------------------------------ counts and buckets
 
@@ -165,15 +165,6 @@ def work(tokenized_en, tmp_path):
     return root
 
 
-def assert_user_error(result, message, root, *absent):
-    assert result.returncode == 2, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
-    assert lines[0].startswith("rarelm rare_terms: error:") and message in lines[0], lines[0]
-    for rel in absent:
-        assert not (root / rel).exists(), rel
-
-
 def test_stage_outputs(work, tiny_raw):
     glossary = work / "glossary.txt"
     # the demo's commonest term: in too many documents for max_df, kept as a glossary term
@@ -235,5 +226,6 @@ def test_bad_input_is_one_line_and_leaves_nothing(work, setup, message):
     else:
         set_params(work, **setup)
     result = stage("rare_terms", work)
-    assert_user_error(result, message, work, "data/rare", "metrics/rare_terms.json")
+    assert_user_error(result, message, work, "data/rare", "metrics/rare_terms.json",
+                      stage="rare_terms")
     assert not list((work / "data").glob(".rare*"))  # no temporary folder left either

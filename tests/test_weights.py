@@ -14,7 +14,7 @@ from rarelm import rare
 from rarelm import weights as weighting
 from rarelm.data import Samples, TokenizedData
 from rarelm.errors import RarelmError
-from tests.conftest import REPO, run, set_params, stage
+from tests.conftest import REPO, assert_user_error, run, set_params, stage
 
 
 def test_weights_by_hand():
@@ -118,15 +118,6 @@ def work(rare_done, tmp_path):
     return root
 
 
-def assert_user_error(result, message, root):
-    assert result.returncode == 2, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
-    assert lines[0].startswith("rarelm weights: error:") and message in lines[0], lines[0]
-    for rel in ("data/weights", "metrics/weights.json", "plots/weights.csv"):
-        assert not (root / rel).exists(), rel
-
-
 @pytest.mark.parametrize(("change", "message"), [
     ({"alpha": -0.5}, "params: alpha = -0.5 is not allowed (must be >= 0)"),
     ({"weights.clip_ratio": 0.9}, "params: weights.clip_ratio = 0.9 is not allowed (must be >= 1)"),
@@ -149,7 +140,8 @@ def test_bad_input_is_one_line_and_leaves_nothing(work, change, message):
         np.save(rare_dir / "buckets.npy", np.load(rare_dir / "buckets.npy").astype(np.float64))
     elif change == "no_rare":
         shutil.rmtree(rare_dir)
-    assert_user_error(stage("weights", work), message, work)
+    assert_user_error(stage("weights", work), message, work, "data/weights", "metrics/weights.json",
+                      "plots/weights.csv", stage="weights")
 
 
 def test_stage_outputs(work):
