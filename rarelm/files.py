@@ -66,5 +66,28 @@ def write_json(path: str | Path, data: Any) -> None:
         f.write("\n")
 
 
+def load_array(path: str | Path, dtype: Any, length: int, stage: str, mismatch: str) -> Any:
+    """A 1-D .npy array written by `stage`, checked for dtype and length (a RarelmError if not).
+
+    `mismatch` tells the user, in the error, what a wrong dtype or length means.
+    """
+    import numpy as np
+
+    from rarelm.errors import RarelmError
+
+    path = Path(path)
+    try:
+        array = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise RarelmError(f"{path}: not found; run the {stage} stage first") from None
+    except ValueError as exc:
+        raise RarelmError(f"{path}: not a readable .npy array ({exc})") from None
+    if array.dtype != dtype or array.shape != (length,):
+        raise RarelmError(
+            f"{path}: {array.dtype} {list(array.shape)}, expected {np.dtype(dtype).name} [{length}] "
+            f"{mismatch}, re-run {stage}")
+    return array
+
+
 def read_json(path: str | Path) -> Any:
     return json.loads(Path(path).read_text(encoding="utf-8"))

@@ -61,6 +61,7 @@ from pathlib import Path
 import numpy as np
 
 from rarelm.errors import RarelmError
+from rarelm.files import load_array
 
 FREQUENT, MEDIUM, RARE, UNSEEN = 0, 1, 2, 3
 BUCKET_NAMES = ("frequent", "medium", "rare", "unseen")
@@ -457,26 +458,14 @@ def _numbers(st: TermStats) -> dict:
     return {"count": st.count, "df": st.df, "idf": round(st.idf, 6), "score": round(st.score, 6)}
 
 
+_VOCAB_MISMATCH = "for this tokenized data; it does not match the vocabulary"
+
+
 def load_buckets(rare_dir: str | Path, vocab_size: int) -> np.ndarray:
     """data/rare/buckets.npy (int8 [vocab_size], FREQUENT..UNSEEN), checked against the vocabulary."""
-    path = Path(rare_dir) / "buckets.npy"
-    return _load_vocab_array(path, vocab_size, np.int8)
+    return load_array(Path(rare_dir) / "buckets.npy", np.int8, vocab_size, "rare_terms", _VOCAB_MISMATCH)
 
 
 def load_counts(rare_dir: str | Path, vocab_size: int) -> np.ndarray:
     """data/rare/counts.npy (int64 [vocab_size]), checked against the vocabulary."""
-    return _load_vocab_array(Path(rare_dir) / "counts.npy", vocab_size, np.int64)
-
-
-def _load_vocab_array(path: Path, vocab_size: int, dtype) -> np.ndarray:
-    try:
-        array = np.load(path, allow_pickle=False)
-    except FileNotFoundError:
-        raise RarelmError(f"{path}: not found; run the rare_terms stage first") from None
-    except ValueError as exc:
-        raise RarelmError(f"{path}: not a readable .npy array ({exc})") from None
-    if array.dtype != dtype or array.shape != (vocab_size,):
-        raise RarelmError(
-            f"{path}: {array.dtype} {list(array.shape)}, expected {np.dtype(dtype).name} [{vocab_size}] "
-            "for this tokenized data; it does not match the vocabulary, re-run rare_terms")
-    return array
+    return load_array(Path(rare_dir) / "counts.npy", np.int64, vocab_size, "rare_terms", _VOCAB_MISMATCH)

@@ -36,6 +36,7 @@ import numpy as np
 
 from rarelm.data import Samples
 from rarelm.errors import RarelmError
+from rarelm.files import load_array
 from rarelm.rare import BUCKET_NAMES, RARE
 
 
@@ -126,16 +127,8 @@ def histogram_rows(weights: np.ndarray, bins: int = 40) -> list[dict]:
 
 def load_weights(path: str | Path, n_samples: int) -> np.ndarray:
     """data/weights/weights.npy (float64 [n_samples], finite, > 0), checked against the samples."""
-    path = Path(path)
-    try:
-        w = np.load(path, allow_pickle=False)
-    except FileNotFoundError:
-        raise RarelmError(f"{path}: not found; run the weights stage first") from None
-    except ValueError as exc:
-        raise RarelmError(f"{path}: not a readable .npy array ({exc})") from None
-    if w.dtype != np.float64 or w.shape != (n_samples,):
-        raise RarelmError(f"{path}: {w.dtype} {list(w.shape)}, expected float64 [{n_samples}] (one weight "
-                          "per training sample); it does not match the tokenized data, re-run weights")
+    w = load_array(path, np.float64, n_samples, "weights",
+                   "(one weight per training sample); it does not match the tokenized data")
     if not (np.isfinite(w).all() and (w > 0).all()):
         raise RarelmError(f"{path}: holds a weight that is not finite and > 0; re-run weights")
     return w
