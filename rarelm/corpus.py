@@ -199,7 +199,7 @@ def detect_language(texts: Iterable[str]) -> str:
     return "zh" if letters and cjk / letters >= 0.2 else "en"
 
 
-def prepare(params: CorpusParams, seed: int, out_dir: Path) -> dict:
+def prepare(params: CorpusParams, out_dir: Path) -> dict:
     """Clean and split the corpus into out_dir/{train,val,test}.jsonl; returns stats.
 
     Each output line is `{"text": ...}`. Raises RarelmError if nothing is left.
@@ -221,7 +221,7 @@ def prepare(params: CorpusParams, seed: int, out_dir: Path) -> dict:
                     duplicates += 1
                     continue
                 seen.add(key)
-            split = split_of(text, seed, params.val_fraction, params.test_fraction)
+            split = split_of(text, params.split_seed, params.val_fraction, params.test_fraction)
             files[split].write(json.dumps({"text": text}, ensure_ascii=False) + "\n")
             stats[split]["documents"] += 1
             stats[split]["characters"] += len(text)

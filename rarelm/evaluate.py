@@ -40,7 +40,8 @@ from rarelm.errors import RarelmError
 from rarelm.params import EvalParams
 
 BUCKETS = ("frequent", "medium", "rare", "unseen")
-RARE = BUCKETS.index("rare")
+CLASSES = (*BUCKETS, "term")  # "term": tokens covering a term occurrence (also in their bucket)
+RARE, TERM = BUCKETS.index("rare"), CLASSES.index("term")
 
 # progress("what", total) -> advance(n); None = silent
 Progress = Callable[[str, int], Callable[[int], None]]
@@ -63,47 +64,52 @@ def _ppl(nll_sum: float, n: int) -> float | None:
 
 @dataclasses.dataclass
 class TokenStats:
-    """Per-bucket sums over scored targets (index = bucket id)."""
+    """Per-class sums over scored targets: index = bucket id, and TERM for tokens covering a term.
 
-    tokens: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(len(BUCKETS), np.int64))
-    nll: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(len(BUCKETS), np.float64))
-    top1: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(len(BUCKETS), np.int64))
-    top5: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(len(BUCKETS), np.int64))
+    Term tokens are also counted in their frequency bucket; the overall figures sum the buckets.
+    """
 
-    def add(self, bucket: np.ndarray, nll: np.ndarray, top1: np.ndarray, top5: np.ndarray) -> None:
-        size = len(BUCKETS)
-        self.tokens += np.bincount(bucket, minlength=size)
-        self.nll += np.bincount(bucket, weights=nll, minlength=size)
-        self.top1 += np.bincount(bucket, weights=top1, minlength=size).astype(np.int64)
-        self.top5 += np.bincount(bucket, weights=top5, minlength=size).astype(np.int64)
+    tokens: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(len(CLASSES), np.int64))
+    nll: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(len(CLASSES), np.float64))
+    top1: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(len(CLASSES), np.int64))
+    top5: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(len(CLASSES), np.int64))
+
+    def add(self, cls: np.ndarray, nll: np.ndarray, top1: np.ndarray, top5: np.ndarray) -> None:
+        size = len(CLASSES)
+        self.tokens += np.bincount(cls, minlength=size)
+        self.nll += np.bincount(cls, weights=nll, minlength=size)
+        self.top1 += np.bincount(cls, weights=top1, minlength=size).astype(np.int64)
+        self.top5 += np.bincount(cls, weights=top5, minlength=size).astype(np.int64)
 
     def metrics(self) -> dict:
-        n = int(self.tokens.sum())
-        out = {"ppl": _ppl(float(self.nll.sum()), n), "token_acc": _ratio(int(self.top1.sum()), n),
-               "token_recall_at_5": _ratio(int(self.top5.sum()), n), "n_eval_tokens": n}
-        for b, name in enumerate(BUCKETS):
-            k = int(self.tokens[b])
-            out[f"ppl_{name}"] = _ppl(float(self.nll[b]), k)
-            out[f"acc_{name}"] = _ratio(int(self.top1[b]), k)
-            out[f"recall_at_5_{name}"] = _ratio(int(self.top5[b]), k)
+        b = len(BUCKETS)
+        n = int(self.tokens[:b].sum())
+        out = {"ppl": _ppl(float(self.nll[:b].sum()), n), "token_acc": _ratio(int(self.top1[:b].sum()), n),
+               "token_recall_at_5": _ratio(int(self.top5[:b].sum()), n), "n_eval_tokens": n}
+        for c, name in enumerate(CLASSES):
+            k = int(self.tokens[c])
+            out[f"ppl_{name}"] = _ppl(float(self.nll[c]), k)
+            out[f"acc_{name}"] = _ratio(int(self.top1[c]), k)
+            out[f"recall_at_5_{name}"] = _ratio(int(self.top5[c]), k)
             out[f"n_tokens_{name}"] = k
         out["rare_token_acc"] = out["acc_rare"]
         out["rare_token_recall_at_5"] = out["recall_at_5_rare"]
         return out
 
     def rows(self) -> list[dict]:
-        """Plot rows: one per non-empty bucket and one for all tokens."""
+        """Plot rows: one for all tokens, one per non-empty bucket, and term tokens."""
         m = self.metrics()
         rows = [{"bucket": "all", "tokens": m["n_eval_tokens"], "ppl": m["ppl"], "acc": m["token_acc"],
                  "recall_at_5": m["token_recall_at_5"]}]
-        for name in BUCKETS:
+        for name in CLASSES:
             if m[f"n_tokens_{name}"]:
                 rows.append({"bucket": name, "tokens": m[f"n_tokens_{name}"], "ppl": m[f"ppl_{name}"],
                              "acc": m[f"acc_{name}"], "recall_at_5": m[f"recall_at_5_{name}"]})
         return rows
 
 
-def _score_batch(model, windows: np.ndarray, buckets: np.ndarray, stats: TokenStats) -> None:
+def _score_batch(model, windows: np.ndarray, buckets: np.ndarray, is_term: np.ndarray,
+                 stats: TokenStats) -> None:
     import torch
 
     ids = torch.as_tensor(windows.astype(np.int64), device=model.device)
@@ -116,23 +122,33 @@ def _score_batch(model, windows: np.ndarray, buckets: np.ndarray, stats: TokenSt
     hit1 = top[..., 0] == targets
     hit5 = (top == targets.unsqueeze(-1)).any(-1)
     flat = targets.reshape(-1).cpu().numpy()
-    stats.add(buckets[flat], nll.reshape(-1).double().cpu().numpy(),
-              hit1.reshape(-1).cpu().numpy(), hit5.reshape(-1).cpu().numpy())
+    nll, hit1, hit5 = (x.reshape(-1).cpu().numpy() for x in (nll.double(), hit1, hit5))
+    stats.add(buckets[flat], nll, hit1, hit5)
+    term = is_term.reshape(-1)
+    if term.any():
+        stats.add(np.full(int(term.sum()), TERM), nll[term], hit1[term], hit5[term])
 
 
 def score_tokens(model, tokens: np.ndarray, buckets: np.ndarray, block_size: int, batch_size: int,
-                 progress: Progress | None = None) -> TokenStats:
-    """Teacher-forced NLL / top-1 / top-5 of every token after the first, summed per bucket."""
+                 progress: Progress | None = None, term_mask: np.ndarray | None = None) -> TokenStats:
+    """Teacher-forced NLL / top-1 / top-5 of every token after the first, summed per class.
+
+    `term_mask` (bool per split position) marks the tokens that cover a term occurrence.
+    """
     stats = TokenStats()
     n = len(tokens)
+    if term_mask is None:
+        term_mask = np.zeros(n, dtype=bool)
     starts = np.arange(0, max(n - 1, 0), block_size)
     advance = (progress or _silent)("scoring tokens", max(n - 1, 0))
     for b in range(0, len(starts), batch_size):
         batch = starts[b:b + batch_size]
         targets = np.minimum(block_size, n - 1 - batch)  # only the split's last window is shorter
         for length in np.unique(targets):
-            rows = [tokens[s:s + length + 1] for s in batch[targets == length]]
-            _score_batch(model, np.stack(rows), buckets, stats)
+            first = batch[targets == length]
+            rows = [tokens[s:s + length + 1] for s in first]
+            terms = np.stack([term_mask[s + 1:s + length + 1] for s in first])
+            _score_batch(model, np.stack(rows), buckets, terms, stats)
         advance(int(targets.sum()))
     return stats
 
@@ -140,69 +156,182 @@ def score_tokens(model, tokens: np.ndarray, buckets: np.ndarray, block_size: int
 # ---------------------------------------------------------------- rare-term generation
 
 
-def evaluate_terms(model, tokens: np.ndarray, offsets: np.ndarray, terms: list[term_search.Term],
-                   *, max_terms: int, context_tokens: int, batch_size: int, eot_id: int,
-                   joins_word: np.ndarray | None = None, progress: Progress | None = None,
-                   samples: list[dict] | None = None) -> tuple[dict, list[dict]]:
-    """Greedy term generation at each chosen occurrence; returns (metrics, rows per frequency band).
+def _generate_text(model, tokenizer, prompts: list[list[int]], targets: list[str], n_first: list[int],
+                   eot_id: int) -> list[list[int]]:
+    """Greedy tokens for each prompt, until the decoded text covers its target or cannot match it.
 
-    With a `samples` list, every occurrence's record is appended to it (term, prompt,
-    expected and generated token ids, scores), for people to read what the model wrote.
+    Every row first gets n_first + 1 tokens; a row whose text is still a strict
+    prefix of its target (the model wrote the term in more, smaller tokens than the
+    document has) continues, up to 2 * n_first + 4 tokens in all.
     """
-    from rarelm.lm import continuation_nll, greedy_continue
+    from rarelm.lm import greedy_continue
 
-    per_term = term_search.find_occurrences(tokens, terms, joins_word)
+    generated = [list(map(int, row)) for row in
+                 greedy_continue(model, prompts, max(n_first) + 1, eot_id).numpy()]
+    generated = [g[:n + 1] for g, n in zip(generated, n_first, strict=True)]
+    for _ in range(4):
+        open_rows = []
+        for i, (g, target) in enumerate(zip(generated, targets, strict=True)):
+            text = tokenizer.decode(g, skip_special_tokens=False).rstrip("\ufffd")
+            if len(text) < len(target) and target.startswith(text) and len(g) < 2 * n_first[i] + 4:
+                open_rows.append(i)
+        if not open_rows:
+            break
+        more = greedy_continue(model, [prompts[i] + generated[i] for i in open_rows],
+                               max(n_first[i] for i in open_rows) + 1, eot_id).numpy()
+        for row, i in enumerate(open_rows):
+            generated[i] += list(map(int, more[row]))[:2 * n_first[i] + 4 - len(generated[i])]
+    return generated
+
+
+def evaluate_terms(model, tokenizer, documents: list[str], tokens: np.ndarray, offsets: np.ndarray,
+                   terms: list[term_search.Term], *, max_terms: int, context_tokens: int, batch_size: int,
+                   eot_id: int, closed_set: bool = True, split: str = "test",
+                   per_term: list[list[term_search.Occurrence]] | None = None,
+                   progress: Progress | None = None) -> list[dict]:
+    """One row per evaluated term occurrence (see OCCURRENCE_FIELDS); metrics come from `term_metrics`.
+
+    At each chosen occurrence (term_search.find_occurrences, capped round robin):
+    the prompt is up to `context_tokens` of the document's tokens before the first
+    token covering the term; the model writes greedily until its decoded text
+    covers `lead + term` (lead: the text of that first token before the term, " "
+    in English); `exact_match` = the text starts with lead + term. `first_token_hit`
+    = the first greedy token is the document's first covering token; `nll` = mean
+    NLL of the document's covering tokens given the prompt. With `closed_set`, each
+    extracted term (tokenized as lead + term) is scored after the same prompt by
+    summed NLL, and `choice_rank` is 1 + the number of terms the model prefers to
+    the true one (1 = the model would pick the right term from the list).
+    """
+    from rarelm.lm import candidates_nll, continuation_nll
+
+    if per_term is None:
+        per_term = term_search.find_occurrences(tokenizer, documents, tokens, offsets, terms)
     chosen = term_search.select_round_robin(per_term, max_terms)
-    starts = term_search.document_starts(offsets, np.array([o.position for o in chosen], dtype=np.int64))
-    prompts = [term_search.prompt_before(tokens, int(d), o.position, context_tokens, eot_id)
-               for o, d in zip(chosen, starts, strict=True)]
-    # batch occurrences of equal term length and similar prompt length together: less padding
-    order = sorted(range(len(chosen)), key=lambda i: (len(chosen[i].sequence), len(prompts[i])))
-    exact = np.zeros(len(chosen), dtype=bool)
-    first = np.zeros(len(chosen), dtype=bool)
-    nll = np.zeros(len(chosen), dtype=np.float64)
-    outputs: list[list[int]] = [[] for _ in chosen]
+    prompts = [term_search.prompt_before(tokens, int(offsets[o.doc]), o.start, context_tokens, eot_id)
+               for o in chosen]
+    covers = [[int(t) for t in tokens[o.start:o.end]] for o in chosen]
+    expected = [o.lead + terms[o.term].text for o in chosen]
+    candidate_ids: dict[str, list[list[int]]] = {}  # lead -> every term tokenized after it
+    rows: list[dict] = [{} for _ in chosen]
+    order = sorted(range(len(chosen)), key=lambda i: (len(covers[i]), len(prompts[i])))
     advance = (progress or _silent)("generating terms", len(chosen))
     for b in range(0, len(order), batch_size):
         idx = order[b:b + batch_size]
-        batch_prompts = [prompts[i] for i in idx]
-        seqs = [list(chosen[i].sequence) for i in idx]
-        generated = greedy_continue(model, batch_prompts, max(map(len, seqs)), eot_id).numpy()
-        term_nll = continuation_nll(model, batch_prompts, seqs, eot_id)
+        generated = _generate_text(model, tokenizer, [prompts[i] for i in idx], [expected[i] for i in idx],
+                                   [len(covers[i]) for i in idx], eot_id)
+        nlls = continuation_nll(model, [prompts[i] for i in idx], [covers[i] for i in idx], eot_id)
         for row, i in enumerate(idx):
-            seq = np.asarray(seqs[row])
-            exact[i] = bool((generated[row, :len(seq)] == seq).all())
-            first[i] = bool(generated[row, 0] == seq[0])
-            nll[i] = float(term_nll[row].mean())
-            outputs[i] = generated[row, :len(seq)].tolist()
+            o, term = chosen[i], terms[chosen[i].term]
+            text = tokenizer.decode(generated[row], skip_special_tokens=False)
+            rank = None
+            if closed_set:
+                if o.lead not in candidate_ids:
+                    candidate_ids[o.lead] = [e.ids for e in tokenizer.encode_batch(
+                        [o.lead + t.text for t in terms], add_special_tokens=False)]
+                scores = candidates_nll(model, prompts[i], candidate_ids[o.lead])
+                rank = 1 + int((scores < scores[o.term]).sum())
+            rows[i] = {"split": split, "term": term.text, "train_count": term.count,
+                       "band": term_search.band_label(term.count), "mention": o.mention, "doc": o.doc,
+                       "char_start": o.char_start, "prompt_tokens": len(prompts[i]),
+                       "expected": expected[i], "output": text,
+                       "exact_match": text.startswith(expected[i]),
+                       "first_token_hit": bool(generated[row][0] == covers[i][0]),
+                       "nll": float(nlls[row].mean()), "choice_rank": rank,
+                       "n_choices": len(terms) if closed_set else None}
         advance(len(idx))
-    if samples is not None:
-        samples.extend({"term": terms[o.term].text, "band": term_search.frequency_band(terms[o.term].count),
-                        "position": o.position, "prompt": prompts[i], "expected": list(o.sequence),
-                        "generated": outputs[i], "exact": bool(exact[i]), "first_token": bool(first[i]),
-                        "nll": float(nll[i])} for i, o in enumerate(chosen))
+    return rows
 
-    n = len(chosen)
-    evaluated_terms = {o.term for o in chosen}
-    metrics = {
-        "term_exact_match": _ratio(int(exact.sum()), n),
-        "term_first_token_acc": _ratio(int(first.sum()), n),
-        "term_nll": _ratio(float(nll.sum()), n),
-        "n_eval_terms": n,  # occurrences evaluated (the count behind the three figures above)
-        "n_eval_term_types": len(evaluated_terms),
-        "n_term_occurrences": sum(map(len, per_term)),  # found in the split, before the cap
-        "n_terms": len(terms),
-    }
-    bands: dict[str, list[int]] = {}
-    for i, o in enumerate(chosen):
-        bands.setdefault(term_search.frequency_band(terms[o.term].count), []).append(i)
-    rows = []
-    for band in sorted(bands):
-        idx = np.asarray(bands[band])
-        rows.append({"band": band, "terms": len({chosen[i].term for i in idx}), "occurrences": len(idx),
-                     "exact_match": float(exact[idx].mean()), "first_token_acc": float(first[idx].mean()),
-                     "nll": float(nll[idx].mean())})
-    return metrics, rows
+
+def _mean(values) -> float | None:
+    values = [float(v) for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+def em50_train_count(counts: np.ndarray, hits: np.ndarray) -> float | None:
+    """Train occurrences at which a logistic fit of exact match on log2(train count) crosses 0.5.
+
+    Fits P(hit) = 1 / (1 + exp(-(a + b log2 count))) by Newton's method (with a
+    1e-6 ridge so a perfect separation stays finite) over occurrences of terms seen
+    at least once, and returns 2^(-a/b). Undefined (None) when the fit does not rise
+    with the count (b <= 0), or when the crossing lies outside the counts observed
+    (it would be an extrapolation), or with fewer than two distinct counts.
+
+    >>> c = np.array([1, 2, 4, 8, 16, 32, 64, 128] * 4)
+    >>> round(em50_train_count(c, c >= 16), 1)   # hits from 16 on: the crossing is half way, at ~11
+    11.3
+    """
+    keep = counts >= 1
+    x, y = np.log2(counts[keep].astype(np.float64)), hits[keep].astype(np.float64)
+    if len(np.unique(x)) < 2:
+        return None
+    design = np.stack([np.ones_like(x), x], axis=1)
+    w = np.zeros(2)
+    for _ in range(100):
+        p = 0.5 * (1.0 + np.tanh(0.5 * (design @ w)))  # the logistic function, without overflow
+        grad = design.T @ (y - p) - 1e-6 * w
+        hess = design.T @ (design * (p * (1 - p))[:, None]) + 1e-6 * np.eye(2)
+        step = np.linalg.solve(hess, grad)
+        w += step
+        if np.abs(step).max() < 1e-10:
+            break
+    a, b = w
+    if b <= 0:
+        return None
+    crossing = -a / b
+    if not x.min() <= crossing <= x.max():
+        return None
+    return float(2.0 ** crossing)
+
+
+def term_metrics(rows: list[dict], n_terms: int, n_occurrences: int) -> dict:
+    """metrics/eval.json's term figures, from the per-occurrence rows alone.
+
+    Each figure is a mean over occurrences; `*_macro` first averages each term's
+    occurrences, then the terms. `_first` / `_repeat` split by mention type;
+    `_band_<lo-hi>` by the term's train count; `_le15` keeps terms seen <= 15 times.
+    """
+    def block(subset: list[dict], suffix: str) -> dict:
+        return {f"term_exact_match{suffix}": _mean(r["exact_match"] for r in subset),
+                f"term_first_token_acc{suffix}": _mean(r["first_token_hit"] for r in subset),
+                f"term_nll{suffix}": _mean(r["nll"] for r in subset),
+                f"term_choice_acc{suffix}": _mean(None if r["choice_rank"] is None else r["choice_rank"] == 1
+                                                  for r in subset),
+                f"n_eval_terms{suffix}": len(subset)}
+
+    out = block(rows, "")
+    by_term: dict[str, list[dict]] = {}
+    for r in rows:
+        by_term.setdefault(r["term"], []).append(r)
+    per_term = [block(group, "") for group in by_term.values()]
+    for key in ("term_exact_match", "term_first_token_acc", "term_choice_acc"):
+        out[f"{key}_macro"] = _mean(m[key] for m in per_term)
+    for mention in ("first", "repeat"):
+        out.update(block([r for r in rows if r["mention"] == mention], f"_{mention}"))
+    out.update(block([r for r in rows if r["train_count"] <= 15], "_le15"))
+    for k in sorted({term_search.band_index(r["train_count"]) for r in rows}):
+        subset = [r for r in rows if term_search.band_index(r["train_count"]) == k]
+        label = subset[0]["band"]
+        out[f"term_exact_match_band_{label}"] = _mean(r["exact_match"] for r in subset)
+        out[f"term_choice_acc_band_{label}"] = block(subset, "")["term_choice_acc"]
+        out[f"n_eval_terms_band_{label}"] = len(subset)
+    counts = np.array([r["train_count"] for r in rows], dtype=np.int64)
+    out["em50_train_count"] = em50_train_count(counts, np.array([r["exact_match"] for r in rows], bool))
+    out["n_eval_term_types"] = len(by_term)
+    out["n_term_occurrences"] = n_occurrences  # found in the split, before the eval.max_terms cap
+    out["n_terms"] = n_terms
+    return out
+
+
+def band_rows(rows: list[dict]) -> list[dict]:
+    """plots/eval_term_bands.csv: one row per train-count band."""
+    bands: dict[str, list[dict]] = {}
+    for r in rows:
+        bands.setdefault(term_search.frequency_band(r["train_count"]), []).append(r)
+    return [{"band": band, "terms": len({r["term"] for r in group}), "occurrences": len(group),
+             "exact_match": _mean(r["exact_match"] for r in group),
+             "first_token_acc": _mean(r["first_token_hit"] for r in group),
+             "choice_acc": _mean(None if r["choice_rank"] is None else r["choice_rank"] == 1 for r in group),
+             "nll": _mean(r["nll"] for r in group)} for band, group in sorted(bands.items())]
 
 
 # ---------------------------------------------------------------- diversity of free generation
@@ -249,13 +378,13 @@ class SplitResult:
     metrics: dict
     bucket_rows: list[dict]
     band_rows: list[dict]
-    term_samples: list[dict]  # one record per evaluated term occurrence (see evaluate_terms)
+    occurrences: list[dict]  # one row per evaluated term occurrence (evaluate_terms)
 
 
-def evaluate_split(model, data, split: str, buckets: np.ndarray, terms: list[term_search.Term],
-                   params: EvalParams, seed: int, joins_word: np.ndarray | None = None,
+def evaluate_split(model, tokenizer, data, documents: list[str], split: str, buckets: np.ndarray,
+                   terms: list[term_search.Term], params: EvalParams, seed: int,
                    progress: Progress | None = None) -> SplitResult:
-    """All three measurements on one split of a TokenizedData."""
+    """All three measurements on one split of a TokenizedData; `documents` is its prepared text."""
     from rarelm.lm import context_length
 
     tokens, offsets = data.tokens(split), data.offsets(split)
@@ -267,24 +396,25 @@ def evaluate_split(model, data, split: str, buckets: np.ndarray, terms: list[ter
     if limit and block > limit:
         raise RarelmError(f"params: eval.block_size = {block} is not allowed "
                           f"(must be <= the model's context length {limit})")
-    longest = max((len(s) for t in terms for s in t.sequences), default=1)
+    per_term = term_search.find_occurrences(tokenizer, documents, tokens, offsets, terms)
+    longest = max((o.end - o.start for occ in per_term for o in occ), default=1)
     context = params.context_tokens
-    if limit:  # the prompt and the generated term must fit in the model's context
-        generated = max(longest, params.diversity_tokens if params.diversity_prompts else 0)
+    if limit:  # the prompt and what the model writes must fit in the model's context
+        generated = max(2 * longest + 4, params.diversity_tokens if params.diversity_prompts else 0)
         context = min(context, limit - generated)
         if context < 1:
             raise RarelmError(f"the model's context of {limit} tokens is too short for terms of "
                               f"{longest} tokens and eval.diversity_tokens = {params.diversity_tokens}")
-    stats = score_tokens(model, tokens, buckets, block, params.batch_size, progress)
-    samples: list[dict] = []
-    term_metrics, band_rows = evaluate_terms(
-        model, tokens, offsets, terms, max_terms=params.max_terms, context_tokens=context,
-        batch_size=params.batch_size, eot_id=data.eot_id, joins_word=joins_word, progress=progress,
-        samples=samples)
+    stats = score_tokens(model, tokens, buckets, block, params.batch_size, progress,
+                         term_search.term_token_mask(per_term, len(tokens)))
+    rows = evaluate_terms(model, tokenizer, documents, tokens, offsets, terms, max_terms=params.max_terms,
+                          context_tokens=context, batch_size=params.batch_size, eot_id=data.eot_id,
+                          closed_set=params.closed_set, split=split, per_term=per_term, progress=progress)
     div = diversity(model, tokens, offsets, buckets, n_prompts=params.diversity_prompts,
                     n_new=params.diversity_tokens, context_tokens=context, batch_size=params.batch_size,
                     eot_id=data.eot_id, seed=seed, progress=progress)
-    return SplitResult({**stats.metrics(), **term_metrics, **div}, stats.rows(), band_rows, samples)
+    metrics = {**stats.metrics(), **term_metrics(rows, len(terms), sum(map(len, per_term))), **div}
+    return SplitResult(metrics, stats.rows(), band_rows(rows), rows)
 
 
 def combine(results: dict[str, SplitResult]) -> dict:

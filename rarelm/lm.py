@@ -153,3 +153,47 @@ def continuation_nll(model, prompts: list[list[int]], continuations: list[list[i
         positions = torch.arange(len(prompt) - 1, len(prompt) - 1 + len(cont))
         out.append((-logprobs[row, positions, torch.as_tensor(cont)]).double().numpy())
     return out
+
+
+def candidates_nll(model, prompt: list[int], candidates: list[list[int]], chunk: int = 512):
+    """Summed NLL (nats) of each candidate continuation after one prompt: float64 array [len(candidates)].
+
+    The prompt is run once per chunk of candidates and its KV cache repeated for
+    every candidate, so scoring C candidates of L tokens costs C x (L - 1) token
+    positions, not C x (prompt + L). Candidates are right-padded: padding after a
+    sequence cannot change a causal model's outputs before it. A model that
+    returns no cache is scored on prompt + candidate in full (same result).
+    """
+    import numpy as np
+    import torch
+
+    out = np.zeros(len(candidates), dtype=np.float64)
+    device = model.device
+    with torch.no_grad():
+        for c in range(0, len(candidates), chunk):
+            cands = candidates[c:c + chunk]
+            first = model(input_ids=torch.as_tensor([prompt], device=device), use_cache=True)
+            head = torch.log_softmax(first.logits[0, -1].float(), dim=-1)
+            nll = -head[torch.as_tensor([x[0] for x in cands], device=device)].double()
+            width = max(map(len, cands))
+            if width > 1:
+                cache = getattr(first, "cache", None)
+                rest = torch.zeros((len(cands), width - 1), dtype=torch.long)
+                for row, cand in enumerate(cands):
+                    rest[row, :len(cand) - 1] = torch.as_tensor(cand[:-1])
+                if cache is not None:
+                    cache.batch_repeat_interleave(len(cands))
+                    logits = model(input_ids=rest.to(device), cache=cache, use_cache=True).logits
+                else:
+                    full = torch.cat([torch.as_tensor([prompt] * len(cands)), rest], dim=1).to(device)
+                    logits = model(input_ids=full).logits[:, len(prompt):]
+                logp = torch.log_softmax(logits.float(), dim=-1)
+                targets = torch.zeros((len(cands), width - 1), dtype=torch.long)
+                valid = torch.zeros((len(cands), width - 1), dtype=torch.bool)
+                for row, cand in enumerate(cands):
+                    targets[row, :len(cand) - 1] = torch.as_tensor(cand[1:])
+                    valid[row, :len(cand) - 1] = True
+                picked = -logp.gather(-1, targets.to(device).unsqueeze(-1)).squeeze(-1).double().cpu()
+                nll = nll.cpu() + (picked * valid).sum(-1)
+            out[c:c + len(cands)] = nll.cpu().numpy()
+    return out

@@ -49,6 +49,9 @@ class CorpusParams:
     min_chars: int = param(1, ge=1)  # documents shorter than this after cleaning are dropped
     val_fraction: float = param(0.1, ge=0.0, lt=1.0)
     test_fraction: float = param(0.1, ge=0.0, lt=1.0)
+    # the document split depends on this seed alone, so replicates that vary the top-level `seed`
+    # (initialisation, sampling) are evaluated on the same test documents, occurrence by occurrence
+    split_seed: int = param(1337, ge=0)
     reference_glossary: str = "data/raw/demo_en.glossary.tsv"  # ground truth for term extraction; "" = none
 
 
@@ -60,6 +63,10 @@ class TokenizerParams:
     vocab_size: int = param(4096, ge=260, le=1_000_000)
     min_frequency: int = param(2, ge=1)
     batch_size: int = param(2000, ge=1)  # documents encoded per batch (bounds memory)
+    # Han characters: "chars" makes each one its own pre-token, so no token crosses a Chinese word
+    # boundary; "merge" lets byte-level BPE merge runs of characters (fewer tokens, but a term's
+    # characters then share tokens with their neighbours). No effect on text without Han characters.
+    cjk: Literal["chars", "merge"] = "chars"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,6 +144,7 @@ class EvalParams:
     block_size: int = param(0, ge=0)  # scoring window in tokens; 0 = the model's context length
     batch_size: int = param(32, ge=1)  # windows / prompts per forward pass
     max_terms: int = param(2000, ge=1)  # most term occurrences generated (round robin over terms)
+    closed_set: bool = True  # also rank the true term among all extracted terms by NLL
     context_tokens: int = param(64, ge=1)  # prompt: up to this many tokens before the term
     diversity_prompts: int = param(64, ge=0)  # free continuations sampled; 0 = skip
     diversity_tokens: int = param(64, ge=1)  # tokens per continuation

@@ -1,17 +1,30 @@
-"""Finding rare-term occurrences in a token array, and choosing which ones to evaluate.
+"""Finding rare-term occurrences in text, the tokens that cover them, and which ones to evaluate.
 
-A term (one line of data/rare/terms.jsonl) comes with the token-id sequences it
-takes under the pipeline's tokenizer (with and without a leading space). Every
-place a sequence occurs in the split is an occurrence:
+Occurrences are found in the documents' text, not in token ids. Byte-level BPE
+on Chinese merges across word boundaries (there are no spaces), so in running
+text a term's characters share tokens with their neighbours, and the term's own
+token sequence, tokenized alone, may never occur in the token stream at all.
+Text does not have that problem:
 
-    >>> tokens = np.array([7, 1, 2, 3, 9, 1, 2, 0, 1, 2, 3])
-    >>> [p.tolist() for p in find_sequences(tokens, [[1, 2, 3], [9]])]
-    [[1, 8], [4]]
+    >>> find_in_text("acute MI. Subacute MI and acute MIs; acute MI", "acute MI")
+    [0, 37]
+    >>> find_in_text("董事会决定发行可交换保理。", "可交换保理")
+    [7]
 
-The search sorts each chunk of the array once (positions grouped by token id),
-then checks only the positions holding a sequence's first token, so it costs
-O(n log n) for the whole split plus the candidates, and memory is bounded by the
-chunk, not the split.
+A term that begins (ends) with a letter or digit of a space-separated script
+matches only where the text has no such character right before (after) it, so
+"acute MI" is not found inside "subacute MI" or "acute MIs"; Han and kana
+characters never need a boundary, so Chinese terms match anywhere.
+
+Each match is then mapped to the document's tokens through the tokenizer's
+character offsets (`locate`): the tokens that *cover* the term are those whose
+characters overlap it. The first of them may begin before the term: in English
+" infarction" carries its leading space; with byte-level BPE that merges Han
+characters, "发行可" may begin two characters early. The evaluation's prompt ends
+right before that first covering token (never inside a token, never inside a
+character's bytes), and the model is asked to write `lead + term`, where `lead`
+is the document's text from that token's first character up to the term
+(" " for English, "" when the term starts on a token boundary).
 
 When there are more occurrences than `eval.max_terms`, they are chosen round
 robin over terms (every term's first occurrence, then every term's second, ...),
@@ -28,21 +41,22 @@ import numpy as np
 
 from rarelm.errors import RarelmError
 
-CHUNK_TOKENS = 1 << 22
-
 
 @dataclasses.dataclass(frozen=True)
 class Term:
     text: str
     count: int  # occurrences in the train split (how rare the term is)
-    sequences: tuple[tuple[int, ...], ...]  # distinct token-id sequences, each non-empty
 
 
 @dataclasses.dataclass(frozen=True)
 class Occurrence:
     term: int  # index into the terms list
-    position: int  # index of the term's first token in the split
-    sequence: tuple[int, ...]  # which of the term's sequences occurs there
+    doc: int  # document index within the split
+    char_start: int  # the term's first character in the document's text
+    start: int  # split position of the first token that covers the term (the prompt ends before it)
+    end: int  # split position after the last token that covers the term
+    lead: str  # the document's text from `start`'s first character up to the term (" " in English)
+    mention: str  # "first": no earlier occurrence of this term in its document; else "repeat"
 
 
 def load_terms(path: str | Path) -> list[Term]:
@@ -57,71 +71,115 @@ def load_terms(path: str | Path) -> list[Term]:
                 continue
             try:
                 row = json.loads(line)
-                sequences = tuple(dict.fromkeys(tuple(int(t) for t in s) for s in row["token_ids"] if s))
-                terms.append(Term(str(row["term"]), int(row["count"]), sequences))
+                text = str(row["term"])
+                if not text.strip():
+                    raise ValueError("empty term")
+                terms.append(Term(text, int(row["count"])))
             except (ValueError, KeyError, TypeError) as exc:
                 raise RarelmError(
                     f"{path}:{line_no}: not a term record ({type(exc).__name__}: {exc})") from None
     return terms
 
 
-def find_sequences(tokens: np.ndarray, sequences: list[list[int]],
-                   chunk_tokens: int = CHUNK_TOKENS) -> list[np.ndarray]:
-    """Sorted start positions of every sequence in `tokens` (overlapping matches included)."""
-    found: list[list[np.ndarray]] = [[] for _ in sequences]
-    if not sequences or len(tokens) == 0:
-        return [np.zeros(0, dtype=np.int64) for _ in sequences]
-    by_first: dict[int, list[int]] = {}
-    for i, seq in enumerate(sequences):
-        by_first.setdefault(int(seq[0]), []).append(i)
-    longest = max(len(s) for s in sequences)
-    for start in range(0, len(tokens), chunk_tokens):
-        stop = min(start + chunk_tokens, len(tokens))
-        # the window reaches past the chunk so a match may start near its end
-        window = np.asarray(tokens[start:min(stop + longest - 1, len(tokens))], dtype=np.int64)
-        head = window[:stop - start]
-        order = np.argsort(head, kind="stable")  # stable: positions ascend within one token id
-        sorted_ids = head[order]
-        for first, indices in by_first.items():
-            lo, hi = np.searchsorted(sorted_ids, first, "left"), np.searchsorted(sorted_ids, first, "right")
-            candidates = order[lo:hi]
-            for i in indices:
-                seq = sequences[i]
-                hits = candidates[candidates + len(seq) <= len(window)]
-                for j in range(1, len(seq)):
-                    hits = hits[window[hits + j] == seq[j]]
-                found[i].append(hits + start)
-    return [np.concatenate(parts).astype(np.int64) for parts in found]
+# ---------------------------------------------------------------- search in text
 
 
-def find_occurrences(tokens: np.ndarray, terms: list[Term], joins_word: np.ndarray | None = None,
-                     chunk_tokens: int = CHUNK_TOKENS) -> list[list[Occurrence]]:
-    """Every occurrence of every term, per term, by position.
+def _is_cjk(ch: str) -> bool:
+    o = ord(ch)
+    return (0x4E00 <= o <= 0x9FFF or 0x3400 <= o <= 0x4DBF or 0x20000 <= o <= 0x2FA1F
+            or 0xF900 <= o <= 0xFAFF or 0x3040 <= o <= 0x30FF)
 
-    `joins_word[t]` (optional, per token id) is 1 where token t ends in a letter
-    or digit and 2 where it starts with one (3: both). A match whose first token
-    starts with a letter right after a token that ends in one sits inside a word
-    (the space-less variant of "art" in "st|art") and is dropped.
+
+def _word_char(ch: str) -> bool:
+    """A letter or digit of a script that separates words by spaces."""
+    return ch.isalnum() and not _is_cjk(ch)
+
+
+def find_in_text(text: str, term: str) -> list[int]:
+    """Start offsets of `term` in `text` (overlapping matches included), word-boundary aware."""
+    if not term:
+        return []
+    check_start, check_end = _word_char(term[0]), _word_char(term[-1])
+    found, i = [], text.find(term)
+    while i >= 0:
+        j = i + len(term)
+        if not (check_start and i > 0 and _word_char(text[i - 1])) and \
+                not (check_end and j < len(text) and _word_char(text[j])):
+            found.append(i)
+        i = text.find(term, i + 1)
+    return found
+
+
+def locate(token_offsets: list[tuple[int, int]], char_start: int, char_end: int) -> tuple[int, int]:
+    """(first, stop): the tokens covering characters [char_start, char_end) of their document.
+
+    `first` is moved back to a character boundary, so a prompt that ends before it
+    never splits one character's bytes (byte-level BPE gives each byte-fragment
+    token the offsets of the whole character):
+
+    >>> locate([(0, 3), (3, 11), (11, 14), (14, 22), (22, 23)], 12, 22)   # " my|ocardial| in|farction|."
+    (2, 4)
+    >>> locate([(0, 1), (0, 2), (1, 3), (3, 4)], 1, 3)   # byte fragments sharing characters 0 and 1
+    (0, 3)
     """
-    flat = [list(seq) for term in terms for seq in term.sequences]
-    owners = [i for i, term in enumerate(terms) for _ in term.sequences]
-    positions = find_sequences(tokens, flat, chunk_tokens)
+    starts = np.fromiter((s for s, _ in token_offsets), np.int64, len(token_offsets))
+    ends = np.fromiter((e for _, e in token_offsets), np.int64, len(token_offsets))
+    first = int(np.searchsorted(ends, char_start, side="right"))  # first token ending after char_start
+    stop = int(np.searchsorted(starts, char_end, side="left"))  # tokens starting before char_end
+    while first > 0 and starts[first] < ends[first - 1]:
+        first -= 1
+    return first, max(stop, first + 1)
+
+
+def find_occurrences(tokenizer, documents: list[str], tokens: np.ndarray, offsets: np.ndarray,
+                     terms: list[Term], batch_size: int = 1000) -> list[list[Occurrence]]:
+    """Every occurrence of every term in a split's documents, per term, in text order.
+
+    `tokenizer` is the pipeline's `tokenizers.Tokenizer`; `tokens` / `offsets` the
+    split's token array and document boundaries (document d is
+    tokens[offsets[d]:offsets[d+1]], its last token the end-of-text id). Only
+    documents holding a term are re-encoded (for their character offsets); if the
+    tokenizer does not reproduce the stored tokens, that is a one-line RarelmError.
+    """
+    if len(documents) != len(offsets) - 1:
+        raise RarelmError(f"the prepared split has {len(documents)} documents but the tokenized one "
+                          f"{len(offsets) - 1}; re-run the tokenize stage")
+    joined = "\n".join(documents)  # one search per term over the whole split
+    doc_starts = np.cumsum([0] + [len(d) + 1 for d in documents[:-1]])
+    spans: dict[int, list[tuple[int, int]]] = {}  # doc -> (char_start, term)
+    for t, term in enumerate(terms):
+        if "\n" in term.text:
+            continue
+        for i in find_in_text(joined, term.text):
+            d = int(np.searchsorted(doc_starts, i, side="right")) - 1
+            spans.setdefault(d, []).append((i - int(doc_starts[d]), t))
+    docs = sorted(spans)
     out: list[list[Occurrence]] = [[] for _ in terms]
-    for owner, seq, pos in zip(owners, flat, positions, strict=True):
-        if joins_word is not None and len(pos) and joins_word[seq[0]] & 2:
-            prev = np.asarray(tokens)[np.maximum(pos - 1, 0)].astype(np.int64)
-            pos = pos[(pos == 0) | ((joins_word[prev] & 1) == 0)]
-        out[owner].extend(Occurrence(owner, int(p), tuple(seq)) for p in pos)
-    for occurrences in out:
-        occurrences.sort(key=lambda o: (o.position, o.sequence))
+    for b in range(0, len(docs), batch_size):
+        batch = docs[b:b + batch_size]
+        encodings = tokenizer.encode_batch([documents[d] for d in batch], add_special_tokens=False)
+        for d, enc in zip(batch, encodings, strict=True):
+            lo, hi = int(offsets[d]), int(offsets[d + 1])
+            if len(enc.ids) != hi - lo - 1 or not np.array_equal(np.asarray(enc.ids), tokens[lo:hi - 1]):
+                raise RarelmError(f"the tokenizer does not reproduce document {d} of the tokenized split; "
+                                  "re-run the tokenize stage")
+            seen: set[int] = set()
+            for char_start, t in sorted(spans[d]):
+                text = terms[t].text
+                first, stop = locate(enc.offsets, char_start, char_start + len(text))
+                lead = documents[d][enc.offsets[first][0]:char_start]
+                out[t].append(Occurrence(t, d, char_start, lo + first, lo + stop, lead,
+                                         "repeat" if t in seen else "first"))
+                seen.add(t)
     return out
 
 
 def select_round_robin(per_term: list[list[Occurrence]], cap: int) -> list[Occurrence]:
     """At most `cap` occurrences: every term's first, then every term's second, and so on.
 
-    >>> occ = [[Occurrence(0, p, (1,)) for p in (3, 8, 9)], [Occurrence(1, 5, (2,))]]
-    >>> [(o.term, o.position) for o in select_round_robin(occ, 3)]
+    >>> occ = [[Occurrence(0, 0, p, p, p + 1, "", "first") for p in (3, 8, 9)],
+    ...        [Occurrence(1, 0, 5, 5, 6, "", "first")]]
+    >>> [(o.term, o.start) for o in select_round_robin(occ, 3)]
     [(0, 3), (1, 5), (0, 8)]
     """
     ranked = sorted(((rank, o.term, o) for occurrences in per_term
@@ -129,35 +187,33 @@ def select_round_robin(per_term: list[list[Occurrence]], cap: int) -> list[Occur
     return [o for _, _, o in ranked[:cap]]
 
 
-def word_joins(tokenizer, vocab_size: int) -> np.ndarray:
-    """Per token id: bit 1 if it ends with an ASCII letter or digit, bit 2 if it starts with one.
+# ---------------------------------------------------------------- bands and prompts
 
-    Read from the raw token strings, where a word-initial token carries its
-    space marker ("Ġstart" in byte-level BPE, "▁start" in SentencePiece): decoding
-    a single SentencePiece token would drop that space. Non-ASCII letters (CJK)
-    never join, since those scripts do not separate words by spaces.
+
+def band_index(count: int) -> int:
+    """0 for count 0, then k for counts in [2^(k-1), 2^k): bands double in width."""
+    return int(count).bit_length() if count > 0 else 0
+
+
+def band_label(count: int) -> str:
+    """A term's train-count band as text.
+
+    >>> [band_label(c) for c in (0, 1, 3, 4, 15, 1000)]
+    ['0', '1', '2-3', '4-7', '8-15', '512-1023']
     """
-    texts = [t or "" for t in tokenizer.convert_ids_to_tokens(list(range(vocab_size)))]
-    out = np.zeros(vocab_size, dtype=np.int8)
-    for i, text in enumerate(texts):
-        if text and text[-1].isascii() and text[-1].isalnum():
-            out[i] |= 1
-        if text and text[0].isascii() and text[0].isalnum():
-            out[i] |= 2
-    return out
+    k = band_index(count)
+    if k <= 1:
+        return str(k)
+    return f"{1 << (k - 1)}-{(1 << k) - 1}"
 
 
 def frequency_band(count: int) -> str:
-    """A term's train-count band, doubling in width; labels sort in band order.
+    """The band as a plot label that sorts in band order.
 
     >>> [frequency_band(c) for c in (0, 1, 3, 4, 1000)]
     ['band 00: 0', 'band 01: 1', 'band 02: 2-3', 'band 03: 4-7', 'band 10: 512-1023']
     """
-    if count <= 0:
-        return "band 00: 0"
-    k = int(count).bit_length()  # 1 -> 1, 2..3 -> 2, 4..7 -> 3, ...
-    lo, hi = 1 << (k - 1), (1 << k) - 1
-    return f"band {k:02d}: {lo}" if lo == hi else f"band {k:02d}: {lo}-{hi}"
+    return f"band {band_index(count):02d}: {band_label(count)}"
 
 
 def prompt_before(tokens: np.ndarray, doc_start: int, position: int, context_tokens: int,
@@ -185,3 +241,18 @@ def document_starts(offsets: np.ndarray, positions: np.ndarray) -> np.ndarray:
     """
     index = np.searchsorted(offsets, positions, side="right") - 1
     return offsets[index]
+
+
+def term_token_mask(per_term: list[list[Occurrence]], n_tokens: int) -> np.ndarray:
+    """Boolean per split position: the token covers (part of) a term occurrence.
+
+    >>> occ = [[Occurrence(0, 0, 0, 1, 3, "", "first")], [Occurrence(1, 0, 9, 2, 4, " ", "first")]]
+    >>> term_token_mask(occ, 6).astype(int).tolist()
+    [0, 1, 1, 1, 0, 0]
+    """
+    delta = np.zeros(n_tokens + 1, dtype=np.int64)
+    for occurrences in per_term:
+        for o in occurrences:
+            delta[o.start] += 1
+            delta[o.end] -= 1
+    return np.cumsum(delta[:-1]) > 0

@@ -28,12 +28,25 @@ from rarelm.params import TokenizerParams
 EOT = "<|endoftext|>"
 
 
-def train_bpe(texts: Iterator[str], vocab_size: int, min_frequency: int):
-    """A byte-level BPE tokenizer (tokenizers.Tokenizer) trained on `texts`."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+def train_bpe(texts: Iterator[str], vocab_size: int, min_frequency: int, cjk: str = "chars"):
+    """A byte-level BPE tokenizer (tokenizers.Tokenizer) trained on `texts`.
+
+    cjk="chars" first isolates every Han character as its own pre-token, so BPE
+    merges only the bytes of one character: in "发行可交换保理" no token spans 行|可,
+    and a term's first and last characters always sit on token boundaries. With
+    "merge", GPT-2's pre-tokenizer keeps a run of Han characters whole and BPE
+    merges across word boundaries (fewer tokens per character). The choice is
+    stored in tokenizer.json, so AutoTokenizer loads it as it was trained.
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if cjk == "chars":
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(Regex(r"\p{Han}"), behavior="isolated"), byte_level])
+    else:
+        tokenizer.pre_tokenizer = byte_level
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(
@@ -107,7 +120,7 @@ def tokenize(params: TokenizerParams, prepared_dir: Path, out_dir: Path, progres
         source = params.name_or_path
     else:
         tokenizer = train_bpe(read_split(prepared_dir, "train"), params.vocab_size,
-                              params.min_frequency)
+                              params.min_frequency, params.cjk)
         save_hf_tokenizer(tokenizer, tok_dir)
         eot_id, vocab_size, source = tokenizer.token_to_id(EOT), tokenizer.get_vocab_size(), "bpe"
     dtype = np.dtype("<u2") if vocab_size <= 2**16 else np.dtype("<u4")

@@ -4,38 +4,41 @@
     rarelm evaluate --model some/other/model
 
 Writes metrics/eval.json (see rarelm/evaluate.py for every key),
-plots/eval_buckets.csv (perplexity and accuracy per frequency bucket) and
-plots/eval_term_bands.csv (term generation accuracy per train-frequency band),
-and logs the same into the MLflow run that trained the model
-(models/model/mlflow_run.json) as `eval/<key>` metrics and `eval/` artifacts, with
-`eval/term_samples.jsonl`: each evaluated term occurrence, the end of its prompt, the
-term and what the model wrote instead.
+metrics/eval_occurrences.jsonl (one row per evaluated term occurrence: the term, its
+train count and band, mention type, what was due and what the model wrote, exact match,
+first-token hit, NLL, closed-set rank; `rarelm compare` pairs runs on these rows),
+plots/eval_buckets.csv (perplexity and accuracy per frequency bucket and on term tokens)
+and plots/eval_term_bands.csv (term generation accuracy per train-count band), and logs
+the same into the MLflow run that trained the model (models/model/mlflow_run.json) as
+`eval/<key>` metrics and `eval/` artifacts.
 """
 
 from pathlib import Path
 
 import typer
 
-from stages import METRICS, MODEL, PARAMS, PLOTS, RARE, TOKENIZED
+from stages import METRICS, MODEL, PARAMS, PLOTS, PREPARED, RARE, TOKENIZED
 
 app = typer.Typer(add_completion=False, help=__doc__)
 
 BUCKET_COLUMNS = ["bucket", "tokens", "ppl", "acc", "recall_at_5"]
-BAND_COLUMNS = ["band", "terms", "occurrences", "exact_match", "first_token_acc", "nll"]
+BAND_COLUMNS = ["band", "terms", "occurrences", "exact_match", "first_token_acc", "choice_acc", "nll"]
 
 
 @app.command()
 def evaluate(
     params_file: Path = typer.Option(PARAMS, "--params", help="params.yaml to read"),
     model_dir: Path = typer.Option(MODEL, "--model", help="model folder (any local causal LM)"),
+    prepared: Path = typer.Option(PREPARED, help="the prepare stage's folder (documents' text)"),
     tokenized: Path = typer.Option(TOKENIZED, help="the tokenize stage's folder"),
     rare: Path = typer.Option(RARE, help="the rare_terms stage's folder"),
     metrics: Path = typer.Option(f"{METRICS}/eval.json", help="metrics file"),
+    occurrences: Path = typer.Option(f"{METRICS}/eval_occurrences.jsonl",
+                                     help="per-occurrence results (JSON lines)"),
     plots: Path = typer.Option(PLOTS, help="folder for the plot CSVs"),
 ) -> None:
     """Perplexity per frequency bucket, rare-token accuracy, rare-term generation, diversity."""
     import json
-    import tempfile
     import time
 
     from rich.console import Console
@@ -50,13 +53,14 @@ def evaluate(
         from rarelm.data import TokenizedData
         from rarelm.files import atomic_file, write_json
         from rarelm.params import load_params
-        from rarelm.rare import load_buckets
+        from rarelm.rare import load_buckets, load_tokenizer
 
         params = load_params(params_file)
         data = TokenizedData.open(tokenized)
         buckets = load_buckets(rare, data.vocab_size).astype("int64")
         terms = term_search.load_terms(rare / "terms.jsonl")
-        model, joins, tokenizer = _load(model_dir, data, params.eval.device)
+        tokenizer = load_tokenizer(data.tokenizer_dir, data.vocab_size)
+        model = _load(model_dir, data, params.eval.device)
 
         columns = [TextColumn("evaluate: {task.description}"), BarColumn(),
                    TextColumn("{task.completed}/{task.total}"), TimeRemainingColumn()]
@@ -68,8 +72,9 @@ def evaluate(
                 return lambda n: bar.advance(task, n)
 
             for split in params.eval.splits:
-                results[split] = ev.evaluate_split(model, data, split, buckets, terms, params.eval,
-                                                   params.seed, joins, progress)
+                documents = _documents(prepared, split)
+                results[split] = ev.evaluate_split(model, tokenizer, data, documents, split, buckets, terms,
+                                                   params.eval, params.seed, progress)
         out = ev.combine(results)
         first = results[params.eval.splits[0]]
         bucket_csv, band_csv = plots / "eval_buckets.csv", plots / "eval_term_bands.csv"
@@ -77,25 +82,26 @@ def evaluate(
                                      (band_csv, BAND_COLUMNS, first.band_rows)):
             with atomic_file(path) as f:
                 f.write(_csv(columns_, rows))
+        with atomic_file(occurrences) as f:
+            for result in results.values():
+                f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in result.occurrences))
         write_json(metrics, out)
-        with tempfile.TemporaryDirectory() as tmp:  # term samples go to MLflow only: for reading
-            samples = Path(tmp) / "term_samples.jsonl"
-            samples.write_text("".join(json.dumps(_readable(r, tokenizer), ensure_ascii=False) + "\n"
-                                       for r in first.term_samples), encoding="utf-8")
-            ev.log_to_mlflow(model_dir / "mlflow_run.json", out, [metrics, bucket_csv, band_csv, samples])
+        ev.log_to_mlflow(model_dir / "mlflow_run.json", out, [metrics, occurrences, bucket_csv, band_csv])
     seconds = time.perf_counter() - started
     m = out
     print(f"evaluate: {params.eval.splits[0]} ppl {_fmt(m['ppl'])} (frequent {_fmt(m['ppl_frequent'])}, "
           f"medium {_fmt(m['ppl_medium'])}, rare {_fmt(m['ppl_rare'])}), rare-token acc "
           f"{_fmt(m['rare_token_acc'])}, term exact match {_fmt(m['term_exact_match'])} over "
-          f"{m['n_eval_terms']} occurrences, {m['n_eval_tokens']} tokens, {seconds:.1f} s")
+          f"{m['n_eval_terms']} occurrences (first mentions {_fmt(m['term_exact_match_first'])}, terms seen "
+          f"<= 15 times {_fmt(m['term_exact_match_le15'])}), closed-set choice {_fmt(m['term_choice_acc'])}, "
+          f"em50 {_fmt(m['em50_train_count'])} train occurrences, {m['n_eval_tokens']} tokens, "
+          f"{seconds:.1f} s")
 
 
 def _load(model_dir: Path, data, device: str):
-    """The model on its device, per-token word-boundary flags, and the pipeline's tokenizer."""
-    from rarelm import term_search
+    """The model on its device, checked against the tokenized data's vocabulary."""
     from rarelm.errors import RarelmError
-    from rarelm.lm import load_causal_lm, load_tokenizer
+    from rarelm.lm import load_causal_lm
 
     # no use_deterministic_algorithms here: inference on CPU is deterministic already, and the
     # switch imports torch's compiler stack (~3 s)
@@ -104,19 +110,16 @@ def _load(model_dir: Path, data, device: str):
     if isinstance(vocab, int) and vocab < data.vocab_size:
         raise RarelmError(f"{model_dir}: the model's vocabulary ({vocab}) is smaller than the "
                           f"tokenizer's ({data.vocab_size}); was it trained on this data?")
-    tokenizer = load_tokenizer(data.tokenizer_dir)
-    return model, term_search.word_joins(tokenizer, data.vocab_size), tokenizer
+    return model
 
 
-def _readable(record: dict, tokenizer) -> dict:
-    """A term sample with text instead of token ids: what came before, what was due, what was written."""
-    def text(ids: list[int]) -> str:
-        return tokenizer.decode(ids, skip_special_tokens=True)
+def _documents(prepared: Path, split: str) -> list[str]:
+    from rarelm.corpus import read_split
+    from rarelm.errors import RarelmError
 
-    return {"term": record["term"], "band": record["band"], "position": record["position"],
-            "prompt_end": text(record["prompt"][-24:]), "expected": text(record["expected"]),
-            "generated": text(record["generated"]), "exact": record["exact"],
-            "first_token": record["first_token"], "nll": round(record["nll"], 4)}
+    if not (prepared / f"{split}.jsonl").is_file():
+        raise RarelmError(f"{prepared / f'{split}.jsonl'}: no such file; run the prepare stage first")
+    return list(read_split(prepared, split))
 
 
 def _fmt(value) -> str:

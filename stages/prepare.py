@@ -30,7 +30,7 @@ def prepare(
     with user_errors("prepare"):
         params = load_params(params_file)
         with atomic_dir(out) as tmp:
-            stats = corpus.prepare(params.corpus, params.seed, tmp)
+            stats = corpus.prepare(params.corpus, tmp)
             write_json(tmp / "stats.json", stats)
         write_json(metrics, stats)
     split = ", ".join(f"{s} {stats[s]['documents']}" for s in corpus.SPLITS)

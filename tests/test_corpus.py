@@ -71,7 +71,7 @@ def test_prepare_dedups_drops_empty_and_writes_splits(tmp_path):
     path.write_text("alpha doc\n\n  \nalpha  doc\nbeta doc\n\x1b[0m\n", encoding="utf-8")
     out = tmp_path / "out"
     out.mkdir()
-    stats = corpus.prepare(params(path, val_fraction=0.0, test_fraction=0.0), 0, out)
+    stats = corpus.prepare(params(path, val_fraction=0.0, test_fraction=0.0), out)
     assert stats["train"] == {"documents": 2, "characters": 17}
     assert stats["duplicates"] == 1 and stats["dropped_short"] == 3
     assert list(corpus.read_split(out, "train")) == ["alpha doc", "beta doc"]
@@ -94,7 +94,7 @@ def test_bad_corpus_errors(tmp_path, setup, message):
     out = tmp_path / "out"
     out.mkdir()
     with pytest.raises(RarelmError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        corpus.prepare(params(path), 0, out)
+        corpus.prepare(params(path), out)
 
 
 def test_invalid_utf8_can_be_replaced(tmp_path):

@@ -21,7 +21,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from rarelm import evaluate as ev
 from rarelm import term_search
 from rarelm.errors import RarelmError
-from rarelm.lm import continuation_nll, greedy_continue
+from rarelm.lm import candidates_nll, continuation_nll, greedy_continue
 from rarelm.params import EvalParams
 from rarelm.rare import load_buckets
 from rarelm.term_search import Occurrence, Term
@@ -58,18 +58,37 @@ def bigram(scale: float = 1.0) -> BigramLM:
     return BigramLM(BigramConfig(scale=scale)).eval()
 
 
-# three documents, each ending in the end-of-text token 0
+# Three documents written in characters 一..七, one token each (token i = CHARS[i]; 〇 = 0 is
+# the end-of-text token), so every token is a whole character and the text is Chinese-like.
+CHARS = "〇一二三四五六七"
+DOCS = ["一二三五六", "四五七一", "六六"]
 TOKENS = np.array([1, 2, 3, 5, 6, 0, 4, 5, 7, 1, 0, 6, 6, 0], dtype=np.uint16)
 OFFSETS = np.array([0, 6, 11, 14])
 BUCKETS = np.array([0, 0, 0, 0, 1, 1, 2, 3])  # 0-3 frequent, 4-5 medium, 6 rare, 7 unseen
-TERMS = [Term("five six", 10, ((5, 6),)), Term("four five", 1, ((4, 5),)),
-         Term("one two three", 3, ((1, 2, 3),)), Term("six six", 0, ((6, 6), (3, 5))),
-         Term("seven two", 100, ((7, 2),))]
+TERMS = [Term("五六", 10), Term("四五", 1), Term("一二三", 3), Term("六六", 0), Term("七二", 100),
+         Term("三五", 5)]
+
+
+def char_tokenizer():
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({c: i for i, c in enumerate(CHARS)}, unk_token=CHARS[0]))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return tok
+
+
+def bits(a: int, b: int) -> int:
+    """-log2 P(b | a) under the bigram model."""
+    return min((b - a - 1) % V + 1, V - 1)
 
 
 @pytest.mark.parametrize("block_size,batch_size", [(4, 2), (13, 1), (100, 8)])
 def test_token_metrics_are_exact(block_size, batch_size):
-    stats = ev.score_tokens(bigram(), TOKENS, BUCKETS, block_size, batch_size)
+    per_term = term_search.find_occurrences(char_tokenizer(), DOCS, TOKENS, OFFSETS, TERMS)
+    mask = term_search.term_token_mask(per_term, len(TOKENS))
+    assert np.flatnonzero(mask).tolist() == [0, 1, 2, 3, 4, 6, 7, 11, 12]
+    stats = ev.score_tokens(bigram(), TOKENS, BUCKETS, block_size, batch_size, term_mask=mask)
     m = stats.metrics()
     # targets 2 3 5 6 0 4 5 7 1 0 6 6 0 cost 1 1 2 1 2 4 1 2 2 7 6 7 2 bits
     assert m["n_eval_tokens"] == 13
@@ -85,82 +104,176 @@ def test_token_metrics_are_exact(block_size, batch_size):
     assert (m["acc_medium"], m["recall_at_5_medium"]) == (1 / 3, 1.0)
     assert (m["rare_token_acc"], m["rare_token_recall_at_5"]) == (1 / 3, 1 / 3)
     assert (m["acc_unseen"], m["recall_at_5_unseen"]) == (0.0, 1.0)
+    # term tokens: targets at positions 1 2 3 4 6 7 11 12 cost 1 1 2 1 4 1 6 7 bits
+    assert m["n_tokens_term"] == 8 and m["ppl_term"] == pytest.approx(2 ** (23 / 8), rel=1e-6)
+    assert (m["acc_term"], m["recall_at_5_term"]) == (4 / 8, 6 / 8)
 
 
-def test_term_metrics_are_exact():
-    samples = []
-    metrics, bands = ev.evaluate_terms(bigram(), TOKENS, OFFSETS, TERMS, max_terms=100, context_tokens=2,
-                                       batch_size=2, eot_id=0, samples=samples)
-    # five six@3 -> [4 5]; four five@6 -> [1 2]; one two three@0 -> [1 2 3] (right);
-    # six six: [3 5]@2 -> [3 4] (first right), [6 6]@11 -> [1 2]; seven two never occurs
-    assert metrics == {"term_exact_match": 1 / 5, "term_first_token_acc": 2 / 5,
-                       "term_nll": pytest.approx(2.6 * LN2, rel=1e-6), "n_eval_terms": 5,
-                       "n_eval_term_types": 4, "n_term_occurrences": 5, "n_terms": 5}
-    rows = [(b["band"], b["terms"], b["occurrences"], b["exact_match"], b["first_token_acc"]) for b in bands]
-    assert rows == [
-        ("band 00: 0", 1, 2, 0.0, 0.5), ("band 01: 1", 1, 1, 0.0, 0.0),
-        ("band 02: 2-3", 1, 1, 1.0, 1.0), ("band 04: 8-15", 1, 1, 0.0, 0.0)]
-    assert [b["nll"] / LN2 for b in bands] == pytest.approx([4.0, 2.5, 1.0, 1.5], rel=1e-6)
-    assert [(r["term"], r["position"], r["prompt"], r["generated"], r["exact"]) for r in samples] == [
-        ("five six", 3, [2, 3], [4, 5], False), ("four five", 6, [0], [1, 2], False),
-        ("one two three", 0, [0], [1, 2, 3], True), ("six six", 2, [1, 2], [3, 4], False),
-        ("six six", 11, [0], [1, 2], False)]
+def test_term_rows_are_exact():
+    rows = ev.evaluate_terms(bigram(), char_tokenizer(), DOCS, TOKENS, OFFSETS, TERMS, max_terms=100,
+                             context_tokens=2, batch_size=2, eot_id=0)
+    # the bigram model writes a+1, a+2, ... after token a
+    got = [(r["term"], r["doc"], r["char_start"], r["prompt_tokens"], r["output"], r["exact_match"],
+            r["first_token_hit"]) for r in rows]
+    assert got == [("五六", 0, 3, 2, "四五六", False, False),  # prompt 二三
+                   ("四五", 1, 0, 1, "一二三", False, False),  # prompt: end-of-text only
+                   ("一二三", 0, 0, 1, "一二三四", True, True),
+                   ("六六", 2, 0, 1, "一二三", False, False),
+                   ("三五", 0, 2, 2, "三四五", False, True)]  # prompt 一二; 七二 never occurs
+    assert [r["nll"] / LN2 for r in rows] == pytest.approx([1.5, 2.5, 1.0, 6.5, 1.5], rel=1e-6)
+    assert [r["band"] for r in rows] == ["8-15", "1", "2-3", "0", "4-7"]
+    assert {r["mention"] for r in rows} == {"first"} and {r["n_choices"] for r in rows} == {6}
+    # closed-set rank: 1 + the terms whose summed NLL after the prompt is lower than the true term's
+    prompts = {"五六": [2, 3], "四五": [0], "一二三": [0], "六六": [0], "三五": [1, 2]}
+    for r in rows:
+        def cost(term: str, prompt=prompts[r["term"]]) -> int:
+            ids = [prompt[-1]] + [CHARS.index(c) for c in term]
+            return sum(bits(a, b) for a, b in zip(ids, ids[1:], strict=False))
+        assert r["choice_rank"] == 1 + sum(cost(t.text) < cost(r["term"]) for t in TERMS), r["term"]
+    assert [r["choice_rank"] for r in rows][:3] == [2, 2, 1]
+
+    m = ev.term_metrics(rows, n_terms=len(TERMS), n_occurrences=5)
+    assert (m["term_exact_match"], m["term_first_token_acc"], m["n_eval_terms"]) == (1 / 5, 2 / 5, 5)
+    assert m["term_nll"] == pytest.approx(13 / 5 * LN2)
+    assert m["term_choice_acc"] == sum(r["choice_rank"] == 1 for r in rows) / 5
+    assert (m["term_exact_match_first"], m["n_eval_terms_first"], m["n_eval_terms_repeat"]) == (1 / 5, 5, 0)
+    assert m["term_exact_match_repeat"] is None
+    assert (m["term_exact_match_le15"], m["n_eval_terms_le15"]) == (1 / 5, 5)
+    assert (m["term_exact_match_band_2-3"], m["term_exact_match_band_8-15"]) == (1.0, 0.0)
+    assert (m["n_eval_term_types"], m["n_term_occurrences"], m["n_terms"]) == (5, 5, 6)
+
+
+def test_macro_average_weighs_terms_not_occurrences():
+    rows = [{"term": "a", "train_count": 3, "band": "2-3", "mention": m, "exact_match": hit,
+             "first_token_hit": hit, "nll": 1.0, "choice_rank": 1 if hit else 4}
+            for m, hit in (("first", True), ("repeat", True), ("repeat", True))]
+    rows.append({"term": "b", "train_count": 40, "band": "32-63", "mention": "first", "exact_match": False,
+                 "first_token_hit": False, "nll": 3.0, "choice_rank": 2})
+    m = ev.term_metrics(rows, n_terms=2, n_occurrences=4)
+    assert (m["term_exact_match"], m["term_exact_match_macro"]) == (3 / 4, 1 / 2)
+    assert (m["term_exact_match_first"], m["term_exact_match_repeat"]) == (1 / 2, 1.0)
+    assert (m["term_choice_acc"], m["term_choice_acc_macro"]) == (3 / 4, 1 / 2)
+    assert (m["term_nll_first"], m["term_nll_repeat"]) == (2.0, 1.0)
+
+
+def test_em50_finds_a_known_crossing_and_says_when_it_is_undefined():
+    rng = np.random.default_rng(0)
+    counts = rng.integers(1, 1025, size=20000)
+    p = 1 / (1 + np.exp(-(np.log2(counts) - np.log2(24.0)) * 1.5))  # 50% at 24 occurrences
+    assert ev.em50_train_count(counts, rng.random(len(counts)) < p) == pytest.approx(24.0, rel=0.05)
+    assert ev.em50_train_count(counts, np.zeros(len(counts), bool)) is None  # never crosses
+    assert ev.em50_train_count(counts, counts < 100) is None  # falls with the count
+    assert ev.em50_train_count(np.array([4, 4, 4]), np.array([True, False, True])) is None  # one count
 
 
 def test_term_cap_is_round_robin_and_deterministic():
-    capped, _ = ev.evaluate_terms(bigram(), TOKENS, OFFSETS, TERMS, max_terms=3, context_tokens=2,
-                                  batch_size=8, eot_id=0)
-    # first occurrences of terms 0, 1, 2 (term 3's first comes in the next round)
-    assert (capped["n_eval_terms"], capped["term_exact_match"], capped["n_eval_term_types"]) == (3, 1 / 3, 3)
+    rows = ev.evaluate_terms(bigram(), char_tokenizer(), DOCS, TOKENS, OFFSETS, TERMS, max_terms=3,
+                             context_tokens=2, batch_size=8, eot_id=0, closed_set=False)
+    # first occurrences of terms 0, 1, 2 (the next round would start with term 3)
+    assert [r["term"] for r in rows] == ["五六", "四五", "一二三"]
+    assert {r["choice_rank"] for r in rows} == {None}
 
 
-def test_diversity_is_exact_for_a_deterministic_sampler():
-    # scale 100: the top token is e^69 times likelier than the next, so sampling is greedy
-    m = ev.diversity(bigram(scale=100), TOKENS, OFFSETS, BUCKETS, n_prompts=2, n_new=3, context_tokens=2,
-                     batch_size=1, eot_id=0, seed=0)
-    # prompts end at positions 1 and 11: generated 2 3 4 | 1 2 3; human 2 3 5 | 6 6 0
-    assert m == {"gen_unique_tokens": 4, "human_unique_tokens": 5, "gen_rare_share": 0.0,
-                 "human_rare_share": 2 / 6, "n_gen_tokens": 6}
+def test_mentions_and_word_boundaries_in_text():
+    tok = char_tokenizer()
+    docs = ["一二一二三一二", "三一二"]
+    tokens = np.array([1, 2, 1, 2, 3, 1, 2, 0, 3, 1, 2, 0])
+    per_term = term_search.find_occurrences(tok, docs, tokens, np.array([0, 8, 12]), [Term("一二", 4)])
+    assert [(o.doc, o.char_start, o.start, o.end, o.mention) for o in per_term[0]] == [
+        (0, 0, 0, 2, "first"), (0, 2, 2, 4, "repeat"), (0, 5, 5, 7, "repeat"), (1, 1, 9, 11, "first")]
+    # space-separated scripts: whole words only; Han characters need no boundary
+    assert term_search.find_in_text("art start art. arts", "art") == [0, 10]
+    assert term_search.find_in_text("API网关 myAPI网关 通过API网关调用", "API网关") == [0, 16]
+    assert term_search.find_in_text("心肌梗死心肌梗死", "心肌梗死") == [0, 4]
 
 
-def test_find_sequences_across_chunks_and_overlaps():
-    tokens = np.array([1, 1, 1, 2, 1, 1, 2, 3] * 5)
-    seqs = [[1, 1], [1, 2, 3], [3, 1, 1, 1], [9]]
-    whole = term_search.find_sequences(tokens, seqs)
-    naive = [[i for i in range(len(tokens) - len(s) + 1) if tokens[i:i + len(s)].tolist() == s] for s in seqs]
-    assert [w.tolist() for w in whole] == naive
-    for chunk in (1, 3, 7):  # matches that straddle a chunk border are still found, once
-        assert [w.tolist() for w in term_search.find_sequences(tokens, seqs, chunk_tokens=chunk)] == naive
+class ScriptedLM(BigramLM):
+    """Writes a fixed token after each token: greedy decoding follows `successor` exactly."""
+
+    def __init__(self, successor: dict[int, int], vocab: int):
+        super().__init__(BigramConfig(vocab_size=vocab))
+        table = torch.full((vocab, vocab), -30.0)
+        table[:, 0] = 0.0  # anything not scripted ends the text
+        for a, b in successor.items():
+            table[a] = -30.0
+            table[a, b] = 0.0
+        self.table = torch.nn.Parameter(table)
 
 
-def test_occurrences_inside_a_word_are_dropped():
-    # token 3 = "art", 4 = "st", 5 = " start", 6 = "." (joins: 1 ends in a letter, 2 starts with one)
-    joins = np.array([0, 0, 0, 3, 3, 1, 0], dtype=np.int8)
-    tokens = np.array([3, 0, 4, 3, 6, 3, 5, 3])
-    per_term = term_search.find_occurrences(tokens, [Term("art", 1, ((3,),))], joins)
-    assert [o.position for o in per_term[0]] == [0, 5]  # "st|art" (3) and " start|art" (7) sit inside words
-    assert [o.position for o in term_search.find_occurrences(tokens, [Term("art", 1, ((3,),))])[0]] == \
-        [0, 3, 5, 7]
+@pytest.mark.parametrize("cjk", ["merge", "chars"])
+def test_chinese_terms_inside_merged_tokens(cjk):
+    """Byte-level BPE that merges across the term (merge) or never does (chars): found, scored on text."""
+    from rarelm.tokenization import EOT, train_bpe
+
+    sentence = "董事会决定发行可交换保理。"
+    corpus = [sentence, "公司发行可交换保理产品", "可交换保函", "the API网关 works"] * 30
+    tok = train_bpe(iter(corpus), vocab_size=400, min_frequency=2, cjk=cjk)
+    eot = tok.token_to_id(EOT)
+    docs = [sentence, "通过API网关调用"]
+    ids = [tok.encode(d, add_special_tokens=False).ids for d in docs]
+    tokens = np.array(ids[0] + [eot] + ids[1] + [eot])
+    offsets = np.array([0, len(ids[0]) + 1, len(tokens)])
+    terms = [Term("可交换保理", 3), Term("可交换保函", 1), Term("API网关", 2)]
+    per_term = term_search.find_occurrences(tok, docs, tokens, offsets, terms)
+    (o,), (), (api,) = per_term
+    assert (o.doc, o.char_start, api.doc, api.char_start) == (0, 7, 1, 2)
+    # the prompt ends right before the first token covering the term; `lead` is that token's text
+    # before the term, so prompt + lead + term is exactly the document's text up to the term's end
+    prompt_text = tok.decode([int(t) for t in tokens[:o.start]], skip_special_tokens=False)
+    assert prompt_text + o.lead == sentence[:7]
+    covered = tok.decode([int(t) for t in tokens[o.start:o.end]])
+    assert covered.startswith(o.lead + "可交换保理") and not covered[len(o.lead) + 5:].startswith("。" * 2)
+    if cjk == "chars":  # every Han character its own token(s): the term starts on a token boundary
+        assert o.lead == "" and covered == "可交换保理"
+    else:  # BPE merged the term with its neighbours
+        assert o.lead != "" or covered != "可交换保理"
+
+    def writer(text: str) -> ScriptedLM:
+        """A model that writes `text` after the prompt's last token (tokens must be distinct)."""
+        out = tok.encode(text, add_special_tokens=False).ids
+        chain = [int(tokens[o.start - 1])] + out
+        assert len(set(chain)) == len(chain)
+        return ScriptedLM(dict(zip(chain, chain[1:], strict=False)), tok.get_vocab_size()).eval()
+
+    for text, hit in ((o.lead + "可交换保理。", True), (o.lead + "可交换保函", False)):
+        rows = ev.evaluate_terms(writer(text), tok, docs[:1], tokens[:offsets[1]], offsets[:2], terms[:2],
+                                 max_terms=10, context_tokens=64, batch_size=4, eot_id=eot)
+        assert len(rows) == 1 and rows[0]["exact_match"] is hit, rows[0]
+        assert rows[0]["expected"] == o.lead + "可交换保理" and rows[0]["choice_rank"] == (1 if hit else 2)
 
 
-def test_word_joins_from_a_real_tokenizer():
-    from transformers import PreTrainedTokenizerFast
-
+def test_english_text_search_finds_what_the_token_search_found(tiny_raw):
+    """Regression: on English text the text search finds every whole-word token-sequence match."""
+    from rarelm import corpus
     from rarelm.tokenization import train_bpe
 
-    tok = PreTrainedTokenizerFast(tokenizer_object=train_bpe(
-        iter(["start art start art restart 心肌梗死"] * 5), vocab_size=300, min_frequency=1))
-    joins = term_search.word_joins(tok, len(tok))
-    ids = {text: tok.encode(text, add_special_tokens=False) for text in (" start", "art", "心")}
-    assert len(ids[" start"]) == 1 and joins[ids[" start"][0]] == 1  # word-initial: ends, does not start
-    assert len(ids["art"]) == 1 and joins[ids["art"][0]] == 3
-    assert all(joins[i] == 0 for i in ids["心"])
+    docs = list(corpus.iter_documents(corpus.CorpusParams(path=str(tiny_raw / "demo_en.txt.gz"))))[:300]
+    docs = [corpus.clean(d) for d in docs]
+    tok = train_bpe(iter(docs), vocab_size=600, min_frequency=2)
+    ids = [tok.encode(d, add_special_tokens=False).ids for d in docs]
+    tokens = np.array([t for doc in ids for t in doc + [0]])
+    offsets = np.cumsum([0] + [len(doc) + 1 for doc in ids])
+    glossary = [line.split("\t")[0] for line in
+                (tiny_raw / "demo_en.glossary.tsv").read_text().splitlines()[1:60]]
+    terms = [Term(t, 1) for t in glossary]
+    per_term = term_search.find_occurrences(tok, docs, tokens, offsets, terms)
+    # compared by where the term's tokens end: where the space is a token of its own ("Ġ", "er",
+    # "os", ...) the old search started at the space and the text search starts at the term
+    found = {(o.term, o.end) for occ in per_term for o in occ}
+    for i, t in enumerate(terms):  # " term" as one token sequence, as the old search matched it
+        seq = tok.encode(" " + t.text, add_special_tokens=False).ids
+        old = {(i, p + len(seq)) for p in range(len(tokens) - len(seq))
+               if tokens[p:p + len(seq)].tolist() == seq
+               and tok.decode(tokens[p + len(seq):p + len(seq) + 1].tolist())[:1] in ("", " ", ".", ",")}
+        assert old <= found
+    assert len(found) > 50
 
 
 def test_select_round_robin_prefers_breadth():
-    per_term = [[Occurrence(0, p, (1,)) for p in range(10)], [Occurrence(1, 50, (2,))], []]
+    per_term = [[Occurrence(0, 0, p, p, p + 1, "", "first") for p in range(10)],
+                [Occurrence(1, 0, 50, 50, 51, "", "first")], []]
     chosen = term_search.select_round_robin(per_term, 4)
-    assert [(o.term, o.position) for o in chosen] == [(0, 0), (1, 50), (0, 1), (0, 2)]
+    assert [(o.term, o.start) for o in chosen] == [(0, 0), (1, 50), (0, 1), (0, 2)]
 
 
 def tiny_random_lm(arch: str):
@@ -195,6 +308,11 @@ def test_batched_generation_equals_one_at_a_time(arch):
         logits = model(input_ids=torch.tensor([p + c])).logits[0].float()
         want = -torch.log_softmax(logits, -1)[torch.arange(len(p) - 1, len(p) + len(c) - 1), c]
         np.testing.assert_allclose(got, want.detach().numpy(), rtol=1e-5)
+    # closed-set scoring shares the prompt's KV cache across candidates: same sums as full passes
+    for p in prompts:
+        sums = candidates_nll(model, p, conts + [[2]], chunk=3)
+        want = [continuation_nll(model, [p], [c], pad_id=0)[0].sum() for c in conts + [[2]]]
+        np.testing.assert_allclose(sums, want, rtol=1e-5)
 
 
 def test_bad_rare_inputs_are_one_line_errors(tmp_path):
@@ -232,7 +350,7 @@ def workspace(tmp_path_factory, tiny_raw):
     params = load_params(root / "params.yaml")
     (root / "data/prepared").mkdir(parents=True)
     (root / "data/tokenized").mkdir()
-    corpus.prepare(params.corpus, params.seed, root / "data/prepared")
+    corpus.prepare(params.corpus, root / "data/prepared")
     meta = tokenization.tokenize(params.tokenizer, root / "data/prepared", root / "data/tokenized")
     write_json(root / "data/tokenized/meta.json", meta)
     data = TokenizedData.open(root / "data/tokenized")
@@ -241,12 +359,14 @@ def workspace(tmp_path_factory, tiny_raw):
     (root / "data/rare").mkdir()
     np.save(root / "data/rare/buckets.npy", buckets)
     np.save(root / "data/rare/counts.npy", counts.astype(np.int64))
-    with open(root / "data/rare/terms.jsonl", "w") as f:  # every bigram of the test split's first doc
-        for a, b in zip(data.tokens("test")[:30:2], data.tokens("test")[1:30:2], strict=True):
-            f.write(json.dumps({"term": f"{a}-{b}", "source": "tfidf", "count": int(counts[a]), "df": 1,
-                                "idf": 1.0, "score": 1.0, "token_ids": [[int(a), int(b)]]}) + "\n")
+    first_doc = json.loads((root / "data/prepared/test.jsonl").read_text().splitlines()[0])["text"]
+    words = [w.strip(".,:") for w in first_doc.split()]
+    with open(root / "data/rare/terms.jsonl", "w") as f:  # word pairs of the test split's first document
+        for i, (a, b) in enumerate(dict.fromkeys(zip(words[:30:2], words[1:30:2], strict=True))):
+            f.write(json.dumps({"term": f"{a} {b}", "source": "tfidf", "count": 2 ** i, "df": 1,
+                                "idf": 1.0, "score": 1.0}) + "\n")
     torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=data.vocab_size, n_positions=32, n_embd=32, n_layer=1,
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=data.vocab_size, n_positions=64, n_embd=32, n_layer=1,
                                        n_head=2, bos_token_id=data.eot_id, eos_token_id=data.eot_id))
     model.save_pretrained(root / "models/model")
     for path in data.tokenizer_dir.iterdir():
@@ -289,7 +409,7 @@ def test_stage_writes_metrics_plots_and_logs_into_the_training_run(workspace, tm
     assert result.stdout.count("\n") == 1 and result.stdout.startswith("evaluate: test ppl ")
     m = json.loads((ws / "metrics/eval.json").read_text())
     test_tokens = np.asarray(TokenizedData.open(ws / "data/tokenized").tokens("test"))
-    ppl, n = _hf_ppl(ws / "models/model", test_tokens, block=32)
+    ppl, n = _hf_ppl(ws / "models/model", test_tokens, block=64)
     assert m["n_eval_tokens"] == n == len(test_tokens) - 1
     assert m["ppl"] == pytest.approx(ppl, rel=1e-5)
     # the overall perplexity is the token-weighted geometric mean of the buckets'
@@ -297,6 +417,7 @@ def test_stage_writes_metrics_plots_and_logs_into_the_training_run(workspace, tm
     assert sum(k for k, _ in parts) == n
     assert math.exp(sum(k * math.log(p) for k, p in parts) / n) == pytest.approx(m["ppl"], rel=1e-9)
     assert 0 < m["n_eval_terms"] <= 40 and 0 <= m["term_exact_match"] <= m["term_first_token_acc"] <= 1
+    assert m["n_tokens_term"] > 0 and m["ppl_term"] > 1 and 0 <= m["term_choice_acc"] <= 1
     assert m["n_gen_tokens"] == 4 * 8
     val_tokens = TokenizedData.open(ws / "data/tokenized").tokens("val")
     assert m["val"]["n_eval_tokens"] == len(val_tokens) - 1 and m["val"]["ppl"] > 1
@@ -314,11 +435,14 @@ def test_stage_writes_metrics_plots_and_logs_into_the_training_run(workspace, tm
     assert "evaluate" in logged.data.tags["stages"]
     artifacts = {a.path for a in client.list_artifacts(run_id, "eval")}
     assert artifacts == {"eval/eval.json", "eval/eval_buckets.csv", "eval/eval_term_bands.csv",
-                         "eval/term_samples.jsonl"}
-    samples_file = client.download_artifacts(run_id, "eval/term_samples.jsonl", str(tmp_path))
-    samples = [json.loads(line) for line in open(samples_file, encoding="utf-8")]
-    assert len(samples) == m["n_eval_terms"]
-    assert sum(s["exact"] for s in samples) == round(m["term_exact_match"] * m["n_eval_terms"])
+                         "eval/eval_occurrences.jsonl"}
+    rows_file = client.download_artifacts(run_id, "eval/eval_occurrences.jsonl", str(tmp_path))
+    rows = [json.loads(line) for line in open(rows_file, encoding="utf-8")]
+    assert rows == [json.loads(line) for line in (ws / "metrics/eval_occurrences.jsonl").open()]
+    test_rows = [r for r in rows if r["split"] == "test"]
+    assert len(test_rows) == m["n_eval_terms"] and len(rows) == m["n_eval_terms"] + m["val"]["n_eval_terms"]
+    assert sum(r["exact_match"] for r in test_rows) == round(m["term_exact_match"] * m["n_eval_terms"])
+    assert ev.term_metrics(test_rows, m["n_terms"], m["n_term_occurrences"]).items() <= m.items()
 
 
 def test_unreachable_store_is_one_warning_line(tmp_path, monkeypatch, capsys):
@@ -373,7 +497,8 @@ def test_dvc_plots_show_renders_the_eval_plots(repo):
     (repo / "plots/eval_buckets.csv").write_text("bucket,tokens,ppl,acc,recall_at_5\nall,10,5.5,0.3,0.6\n"
                                                  "rare,2,40.25,0.1,0.2\n")
     (repo / "plots/eval_term_bands.csv").write_text(
-        "band,terms,occurrences,exact_match,first_token_acc,nll\nband 01: 1,3,4,0.25,0.5,3.5\n")
+        "band,terms,occurrences,exact_match,first_token_acc,choice_acc,nll\n"
+        "band 01: 1,3,4,0.25,0.5,0.75,3.5\n")
     result = run(["dvc", "plots", "show", "-o", "out", "plots/eval_buckets.csv", "plots/eval_term_bands.csv"],
                  repo, check=True)
     html = (repo / "out/index.html").read_text()
