@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: repro test lint ui demo clean-venv
+.PHONY: repro test lint ui demo report clean-venv
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,3 +33,8 @@ ui: $(VENV)/.installed  ## MLflow UI on the local store, loopback only
 
 demo: $(VENV)/.installed  ## rebuild the committed demo corpora under data/raw/
 	rarelm demo
+
+# The workspace run (baseline) against every DVC experiment of HEAD, seeds pooled, with paired
+# term-bootstrap intervals: reports/index.html (self-contained), reports/report.md, reports/report.json.
+report: $(VENV)/.installed  ## compare the DVC experiments of HEAD with the workspace -> reports/
+	rarelm compare --experiments --baseline workspace --out reports

@@ -3,12 +3,14 @@
     rarelm prepare && rarelm tokenize      # what `dvc repro` runs, by hand
     rarelm demo                            # rebuild the demo corpora under data/raw/
     rarelm generate "The patient" --model models/model   # continue a prompt, streaming
+    rarelm compare exp-a exp-b --baseline workspace --out reports   # paired intervals, HTML report
 """
 
 from pathlib import Path
 
 import typer
 
+from stages.compare import compare
 from stages.evaluate import evaluate
 from stages.generate import generate
 from stages.prepare import prepare
@@ -25,6 +27,7 @@ app.command()(weights)
 app.command()(train)
 app.command()(evaluate)
 app.command()(generate)
+app.command()(compare)
 
 
 @app.command()

@@ -1,0 +1,74 @@
+"""`rarelm compare`: evaluated runs against a baseline, with paired term-bootstrap intervals.
+
+    rarelm compare exp-a1b2c exp-d3e4f --baseline workspace
+    rarelm compare alpha07-s1 alpha07-s2 --baseline base-s1 --baseline base-s2 --out reports
+    rarelm compare 0123456789abcdef0123456789abcdef --baseline HEAD~1 --metric exact_match
+    rarelm compare --experiments --baseline workspace --out reports    # what `make report` runs
+
+A RUN is a DVC experiment name, a git revision, an MLflow run id (32 hex digits)
+or `workspace`; each must hold per-occurrence results (metrics/eval_occurrences.jsonl,
+or eval/eval_occurrences.jsonl in the MLflow run). Runs that differ only by `seed`
+are pooled as replicates. Prints a markdown table; `--out DIR` also writes
+DIR/index.html (self-contained), DIR/report.md and DIR/report.json. The statistics
+are explained in rarelm/compare.py. Not a DVC stage.
+"""
+
+from pathlib import Path
+
+import typer
+
+app = typer.Typer(add_completion=False, help=__doc__)
+
+
+@app.command()
+def compare(
+    runs: list[str] = typer.Argument(None, help="runs to compare: DVC experiment, git revision, "
+                                                "MLflow run id or 'workspace'"),
+    baseline: list[str] = typer.Option(..., "--baseline", "-b",
+                                       help="the baseline run (repeat for several seeds)"),
+    experiments: bool = typer.Option(False, "--experiments",
+                                     help="also compare every DVC experiment of HEAD"),
+    out: Path = typer.Option(None, "--out", help="write index.html, report.md and report.json here"),
+    metric: list[str] = typer.Option(None, "--metric",
+                                     help="exact_match | first_token_acc | nll | choice_acc (repeatable; "
+                                          "default all)"),
+    bootstrap: int = typer.Option(2000, "--bootstrap", help="bootstrap resamples (of terms)"),
+    seed: int = typer.Option(0, "--seed", help="bootstrap seed: same seed, same intervals"),
+    split: str = typer.Option("", "--split", help="only this split's occurrences (default: all)"),
+    log_mlflow: bool = typer.Option(False, "--log-mlflow",
+                                    help="also log the report into the baseline's MLflow run (compare/)"),
+) -> None:
+    """Compare RUNs with the --baseline: metrics per configuration, differences, 95% intervals."""
+    import sys
+    import tempfile
+
+    from rarelm.errors import user_errors
+
+    with user_errors("compare"):
+        from rarelm import compare as cmp
+
+        base_runs = [cmp.load_run(ref, split=split) for ref in baseline]
+        other = [cmp.load_run(ref, split=split) for ref in runs or []]
+        found = cmp.experiments_of_head(Path(".")) if experiments else []
+        for name in found:
+            if name in (runs or []) or name in baseline:
+                continue
+            try:
+                other.append(cmp.load_run(name, split=split))
+            except cmp.RarelmError as exc:  # an experiment from before per-occurrence results
+                print(f"rarelm compare: warning: skipped experiment {exc}", file=sys.stderr)
+        report = cmp.compare(base_runs, other, metric or tuple(cmp.METRICS), bootstrap, seed)
+        text = cmp.markdown(report)
+        paths = cmp.write_report(report, out) if out is not None else []
+    sys.stdout.write(text)
+    if paths:
+        print(f"rarelm compare: report in {paths[0]}", file=sys.stderr)
+    if log_mlflow:
+        with tempfile.TemporaryDirectory() as tmp:
+            logged = cmp.log_to_mlflow(paths or cmp.write_report(report, tmp), base_runs[0])
+        if logged:
+            print(f"rarelm compare: report logged to MLflow run {logged} (compare/)", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,387 @@
+"""compare: the term bootstrap and McNemar by hand, replicate pooling, and the CLI on real git, DVC
+experiments and a real MLflow store (the per-occurrence rows are synthetic; no model is trained)."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from rarelm import compare as cmp
+from rarelm.errors import RarelmError
+from tests.conftest import assert_user_error, run, stage
+
+# The evaluate stage's per-occurrence rows for a synthetic model: 40 terms, 1-5 occurrences each, a
+# term's occurrences strongly correlated (one latent skill per term), better with `alpha`, other
+# outcomes with another `seed`. The same text runs as the DVC stage of the test repos below.
+GENERATOR = '''
+import json, math, sys
+import numpy as np
+import yaml
+
+
+def occurrence_rows(seed, alpha, n_terms=40):
+    rows = []
+    for t in range(n_terms):
+        count = round(2 ** (t / 4)) - 1
+        k = count.bit_length()
+        band = str(count) if count <= 1 else f"{2 ** (k - 1)}-{2 ** k - 1}"
+        term_skill = np.random.default_rng([seed, t]).random()
+        for k in range(1 + (7 * t) % 5):
+            noise = np.random.default_rng([seed, t, k, 1]).random()
+            logit = math.log2(count + 1) - 3.5 + 3 * alpha + 4 * (term_skill - 0.5) + (noise - 0.5)
+            p = 1 / (1 + math.exp(-logit))
+            hit = bool(np.random.default_rng([seed, t, k, 2]).random() < p)
+            rows.append({"split": "test", "term": f"term {t:02d}", "train_count": count, "band": band,
+                         "mention": "first" if k == 0 else "repeat", "doc": t % 9,
+                         "char_start": 100 * t + 17 * k,
+                         "prompt_tokens": 64, "expected": f" term {t:02d}",
+                         "output": f" term {t:02d}" if hit else " something else",
+                         "exact_match": hit, "first_token_hit": hit or noise < 0.3,
+                         "nll": round(0.2 + 3 * (1 - p), 4),
+                         "choice_rank": 1 if hit or noise < 0.2 else 2 + t,
+                         "n_choices": n_terms})
+    return rows
+
+
+def summary(seed, alpha):
+    return {"ppl": 1.9 - 0.1 * alpha, "ppl_frequent": 1.25 + 0.01 * alpha, "ppl_medium": 6.7,
+            "ppl_rare": 38.0 - 5 * alpha + seed % 3, "term_exact_match": 0.5}
+
+
+if __name__ == "__main__":
+    params = yaml.safe_load(open("params.yaml"))
+    rows = occurrence_rows(params["seed"], params["alpha"])
+    with open("metrics/eval_occurrences.jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\\n" for r in rows)
+    with open("metrics/eval.json", "w") as f:
+        json.dump(summary(params["seed"], params["alpha"]), f)
+'''
+GEN: dict = {}
+exec(GENERATOR, GEN)  # noqa: S102 - the test's own source text
+
+DVC_YAML = """stages:
+  evaluate:
+    cmd: python gen.py
+    deps: [gen.py]
+    params: [seed, alpha]
+    outs:
+      - metrics/eval_occurrences.jsonl:
+          cache: false
+    metrics:
+      - metrics/eval.json:
+          cache: false
+"""
+
+
+def _run_data(name: str, seed: int, alpha: float, rows: list[dict] | None = None) -> cmp.RunData:
+    params = {"seed": cmp.canonical(seed), "alpha": cmp.canonical(alpha), "train.lr": "0.003"}
+    rows = GEN["occurrence_rows"](seed, alpha) if rows is None else rows
+    return cmp.RunData(name, name, "git", name, params, rows, GEN["summary"](seed, alpha))
+
+
+def _em(rows: list[dict]) -> np.ndarray:
+    return np.array([float(r["exact_match"]) for r in sorted(rows, key=cmp._key)])
+
+
+# ---------------------------------------------------------------- the bootstrap
+
+
+def test_identical_configurations_differ_by_zero():
+    rows = GEN["occurrence_rows"](1, 0.0)
+    term, em = [r["term"] for r in rows], np.array([float(r["exact_match"]) for r in rows])
+    for macro in (False, True):
+        r = cmp.paired_bootstrap(term, em, em.copy(), n_boot=500, seed=3, macro=macro)
+        assert (r.value, r.lo, r.hi) == (0.0, 0.0, 0.0)
+
+
+def test_a_constructed_difference_is_recovered():
+    # 20 terms with 1..4 occurrences; the method writes every occurrence of terms 0-9, the baseline none
+    term = np.repeat(np.arange(20), [1 + t % 4 for t in range(20)])
+    base = np.zeros(len(term))
+    method = (term < 10).astype(float)
+    exact = 23 / 50  # terms 0-9 hold 1+2+3+4+1+2+3+4+1+2 = 23 of the 50 occurrences
+    r = cmp.paired_bootstrap(term, method, base, n_boot=2000, seed=0)
+    assert r.value == pytest.approx(exact)
+    assert r.lo < exact < r.hi and 0.2 < r.lo and r.hi < 0.75
+    per_term = cmp.paired_bootstrap(term, method, base, n_boot=2000, seed=0, macro=True)
+    assert per_term.value == pytest.approx(0.5) and per_term.lo < 0.5 < per_term.hi
+    # the mean of one side alone (b = None) is the same number
+    assert cmp.paired_bootstrap(term, method, n_boot=10).value == pytest.approx(exact)
+
+
+def test_terms_are_resampled_not_occurrences():
+    # 20 terms x 50 perfectly correlated occurrences; the method wins on 10 terms, ties on 10.
+    # Resampling occurrences would see 1000 independent outcomes (interval ~ +-0.03); terms: ~ +-0.22.
+    term = np.repeat(np.arange(20), 50)
+    method, base = (term < 10).astype(float), np.zeros(1000)
+    by_term = cmp.paired_bootstrap(term, method, base, n_boot=2000, seed=0)
+    by_occurrence = cmp.paired_bootstrap(np.arange(1000), method, base, n_boot=2000, seed=0)
+    term_width, occurrence_width = by_term.hi - by_term.lo, by_occurrence.hi - by_occurrence.lo
+    expected = 2 * 1.96 * 0.5 / np.sqrt(20)  # normal approximation, 20 independent terms
+    assert by_term.value == by_occurrence.value == 0.5
+    assert 0.8 * expected < term_width < 1.2 * expected
+    assert term_width > 5 * occurrence_width
+
+
+def test_the_bootstrap_is_deterministic_given_its_seed_and_fast():
+    rng = np.random.default_rng(0)
+    term = rng.integers(0, 300, size=2000)
+    a, b = rng.random(2000) < 0.6, rng.random(2000) < 0.5
+    first = cmp.paired_bootstrap(term, a, b, n_boot=2000, seed=7)
+    assert cmp.paired_bootstrap(term, a, b, n_boot=2000, seed=7) == first
+    assert cmp.paired_bootstrap(term, a, b, n_boot=2000, seed=8) != first
+    started = time.perf_counter()
+    draws = cmp.term_draws(300, 2000, seed=0)
+    sums, counts = cmp.term_sums(term, 300, a - b.astype(float), np.ones((1, 2000), dtype=bool))
+    cmp.estimate(draws, sums, counts)
+    assert time.perf_counter() - started < 1.0
+    assert draws.shape == (2000, 300) and (draws.sum(axis=1) == 300).all()
+
+
+# ---------------------------------------------------------------- McNemar
+
+
+def test_mcnemar_exact_by_hand():
+    assert cmp.mcnemar_p(9, 1) == pytest.approx(2 * (1 + 10) / 2 ** 10)  # 0.021484375
+    assert cmp.mcnemar_p(1, 9) == pytest.approx(0.021484375)
+    assert cmp.mcnemar_p(5, 5) == 1.0 and cmp.mcnemar_p(0, 0) == 1.0
+    assert cmp.mcnemar_p(3, 0) == pytest.approx(2 / 8)
+    assert cmp.mcnemar_p(0, 60) == 2 / 2 ** 60 and cmp.mcnemar_p(5000, 5001) == 1.0  # big n: exact ints
+    stats = pytest.importorskip("scipy.stats")  # the same numbers as scipy's exact binomial test
+    for b, c in ((9, 1), (30, 12), (250, 301), (0, 7)):
+        assert cmp.mcnemar_p(b, c) == pytest.approx(stats.binomtest(min(b, c), b + c, 0.5).pvalue, rel=1e-9)
+
+
+def test_discordant_pairs_pool_replicates_by_seed():
+    config = np.array([[1, 1, 0, 0], [1, 0, 0, 0]], dtype=float)  # seeds 2, 1
+    base = np.array([[0, 1, 0, 1], [0, 0, 0, 0]], dtype=float)  # seeds 1, 2
+    # by seed: config seed 2 [1,1,0,0] vs base seed 2 [0,0,0,0]: b 2;
+    # config seed 1 [1,0,0,0] vs base seed 1 [0,1,0,1]: b 1, c 2
+    assert cmp.discordant(config, base, ["2", "1"], ["1", "2"]) == (3, 2)
+    # other seeds: by order
+    assert cmp.discordant(config, base, ["5", "6"], ["1", "2"]) == (2, 1)
+    assert cmp.discordant(config, base, ["2", "1"], ["1", "2"], mask=np.array([1, 0, 0, 0], bool)) == (2, 0)
+
+
+# ---------------------------------------------------------------- configurations
+
+
+def test_replicates_are_pooled_per_occurrence():
+    base = [_run_data("base-s1", 1, 0.0), _run_data("base-s2", 2, 0.0)]
+    others = [_run_data("a07-s1", 1, 0.7), _run_data("a07-s2", 2, 0.7), _run_data("base-s3", 3, 0.0)]
+    configs = cmp.group_runs(base, others)
+    assert [c.label for c in configs] == ["baseline", "alpha=0.7"]
+    assert [r.name for r in configs[0].runs] == ["base-s1", "base-s2", "base-s3"]  # a seed joins the baseline
+    assert configs[1].seeds == ["1", "2"]
+    # same params and a seed its configuration already has: not a replicate (another commit's code)
+    again = cmp.group_runs(base, [*others, _run_data("new-code", 1, 0.0), _run_data("a07-again", 2, 0.7),
+                                  _run_data("a07-s1", 1, 0.7)])  # the same run twice counts once
+    assert [(c.label, c.seeds) for c in again] == [("baseline", ["1", "2", "3"]), ("alpha=0.7", ["1", "2"]),
+                                                   ("new-code", ["1"]), ("alpha=0.7 (a07-again)", ["2"])]
+    occ, metrics = cmp.align(configs, list(cmp.METRICS))
+    assert metrics == list(cmp.METRICS) and len(occ.terms) == 40
+    expected = (_em(others[0].rows) + _em(others[1].rows)) / 2
+    assert np.array_equal(configs[1].mean("exact_match"), expected)
+    assert set(np.unique(expected)) <= {0.0, 0.5, 1.0} and 0.5 in expected
+    assert np.array_equal(configs[0].values["exact_match"][2], _em(others[2].rows))
+    report = cmp.compare(base, others, n_boot=200, seed=0)
+    row = next(r for r in report["rows"] if r["configuration"] == "alpha=0.7" and r["metric"] == "exact_match"
+               and r["slice"] == "all" and r["aggregate"] == "occurrences")
+    base_mean = np.mean([_em(r.rows) for r in (*base, others[2])], axis=0)
+    assert row["value"] == pytest.approx(expected.mean())
+    assert row["diff"] == pytest.approx(expected.mean() - base_mean.mean())
+    assert row["diff_lo"] <= row["diff"] <= row["diff_hi"] and row["seeds"] == 2
+
+
+def test_runs_of_other_data_or_mixed_baselines_are_refused():
+    base = _run_data("base", 1, 0.0)
+    shifted = _run_data("other", 1, 0.7, [{**r, "char_start": r["char_start"] + 1}
+                                          for r in GEN["occurrence_rows"](1, 0.7)])
+    with pytest.raises(RarelmError, match="runs base and other were evaluated on different occurrences"):
+        cmp.compare([base], [shifted], n_boot=10)
+    with pytest.raises(RarelmError, match="differ in more than the seed .alpha=0.7"):
+        cmp.compare([base, _run_data("b2", 2, 0.7)], [], n_boot=10)
+    fewer = _run_data("fewer", 1, 0.7, GEN["occurrence_rows"](1, 0.7)[:-1])
+    with pytest.raises(RarelmError, match="different occurrences"):
+        cmp.compare([base], [fewer], n_boot=10)
+
+
+def test_a_metric_missing_in_a_run_is_left_out_and_slices_by_band():
+    old = _run_data("old", 1, 0.7, [{k: v for k, v in r.items() if k != "choice_rank"}
+                                     for r in GEN["occurrence_rows"](1, 0.7)])
+    report = cmp.compare([_run_data("base", 1, 0.0)], [old], n_boot=50)
+    assert report["metrics"] == ["exact_match", "first_token_acc", "nll"]
+    assert report["left_out"] == ["choice_acc"]
+    slices = list(dict.fromkeys(r["slice"] for r in report["rows"]))
+    assert slices[:4] == ["all", "first mention", "repeat mention", "train_count<=15"]
+    assert slices[4:7] == ["band 0", "band 1", "band 2-3"]
+    band = next(r for r in report["rows"] if r["slice"] == "band 0" and r["configuration"] == "baseline")
+    assert band["occurrences"] == sum(1 + (7 * t) % 5 for t in range(40) if round(2 ** (t / 4)) - 1 == 0)
+
+
+# ---------------------------------------------------------------- the CLI on real git + DVC
+
+
+def _git_commit(root: Path, message: str) -> str:
+    run(["git", "add", "-A"], root, check=True)
+    run(["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", message], root, check=True)
+    return run(["git", "rev-parse", "HEAD"], root, check=True).stdout.strip()
+
+
+def _write_params(root: Path, seed: int, alpha: float) -> None:
+    (root / "params.yaml").write_text(yaml.safe_dump({"seed": seed, "alpha": alpha}))
+
+
+@pytest.fixture(scope="module")
+def dvc_repo(tmp_path_factory) -> dict:
+    """A git + DVC repo: no results at rev0, alpha 0.7's at rev1, the baseline's (alpha 0) at rev2 = HEAD,
+    and three DVC experiments of HEAD: the baseline at seed 2, alpha 0.7 at seeds 1 and 2."""
+    root = tmp_path_factory.mktemp("compare") / "repo"
+    (root / "metrics").mkdir(parents=True)
+    run(["git", "init", "-q"], root, check=True)
+    run(["dvc", "init", "-q"], root, check=True)
+    (root / "gen.py").write_text(GENERATOR)
+    (root / "dvc.yaml").write_text(DVC_YAML)
+    _write_params(root, 1, 0.0)
+    revs = {"rev0": _git_commit(root, "no results yet")}
+    for rev, alpha in (("rev1", 0.7), ("rev2", 0.0)):  # what `dvc repro` writes, without its seconds
+        _write_params(root, 1, alpha)
+        rows = GEN["occurrence_rows"](1, alpha)
+        (root / cmp.OCCURRENCES).write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (root / cmp.SUMMARY).write_text(json.dumps(GEN["summary"](1, alpha)))
+        revs[rev] = _git_commit(root, f"alpha {alpha}")
+    for name, sets in (("base-s2", ["seed=2"]), ("a07-s1", ["alpha=0.7"]),
+                       ("a07-s2", ["alpha=0.7", "seed=2"])):
+        args = [x for s in sets for x in ("-S", s)]
+        run(["dvc", "exp", "run", "--temp", "-q", "-n", name, *args], root, check=True)
+    return {"root": root, **revs}
+
+
+def _table(stdout: str) -> dict[tuple[str, str, str], list[str]]:
+    """The markdown table's cells by (configuration, metric, over)."""
+    out = {}
+    for line in stdout.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 8 and cells[0] not in ("configuration", "---"):
+            out[(cells[0], cells[2], cells[3])] = cells
+    return out
+
+
+def test_cli_compares_two_git_revisions(dvc_repo, tmp_path):
+    root, out = dvc_repo["root"], tmp_path / "report"
+    result = stage("compare", root, dvc_repo["rev1"], "--baseline", dvc_repo["rev2"], "--out", str(out),
+                   "--bootstrap", "1000")
+    assert result.returncode == 0, result.stderr
+    table = _table(result.stdout)
+    base_em, method_em = _em(GEN["occurrence_rows"](1, 0.0)), _em(GEN["occurrence_rows"](1, 0.7))
+    base_row = table[("baseline", "exact_match", "all")]
+    method_row = table[("alpha=0.7", "exact_match", "all")]
+    assert base_row[1] == method_row[1] == "1"
+    assert float(base_row[4]) == pytest.approx(base_em.mean(), abs=5e-5)
+    assert float(method_row[4]) == pytest.approx(method_em.mean(), abs=5e-5)
+    diff = method_em.mean() - base_em.mean()
+    assert float(method_row[5]) == pytest.approx(diff, abs=5e-5) and diff > 0.1
+    lo, hi = map(float, re.fullmatch(r"\[(\S+), (\S+)\]", method_row[6]).groups())
+    assert lo < diff < hi and lo > 0  # alpha 0.7 is clearly better in the generator
+    b = int(np.sum((method_em == 1) & (base_em == 0)))
+    c = int(np.sum((method_em == 0) & (base_em == 1)))
+    assert float(method_row[7]) == pytest.approx(cmp.mcnemar_p(b, c), rel=1e-2)
+    assert ("alpha=0.7", "nll", "train_count<=15, per term") in table
+    page = (out / "index.html").read_text()
+    assert page.count("<svg") == 2 and "First and repeat mentions" in page and "<script" not in page
+    report = json.loads((out / "report.json").read_text())
+    assert report["occurrences"] == len(base_em) and report["terms"] == 40
+    assert (out / "report.md").read_text() == result.stdout
+    # the same bootstrap seed gives the same table
+    again = stage("compare", root, dvc_repo["rev1"], "--baseline", dvc_repo["rev2"], "--bootstrap", "1000")
+    assert again.stdout == result.stdout
+
+
+def test_cli_pools_the_dvc_experiments_of_head(dvc_repo, tmp_path):
+    root = dvc_repo["root"]
+    assert cmp.experiments_of_head(root) == ["a07-s1", "a07-s2", "base-s2"]
+    result = stage("compare", root, "--experiments", "--baseline", "workspace", "--bootstrap", "300",
+                   "--metric", "exact_match", "--out", str(tmp_path / "r"))
+    assert result.returncode == 0, result.stderr
+    assert "- **baseline**: workspace (seed 1), base-s2 (seed 2)" in result.stdout
+    assert "- **alpha=0.7**: a07-s1 (seed 1), a07-s2 (seed 2)" in result.stdout
+    table = _table(result.stdout)
+    assert {k[1] for k in table} == {"exact_match"}
+    pooled = (_em(GEN["occurrence_rows"](1, 0.7)) + _em(GEN["occurrence_rows"](2, 0.7))) / 2
+    base = (_em(GEN["occurrence_rows"](1, 0.0)) + _em(GEN["occurrence_rows"](2, 0.0))) / 2
+    row = table[("alpha=0.7", "exact_match", "all")]
+    assert row[1] == "2" and float(row[4]) == pytest.approx(pooled.mean(), abs=5e-5)
+    assert float(row[5]) == pytest.approx(pooled.mean() - base.mean(), abs=5e-5)
+    # an experiment by name, against a revision
+    named = stage("compare", root, "a07-s2", "--baseline", "HEAD", "--bootstrap", "100")
+    assert named.returncode == 0, named.stderr
+    assert "- **alpha=0.7, seed" not in named.stdout and "a07-s2 (seed 2)" in named.stdout
+
+
+def test_cli_errors_are_one_line(dvc_repo, tmp_path):
+    root = dvc_repo["root"]
+    out = tmp_path / "r"
+    cases = [
+        (["no-such-exp", "--baseline", dvc_repo["rev1"]], "no-such-exp: not a DVC experiment, git revision"),
+        ([dvc_repo["rev1"], "--baseline", dvc_repo["rev0"]], "no metrics/eval_occurrences.jsonl at"),
+        ([dvc_repo["rev1"], "--baseline", dvc_repo["rev2"], "--metric", "bleu"],
+         "--metric bleu is not allowed"),
+    ]
+    for args, message in cases:
+        assert_user_error(stage("compare", root, *args, "--out", str(out)), message, tmp_path, "r",
+                          stage="compare")
+
+
+# ---------------------------------------------------------------- the CLI on a real MLflow store
+
+
+def test_cli_compares_mlflow_runs_by_id(tmp_path, monkeypatch):
+    import mlflow
+
+    from rarelm.params import Params
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = mlflow.MlflowClient(uri)
+    experiment = client.create_experiment("rarelm", artifact_location=str(tmp_path / "artifacts"))
+    ids = {}
+    runs = (("base", 1, 0.0, True), ("a07", 1, 0.7, True), ("old", 1, 0.7, False))
+    for name, seed, alpha, with_rows in runs:
+        params = Params.from_dict({"seed": seed, "alpha": alpha}).flat()
+        mlrun = client.create_run(experiment, run_name=name)
+        for key, value in params.items():
+            client.log_param(mlrun.info.run_id, key, json.dumps(value) if isinstance(value, list) else value)
+        folder = tmp_path / name / "eval"
+        folder.mkdir(parents=True)
+        (folder / "eval.json").write_text(json.dumps(GEN["summary"](seed, alpha)))
+        if with_rows:
+            rows = GEN["occurrence_rows"](seed, alpha)
+            (folder / "eval_occurrences.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        client.log_artifacts(mlrun.info.run_id, str(folder), "eval")
+        client.set_terminated(mlrun.info.run_id)
+        ids[name] = mlrun.info.run_id
+    env = {"MLFLOW_TRACKING_URI": uri}
+    result = stage("compare", tmp_path, ids["a07"], "--baseline", ids["base"], "--bootstrap", "500",
+                   "--log-mlflow", env=env)
+    assert result.returncode == 0, result.stderr
+    table = _table(result.stdout)
+    base_em, method_em = _em(GEN["occurrence_rows"](1, 0.0)), _em(GEN["occurrence_rows"](1, 0.7))
+    row = table[("alpha=0.7", "exact_match", "all")]
+    assert float(row[5]) == pytest.approx(method_em.mean() - base_em.mean(), abs=5e-5)
+    assert f"a07 ({ids['a07'][:8]}) (seed 1)" in result.stdout
+    logged = {a.path for a in client.list_artifacts(ids["base"], "compare")}
+    assert logged == {"compare/index.html", "compare/report.md", "compare/report.json"}
+    assert_user_error(stage("compare", tmp_path, ids["old"], "--baseline", ids["base"], env=env),
+                      "MLflow run has no artifact eval/eval_occurrences.jsonl", tmp_path, stage="compare")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)  # the CLI's one-line path is the same as above
+    with pytest.raises(RarelmError, match=f"{'0' * 32}: no such MLflow run in {uri}"):
+        cmp.load_run("0" * 32)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'elsewhere.db'}")
+    with pytest.raises(RarelmError, match="no MLflow store at sqlite:///"):
+        cmp.load_run(ids["base"])
+    assert not (tmp_path / "elsewhere.db").exists()
