@@ -75,10 +75,25 @@ def lr_at(step: int, p: TrainParams) -> float:
     return p.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (p.lr - p.min_lr)
 
 
+CPU_BF16_ENV = "RARELM_CPU_BF16"
+
+
 def cpu_has_bf16() -> bool:
-    """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX)."""
+    """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX).
+
+    `RARELM_CPU_BF16=1` / `=0` overrides the answer, so that `train.precision: auto` (and the
+    test suite) can run as on the other kind of CPU: `=0` as on an AVX2-only CPU (auto = fp32),
+    `=1` as on one with AVX512-BF16/AMX (auto = bf16; where bf16 is not native, torch emulates
+    it, correctly but ~10x slower).
+    """
     import torch
 
+    forced = os.environ.get(CPU_BF16_ENV, "").strip()
+    if forced in ("0", "1"):
+        return forced == "1"
+    if forced:
+        raise RarelmError(f"{CPU_BF16_ENV} = {forced!r} is not allowed "
+                          "(must be 0, 1, or unset to ask the CPU)")
     checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
     return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
 
@@ -87,7 +102,16 @@ def pick_precision(precision: str, device) -> tuple[Any, bool]:
     """(autocast dtype or None for fp32, whether to use a GradScaler) for the device.
 
     auto: bf16 where the hardware has it (recent GPUs, CPUs with AVX512-BF16/AMX),
-    fp16 with a GradScaler on older GPUs, fp32 on other CPUs.
+    fp16 with a GradScaler on older GPUs, fp32 on other CPUs. On CPU, `auto` therefore
+    depends on the machine: the same params train in bf16 on one CPU and in fp32 on
+    another, and their results differ by bf16 rounding. Pin `train.precision` for the same
+    arithmetic on every CPU (then only the kernels' float rounding differs between CPU kinds;
+    on one machine every precision is bit-for-bit deterministic and resumes bit-identically).
+    `RARELM_CPU_BF16=0|1` makes `auto` resolve as on a CPU without / with native bf16.
+
+    >>> import torch
+    >>> pick_precision("fp32", torch.device("cpu")), pick_precision("bf16", torch.device("cpu"))
+    ((None, False), (torch.bfloat16, False))
     """
     import torch
 
