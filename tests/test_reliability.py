@@ -90,8 +90,9 @@ def test_full_disk_while_writing_outputs_keeps_previous_outputs(repo, name):
 # MLflow server down in the second run), is the baseline every fault below is compared with: a
 # faulted run must end byte-identical to it.
 
+# block_size 64: evaluate needs room for a prompt plus twice the longest term (14 tokens here).
 TINY_DAG = {"tokenizer.vocab_size": 512, "model.n_layer": 1, "model.n_head": 2, "model.n_embd": 32,
-            "model.block_size": 32, "train.nproc": 2, "train.max_steps": 40, "train.batch_size": 4,
+            "model.block_size": 64, "train.nproc": 2, "train.max_steps": 40, "train.batch_size": 4,
             "train.log_every": 5, "train.eval_every": 20, "train.eval_batches": 2,
             "train.checkpoint_every": 5, "train.warmup_steps": 2, "eval.batch_size": 8,
             "eval.max_terms": 20, "eval.diversity_prompts": 4, "eval.diversity_tokens": 8}
@@ -253,6 +254,46 @@ def test_training_sigkilled_then_dvc_repro_resumes_bit_identical(dag, killed, tm
         output[-3000:]
     assert_same_training_result(root, dag.root)
     assert checkpoints(root) == []  # a finished run clears its checkpoints
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_training_sigkilled_resumes_bit_identical_in_each_precision(dag, tmp_path, precision):
+    """Determinism and bit-exact resume hold per precision, on one machine: the train stage with
+    `train.precision` pinned (bf16 autocast is emulated where the CPU has no native bf16),
+    SIGKILLed with its workers after two checkpoints and started again, ends byte-identical to
+    an uninterrupted run of the same precision. (Across precisions results differ by bf16
+    rounding; across CPU kinds see README, "Precision".)"""
+    import torch
+
+    from rarelm.train import pick_precision
+
+    root = clone(dag, tmp_path / "repo")
+    set_params(root, **{"train.precision": precision})
+    outputs = ("models/model", "metrics/train.json", "plots/train.csv")
+    for rel in outputs:  # the DAG's own outputs must not stand in for the resumed run's
+        (shutil.rmtree if (root / rel).is_dir() else os.remove)(root / rel)
+    cpu = torch.device("cpu")
+    train_stage = [sys.executable, "-m", "stages.train", "--no-progress"]
+    if pick_precision("auto", cpu) == pick_precision(precision, cpu):
+        baseline = dag.root  # the DAG trained with `auto`, which is this precision here
+    else:
+        baseline = tmp_path / "uninterrupted"
+        shutil.copytree(root, baseline, symlinks=True)
+        run(train_stage, baseline, check=True, timeout=900)
+    log = tmp_path / "killed.log"
+    proc = start(train_stage, root, log)
+    try:
+        wait_for_checkpoints(root, proc, 2, log)
+    finally:
+        kill_tree(proc)
+    assert proc.returncode == -signal.SIGKILL
+    assert not any((root / rel).exists() for rel in outputs)
+    last = checkpoints(root)[-1]
+    result = run(train_stage, root, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert f"resuming from {last.relative_to(root)} (step {int(last.name[5:])})" in result.stderr
+    assert_same_training_result(root, baseline)
+    assert checkpoints(root) == []
 
 
 def test_corrupt_checkpoint_is_skipped_with_a_warning(dag, killed, tmp_path):
