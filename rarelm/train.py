@@ -425,6 +425,8 @@ def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict
     else:  # the public call also imports torch._inductor (~6 s per worker) to configure it
         torch._C._set_deterministic_algorithms(True, warn_only=device.type == "cuda")
     amp_dtype, use_scaler = pick_precision(tp.precision, device)
+    # What `auto` became on this machine: recorded with the metrics, since results differ by it.
+    precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(amp_dtype, "fp32")
 
     def autocast():
         return torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None)
@@ -565,13 +567,15 @@ def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict
         elapsed = state["elapsed"] + time.perf_counter() - session_t0
         metrics = None
         if dist.main:
-            metrics = _final_metrics(state, tp, tokens_per_step, elapsed, raw_model, stream,
-                                     len(train_samples) / dist.world_size)
+            metrics = {**_final_metrics(state, tp, tokens_per_step, elapsed, raw_model, stream,
+                                        len(train_samples) / dist.world_size),
+                       "precision": precision}
             save_model(raw_model, data, paths, run)
             write_curves(paths.plots, state["curves"])
             write_json(paths.metrics, metrics)
-            run.log_metrics({f"train.{k}": v for k, v in metrics.items() if v is not None},
-                            step=tp.max_steps)
+            run.log_metrics({f"train.{k}": v for k, v in metrics.items()
+                             if isinstance(v, (int, float))}, step=tp.max_steps)
+            run.set_tags({"precision": precision})
             store.clear()  # finished: a later run with these params starts afresh
         dist.barrier()
         run.finish("FINISHED")
@@ -637,5 +641,6 @@ def summary(metrics: dict[str, Any], paths: Paths) -> str:
 
     return (f"train: {metrics['steps']} steps, {metrics['tokens']:,} tokens "
             f"({metrics['epochs']:g} epochs), loss {f('loss')}, val ce {f('val_ce')} "
-            f"(rare {f('val_rare_ce')}), {metrics['tokens_per_s']:,.0f} tokens/s, "
+            f"(rare {f('val_rare_ce')}), {metrics['tokens_per_s']:,.0f} tokens/s "
+            f"({metrics.get('precision', 'fp32')}), "
             f"{metrics['wall_time_s']:.0f} s -> {paths.model}")

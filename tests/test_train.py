@@ -37,7 +37,7 @@ TINY_TRAIN = {
     "train.checkpoint_every": 50, "tracking.experiment": "test-train",
 }
 METRIC_KEYS = {"steps", "tokens", "wall_time_s", "tokens_per_s", "loss", "ce", "rare_ce",
-               "val_ce", "val_rare_ce", "val_ppl", "epochs", "parameters"}
+               "val_ce", "val_rare_ce", "val_ppl", "epochs", "parameters", "precision"}
 
 
 def sha256(path: Path) -> str:
@@ -228,6 +228,9 @@ def test_dvc_repro_trains_with_two_ddp_processes(trained):
     assert "step 300/300 | loss" in result.stderr  # log lines go to stderr
     metrics = json.loads((root / "metrics/train.json").read_text())
     assert set(metrics) == METRIC_KEYS and all(v is not None for v in metrics.values())
+    auto = pick_precision("auto", torch.device("cpu"))[0]  # as RARELM_CPU_BF16 says, if set
+    assert metrics["precision"] == ("bf16" if auto is torch.bfloat16 else "fp32")
+    assert f"tokens/s ({metrics['precision']})" in summary[0]
     # 2 ranks x 4 samples x 32 tokens per step
     assert metrics["steps"] == 300 and metrics["tokens"] == 300 * 2 * 4 * 32
     assert metrics["val_ce"] < 5.0  # it learned: the tiny corpus's unigram entropy is ~5.3
@@ -266,6 +269,8 @@ def test_mlflow_run_holds_params_step_metrics_tags_and_system_metrics(trained):
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
                             text=True).stdout.strip()
     assert tags["stage"] == "train" and tags["git_commit"] == commit
+    trained_in = json.loads((root / "metrics/train.json").read_text())["precision"]
+    assert tags["precision"] == trained_in and "train.precision" not in mlrun.data.metrics
     assert "DVC_EXP_NAME" not in tags  # only under `dvc exp run`
     history = client.get_metric_history(info["run_id"], "train/loss")
     assert [m.step for m in history] == [50, 100, 150, 200, 250, 300]
@@ -377,7 +382,7 @@ def test_grad_accumulation_and_checkpointing_match_one_big_batch(trained, tmp_pa
         paths = train.Paths(model=tmp_path / name, metrics=tmp_path / f"{name}.json",
                             plots=tmp_path / f"{name}.csv", cache=tmp_path / "cache")
         metrics = train.train(params, paths, progress=False)
-        assert metrics["tokens"] == 3 * 8 * 32
+        assert metrics["tokens"] == 3 * 8 * 32 and metrics["precision"] == precision
         weights[name] = load_file(tmp_path / name / "model.safetensors")
         losses[name] = [float(r["ce"]) for r in csv.DictReader(paths.plots.open())]
     train.seed_everything(base.seed)  # the initial weights, as train() builds them
