@@ -12,6 +12,11 @@ Two checks, each a subcommand of `python -m rarelm.reprocheck`:
                 metric within |new - old| <= atol + rtol * |old|; a Markdown table of the diff
                 goes to stdout and, in GitHub Actions, to $GITHUB_STEP_SUMMARY.
 
+Precision: `train.precision: auto` is bf16 on CPUs with AVX512-BF16/AMX and fp32 on others,
+and bf16 moves the metrics by more than float rounding; a reference is therefore made with the
+precision pinned (.ci/params.yaml: fp32), `reproduce --save-reference` warns when it is `auto`,
+and `metrics` fails on a different `precision` in metrics/train.json with a hint saying so.
+
 The reference for `metrics` is a git revision (e.g. HEAD, when CI runs the committed params)
 or a folder of metrics files saved by `reproduce --save-reference DIR` (CI-sized params run
 in CI; `.ci/reference/`). A folder is turned into a throw-away git commit (HEAD's tree with
@@ -49,6 +54,10 @@ CHECKPOINT_DIRS = (".cache/train",)
 # `train` leaves beside the model is new on every run by design.
 RUN_IDENTITY_FILES = ("mlflow_run.json",)
 RTOL, ATOL = 0.05, 0.01
+# `train.precision: auto` trains in bf16 on CPUs with AVX512-BF16/AMX and in fp32 on others, so a
+# reference saved under `auto` holds only for CPUs of the kind that saved it.
+PRECISION_HINT = ("train.precision is auto (bf16 on CPUs with AVX512-BF16/AMX, fp32 on others): "
+                  "pin it (as .ci/params.yaml does) so that the reference holds on every CPU")
 
 
 class ReproError(RuntimeError):
@@ -131,6 +140,12 @@ def _small_outputs(root: Path) -> list[str]:
     return paths
 
 
+def _precision(root: Path) -> str | None:
+    """train.precision of root/params.yaml, if it has one."""
+    params = yaml.safe_load((root / "params.yaml").read_text(encoding="utf-8")) or {}
+    return (params.get("train") or {}).get("precision")
+
+
 def _env(extra: dict | None = None) -> dict:
     """os.environ with this interpreter's bin folder first on PATH (dvc.yaml runs `python`)."""
     bin_dir = str(Path(sys.executable).parent)
@@ -177,6 +192,8 @@ def reproduce(root: str | Path, runs: int = 2, clean: tuple[str, ...] = CHECKPOI
             first_manifests = {p: dir_manifest(root, h) for p, h in hashes.items() if h.endswith(".dir")}
             if save_reference:
                 save_metrics(root, save_reference)
+                if _precision(root) == "auto":
+                    log(f"reprocheck: warning: {PRECISION_HINT}")
             continue
         problems = []
         for path in differing(first_hashes, hashes):
@@ -305,7 +322,11 @@ def compare_metrics(root: str | Path, reference: str, rtol: float = RTOL, atol: 
     if not rows:
         raise ReproError(f"no metrics to compare against {reference}")
     if failures:
-        raise ReproError(f"{len(failures)} metric(s) outside tolerance: " + "; ".join(failures))
+        hint = ""
+        if any(f.split()[0].endswith(":precision") for f in failures):
+            hint = (" (the reference was trained in another precision; pin train.precision in the "
+                    "params overlay, as .ci/params.yaml does)")
+        raise ReproError(f"{len(failures)} metric(s) outside tolerance: " + "; ".join(failures) + hint)
     return rows
 
 

@@ -80,6 +80,28 @@ def test_metrics_against_a_reference_folder_with_tolerance_and_summary(tmp_path)
     assert not (root / ".git/reprocheck-index").exists()
 
 
+def test_reference_under_auto_precision_warns_and_another_precision_is_named(tmp_path):
+    """A reference saved with train.precision auto holds on one CPU kind only: a warning; a run
+    in another precision than the reference's fails on `precision`, with the way out."""
+    code = ("import json, yaml; p = yaml.safe_load(open('params.yaml'))['train']['precision'];"
+            " json.dump({'val_ce': 2.0, 'precision': 'bf16' if p == 'auto' else p},"
+            " open('metrics/train.json', 'w'))")
+    stages = {"train": {"cmd": f"mkdir -p metrics && python -c \"{code}\"",
+                        "params": ["train.precision"],
+                        "metrics": [{"metrics/train.json": {"cache": False}}]}}
+    root = toy_repo(tmp_path / "toy", stages, params={"train": {"precision": "auto"}})
+    log: list[str] = []
+    reprocheck.reproduce(root, runs=1, save_reference=".ci/reference", log=log.append)
+    assert f"reprocheck: warning: {reprocheck.PRECISION_HINT}" in log
+    (root / "params.yaml").write_text("train:\n  precision: fp32\n")
+    log.clear()
+    reprocheck.reproduce(root, runs=1, log=log.append)
+    assert not any("warning" in line for line in log)
+    with pytest.raises(reprocheck.ReproError, match=r"precision bf16 -> fp32 \(DIFFERS\).*pin "
+                                                     r"train.precision"):
+        reprocheck.compare_metrics(root, ".ci/reference", log=lambda _: None)
+
+
 def test_cli_overlay_params_unknown_key_is_an_error(tmp_path):
     root = tmp_path
     (root / "params.yaml").write_text("train:\n  nproc: 2\n")
@@ -109,6 +131,10 @@ def test_ci_params_overlay_fits_the_real_params():
 
     merge(params, overlay)
     Params.from_dict(params)
+    # not `auto`, which is bf16 on some CPUs and fp32 on others: the reference holds on both
+    assert overlay["train"]["precision"] in ("fp32", "bf16")
+    reference = json.loads((root / ".ci/reference/metrics/train.json").read_text())
+    assert reference["precision"] == overlay["train"]["precision"]
 
 
 def test_workflow_runs_tests_dag_reproducibility_and_metrics_diff():
