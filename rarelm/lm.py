@@ -158,42 +158,47 @@ def continuation_nll(model, prompts: list[list[int]], continuations: list[list[i
 def candidates_nll(model, prompt: list[int], candidates: list[list[int]], chunk: int = 512):
     """Summed NLL (nats) of each candidate continuation after one prompt: float64 array [len(candidates)].
 
-    The prompt is run once per chunk of candidates and its KV cache repeated for
-    every candidate, so scoring C candidates of L tokens costs C x (L - 1) token
-    positions, not C x (prompt + L). Candidates are right-padded: padding after a
-    sequence cannot change a causal model's outputs before it. A model that
-    returns no cache is scored on prompt + candidate in full (same result).
+    Candidates that share all but their last token share one row: the row holds
+    that common part (say " acute" for " acute MI" and " acute asthma"), and its
+    logits at each position score the next token of every candidate built on it,
+    so scoring 300 two-token terms with 30 distinct first tokens runs 30 rows of
+    one token. The prompt runs once per chunk of rows and its KV cache is
+    repeated for every row. Rows are right-padded: padding after a sequence
+    cannot change a causal model's outputs before it. A model that returns no
+    cache is scored on prompt + row in full (same result).
     """
     import numpy as np
     import torch
 
-    out = np.zeros(len(candidates), dtype=np.float64)
     device = model.device
+    heads = list(dict.fromkeys(tuple(c[:-1]) for c in candidates if len(c) > 1))
+    row_of = {h: i for i, h in enumerate(heads)}
     with torch.no_grad():
-        for c in range(0, len(candidates), chunk):
-            cands = candidates[c:c + chunk]
-            first = model(input_ids=torch.as_tensor([prompt], device=device), use_cache=True)
-            head = torch.log_softmax(first.logits[0, -1].float(), dim=-1)
-            nll = -head[torch.as_tensor([x[0] for x in cands], device=device)].double()
-            width = max(map(len, cands))
-            if width > 1:
-                cache = getattr(first, "cache", None)
-                rest = torch.zeros((len(cands), width - 1), dtype=torch.long)
-                for row, cand in enumerate(cands):
-                    rest[row, :len(cand) - 1] = torch.as_tensor(cand[:-1])
-                if cache is not None:
-                    cache.batch_repeat_interleave(len(cands))
-                    logits = model(input_ids=rest.to(device), cache=cache, use_cache=True).logits
-                else:
-                    full = torch.cat([torch.as_tensor([prompt] * len(cands)), rest], dim=1).to(device)
-                    logits = model(input_ids=full).logits[:, len(prompt):]
-                logp = torch.log_softmax(logits.float(), dim=-1)
-                targets = torch.zeros((len(cands), width - 1), dtype=torch.long)
-                valid = torch.zeros((len(cands), width - 1), dtype=torch.bool)
-                for row, cand in enumerate(cands):
-                    targets[row, :len(cand) - 1] = torch.as_tensor(cand[1:])
-                    valid[row, :len(cand) - 1] = True
-                picked = -logp.gather(-1, targets.to(device).unsqueeze(-1)).squeeze(-1).double().cpu()
-                nll = nll.cpu() + (picked * valid).sum(-1)
-            out[c:c + len(cands)] = nll.cpu().numpy()
-    return out
+        first = model(input_ids=torch.as_tensor([prompt], device=device), use_cache=True)
+        head_logp = torch.log_softmax(first.logits[0, -1].float(), dim=-1).double().cpu().numpy()
+        row_logp = []  # per row: log-probs [len(row), vocab] after each of its tokens
+        for c in range(0, len(heads), chunk):
+            rows = heads[c:c + chunk]
+            width = max(map(len, rows))
+            ids = torch.zeros((len(rows), width), dtype=torch.long)
+            for r, row in enumerate(rows):
+                ids[r, :len(row)] = torch.as_tensor(row)
+            out = first if c == 0 else model(input_ids=torch.as_tensor([prompt], device=device),
+                                             use_cache=True)
+            cache = getattr(out, "cache", None)
+            if cache is not None:
+                cache.batch_repeat_interleave(len(rows))
+                logits = model(input_ids=ids.to(device), cache=cache, use_cache=True).logits
+            else:
+                full = torch.cat([torch.as_tensor([prompt] * len(rows)), ids], dim=1).to(device)
+                logits = model(input_ids=full).logits[:, len(prompt):]
+            logp = torch.log_softmax(logits.float(), dim=-1).double().cpu().numpy()
+            row_logp.extend(logp[r, :len(row)] for r, row in enumerate(rows))
+    out_nll = np.empty(len(candidates), dtype=np.float64)
+    for i, cand in enumerate(candidates):
+        total = -head_logp[cand[0]]
+        if len(cand) > 1:
+            logp = row_logp[row_of[tuple(cand[:-1])]]
+            total -= logp[np.arange(len(cand) - 1), cand[1:]].sum()
+        out_nll[i] = total
+    return out_nll

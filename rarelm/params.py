@@ -149,6 +149,9 @@ class EvalParams:
     diversity_prompts: int = param(64, ge=0)  # free continuations sampled; 0 = skip
     diversity_tokens: int = param(64, ge=1)  # tokens per continuation
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    # CPU threads for evaluation; 0 = torch's default (all cores). Scoring a small model is a stream
+    # of tiny forward passes, which threads only slow down, badly so on a CPU shared with other jobs
+    threads: int = param(1, ge=0)
 
     def __post_init__(self) -> None:
         allowed = ("train", "val", "test")

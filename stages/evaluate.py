@@ -60,7 +60,7 @@ def evaluate(
         buckets = load_buckets(rare, data.vocab_size).astype("int64")
         terms = term_search.load_terms(rare / "terms.jsonl")
         tokenizer = load_tokenizer(data.tokenizer_dir, data.vocab_size)
-        model = _load(model_dir, data, params.eval.device)
+        model = _load(model_dir, data, params.eval.device, params.eval.threads)
 
         columns = [TextColumn("evaluate: {task.description}"), BarColumn(),
                    TextColumn("{task.completed}/{task.total}"), TimeRemainingColumn()]
@@ -98,10 +98,15 @@ def evaluate(
           f"{seconds:.1f} s")
 
 
-def _load(model_dir: Path, data, device: str):
+def _load(model_dir: Path, data, device: str, threads: int):
     """The model on its device, checked against the tokenized data's vocabulary."""
+    import torch
+
     from rarelm.errors import RarelmError
     from rarelm.lm import load_causal_lm
+
+    if threads:
+        torch.set_num_threads(threads)
 
     # no use_deterministic_algorithms here: inference on CPU is deterministic already, and the
     # switch imports torch's compiler stack (~3 s)
