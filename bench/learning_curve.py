@@ -88,7 +88,8 @@ def collect(lang: str, out: Path) -> None:
         if len(parts) != 4 or parts[:2] != ["lc", lang] or "eval" not in m:
             continue
         steps, seed, ev, tr = int(parts[2]), int(parts[3][1:]), m["eval"], m.get("train", {})
-        bands = sorted({k.removeprefix("n_eval_terms_band_") for k in ev if k.startswith("n_eval_terms_band_")},
+        prefix = "n_eval_terms_band_"
+        bands = sorted({k.removeprefix(prefix) for k in ev if k.startswith(prefix)},
                        key=lambda b: int(b.split("-")[0]))
         for band in bands:
             rows.append({"lang": lang, "steps": steps, "seed": seed, "band": band,
@@ -120,7 +121,8 @@ def collect(lang: str, out: Path) -> None:
                                                            for b in bands)
                      + f" | {fmt(any_r['overall_exact_match'])} | {fmt(any_r['first_mention_exact_match'])}"
                      f" | {fmt(any_r['le15_exact_match'])} | {fmt(any_r['choice_acc_all'])}"
-                     f" | {fmt(any_r['em50'])} | {fmt(any_r['ppl_frequent'])} | {fmt(any_r['tokens_per_s'])} |")
+                     f" | {fmt(any_r['em50'])} | {fmt(any_r['ppl_frequent'])}"
+                     f" | {fmt(any_r['tokens_per_s'])} |")
     occ = {r["band"]: r["occurrences"] for r in rows}
     lines.append("| occurrences | | " + " | ".join(str(occ[b]) for b in bands) + " |" + " |" * 7)
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
