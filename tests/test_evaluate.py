@@ -321,7 +321,7 @@ def test_bad_rare_inputs_are_one_line_errors(tmp_path):
         load_buckets(tmp_path, 8)
     with pytest.raises(RarelmError, match="run the rare_terms stage first"):
         load_buckets(tmp_path / "nope", 8)
-    (tmp_path / "terms.jsonl").write_text('{"term": "x", "count": 1}\n')
+    (tmp_path / "terms.jsonl").write_text('{"term": "x"}\n')
     with pytest.raises(RarelmError, match=r"terms.jsonl:1: not a term record"):
         term_search.load_terms(tmp_path / "terms.jsonl")
     with pytest.raises(RarelmError, match="eval.splits"):

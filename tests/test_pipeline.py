@@ -26,9 +26,14 @@ def test_dvc_repro_prepare_tokenize_then_nothing_to_do(repo):
 
 
 def test_chinese_demo_by_params_alone(repo):
+    """The Chinese demo through the whole DAG: Han characters tokenized one by one, terms found
+    in text and evaluated in every train-count band that has them."""
     set_params(repo, **{"corpus.path": "data/raw/demo_zh.txt.gz", "corpus.language": "auto",
-                        "corpus.reference_glossary": "data/raw/demo_zh.glossary.tsv"})
-    run(["dvc", "repro", "tokenize"], repo, check=True)
+                        "corpus.reference_glossary": "data/raw/demo_zh.glossary.tsv",
+                        "model.n_layer": 1, "model.n_embd": 32, "model.n_head": 2, "model.block_size": 64,
+                        "train.nproc": 1, "train.max_steps": 4, "train.batch_size": 4,
+                        "eval.max_terms": 60, "eval.diversity_prompts": 0, "eval.context_tokens": 16})
+    run(["dvc", "repro", "evaluate"], repo, check=True, env={"MLFLOW_TRACKING_URI": f"sqlite:///{repo}/m.db"})
     assert read_json(repo / "metrics/prepare.json")["language"] == "zh"
     from transformers import AutoTokenizer
 
@@ -40,6 +45,16 @@ def test_chinese_demo_by_params_alone(repo):
     with open(repo / "data/prepared/test.jsonl", encoding="utf-8") as f:
         assert first == json.loads(f.readline())["text"]
     assert "公司" in first
+    # tokenizer.cjk: chars (the default): no token holds more than one Han character
+    han = [t for t in hf.convert_ids_to_tokens(list(range(len(hf))))
+           if sum("\u4e00" <= c <= "\u9fff" for c in hf.convert_tokens_to_string([t])) > 1]
+    assert han == []
+    m = read_json(repo / "metrics/eval.json")
+    assert m["n_term_occurrences"] > 0 and m["n_eval_terms"] == min(60, m["n_term_occurrences"])
+    bands = [k for k in m if k.startswith("n_eval_terms_band_")]
+    assert len(bands) >= 2 and all(m[k] > 0 for k in bands)
+    rows = [json.loads(line) for line in (repo / "metrics/eval_occurrences.jsonl").open(encoding="utf-8")]
+    assert len(rows) == m["n_eval_terms"] and all(r["expected"] == r["term"] for r in rows)  # no lead
 
 
 @pytest.mark.parametrize(("params", "raw", "message"), [
