@@ -1,6 +1,7 @@
 """Training throughput on CPU: our loop vs transformers' Trainer, and the cost of the rare features.
 
     python bench/train_throughput.py [--steps 30] [--repeats 2] [--tokenized data/tokenized]
+    python bench/train_throughput.py --precisions fp32 bf16 [--steps 30] [--repeats 3]
 
 Three runs on the same model (the `model` params of params.yaml), data
 (data/tokenized, run `dvc repro tokenize` first), micro-batch and precision, in
@@ -23,6 +24,16 @@ the plain one, median of 40) over the time of one plain step, which is all they
 add: the sampler's inverse-CDF draw costs the same for any weights. The last
 line is one JSON object: {"ours_tokens_per_s", "trainer_tokens_per_s",
 "speedup_vs_trainer", "rare_tokens_per_s", "rare_overhead", ...}.
+
+With `--precisions fp32 bf16` it measures bf16 autocast against fp32 in one run, two ways:
+our loop (`ours_plain`) with `train.precision` pinned to each, once per precision per
+repeat, interleaved (best of repeats, as above); and one training step of the same model,
+batch, loss and fused AdamW in each precision, alternating step by step in one process
+(median of `--step-reps`), which other load on a shared machine hits alike. The JSON line
+then holds {"tokens_per_s": {precision: best loop figure}, "step_tokens_per_s": {precision:
+from the median step}, "bf16_over_fp32", "step_bf16_over_fp32", "cpu", "cpu_flags",
+"cpu_has_bf16", ...}; bf16 is native on CPUs with AVX512-BF16/AMX and emulated (much
+slower) on others.
 """
 
 from __future__ import annotations
@@ -152,6 +163,102 @@ def loss_cost(params, vocab: int, reps: int = 40) -> tuple[float, float]:
     return float(np.median(times[0.0])), float(np.median(times[2.0]))
 
 
+def cpu_description() -> tuple[str, list[str]]:
+    """The CPU's model name and which of its flags matter for bf16 (from /proc/cpuinfo)."""
+    model, flags = "unknown", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and model == "unknown":
+                model = value.strip()
+            elif key.strip() == "flags" and not flags:
+                flags = set(value.split())
+    except OSError:
+        pass
+    wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+    return model, [f for f in wanted if f in flags]
+
+
+def step_cost(params, tokenized: Path, precisions: list[str], reps: int) -> dict[str, float]:
+    """Median seconds of one training step (forward under autocast, fp32 loss, backward,
+    clipping, fused AdamW) per precision, the precisions alternating step by step."""
+    import torch
+
+    from rarelm.data import Samples, TokenizedData
+    from rarelm.loss import rare_weighted_loss
+    from rarelm.model import build_model
+    from rarelm.train import configure_optimizer, pick_precision, seed_everything, to_batch
+
+    cpu = torch.device("cpu")
+    data = TokenizedData.open(tokenized)
+    samples = Samples(data.tokens("train"), params.model.block_size)
+    batch = np.random.default_rng(0).integers(0, len(samples), params.train.batch_size)
+    x, y = to_batch(samples, batch, cpu)
+    is_rare = torch.zeros(data.vocab_size, dtype=torch.bool)
+    runs = {}
+    for precision in precisions:
+        seed_everything(params.seed)
+        model = build_model(params.model, data).train()
+        runs[precision] = (model, configure_optimizer(model, params.train, cpu),
+                           pick_precision(precision, cpu)[0])
+    times: dict[str, list[float]] = {p: [] for p in precisions}
+    for rep in range(reps + 3):  # the first 3 warm up kernels and allocator
+        for precision, (model, optimizer, dtype) in runs.items():
+            t0 = time.perf_counter()
+            with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
+                logits = model(input_ids=x, use_cache=False).logits
+            loss, _ = rare_weighted_loss(logits, y, is_rare, 0.0)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), params.train.grad_clip)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            if rep >= 3:
+                times[precision].append(time.perf_counter() - t0)
+    return {p: float(np.median(t)) for p, t in times.items()}
+
+
+def compare_precisions(plain, args, precisions: list[str]) -> None:
+    """Our loop with train.precision pinned to each of `precisions`, interleaved; one JSON line."""
+    import torch
+
+    from rarelm.train import cpu_has_bf16
+
+    results: dict[str, list[float]] = {p: [] for p in precisions}
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp / 'mlflow.db'}"
+        rare_dir, weights0 = make_inputs(args.tokenized, tmp, plain, 0.0)
+        for repeat in range(args.repeats):
+            for precision in precisions:
+                params = dataclasses.replace(plain, train=dataclasses.replace(
+                    plain.train, precision=precision))
+                work = tmp / f"{precision}-{repeat}"
+                figure = run_ours(params, args.tokenized, rare_dir, weights0, work, args.warmup)
+                results[precision].append(figure)
+                print(f"ours {precision} #{repeat + 1}: {figure:,.0f} tokens/s", flush=True)
+    best = {p: max(v) for p, v in results.items()}
+    tokens = plain.train.batch_size * plain.model.block_size
+    steps = {p: tokens / s for p, s in step_cost(plain, args.tokenized, precisions,
+                                                   args.step_reps).items()}
+    for p, v in steps.items():
+        print(f"one step {p}, median of {args.step_reps}: {v:,.0f} tokens/s", flush=True)
+    both = {"bf16", "fp32"} <= set(best)
+    model, flags = cpu_description()
+    summary = {
+        "tokens_per_s": {p: round(v, 1) for p, v in best.items()},
+        "bf16_over_fp32": round(best["bf16"] / best["fp32"], 3) if both else None,
+        "step_tokens_per_s": {p: round(v, 1) for p, v in steps.items()},
+        "step_bf16_over_fp32": round(steps["bf16"] / steps["fp32"], 3) if both else None,
+        "runs": {p: [round(v, 1) for v in vs] for p, vs in results.items()},
+        "step_reps": args.step_reps,
+        "cpu": model, "cpu_flags": flags, "cpu_has_bf16": cpu_has_bf16(),
+        "steps": args.steps, "warmup": args.warmup, "batch_size": plain.train.batch_size,
+        "block_size": plain.model.block_size, "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+    }
+    print(json.dumps(summary))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", default="params.yaml")
@@ -159,6 +266,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--precisions", nargs="+", choices=["fp32", "bf16"],
+                        help="only our loop, once per precision per repeat (e.g. fp32 bf16)")
+    parser.add_argument("--step-reps", type=int, default=40,
+                        help="with --precisions: steps per precision in the step-by-step timing")
     args = parser.parse_args()
 
     from rarelm.params import load_params
@@ -172,6 +283,9 @@ def main() -> None:
                                 tracking=dataclasses.replace(base.tracking, system_metrics=False))
     rare = dataclasses.replace(plain, alpha=0.7,
                                loss=dataclasses.replace(base.loss, rare_weight=2.0))
+    if args.precisions:
+        compare_precisions(plain, args, args.precisions)
+        return
     import importlib.util
 
     results: dict[str, list[float]] = {"ours_plain": [], "ours_rare": [], "trainer": []}
