@@ -572,6 +572,11 @@ def _key(row: dict) -> tuple:
     return (str(row["split"]), int(row["doc"]), int(row["char_start"]), str(row["term"]))
 
 
+def same_occurrences(a: RunData, b: RunData) -> bool:
+    """Whether two runs were evaluated on the same term occurrences (so they can be paired)."""
+    return sorted(map(_key, a.rows)) == sorted(map(_key, b.rows))
+
+
 def align(configs: list[Configuration], metrics: Sequence[str]) -> tuple[Occurrences, list[str]]:
     """Pair every run's rows by occurrence; fill each configuration's values.
 

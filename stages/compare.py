@@ -54,9 +54,15 @@ def compare(
             if name in (runs or []) or name in baseline:
                 continue
             try:
-                other.append(cmp.load_run(name, split=split))
+                run = cmp.load_run(name, split=split)
             except cmp.RarelmError as exc:  # an experiment from before per-occurrence results
                 print(f"rarelm compare: warning: skipped experiment {exc}", file=sys.stderr)
+                continue
+            if not cmp.same_occurrences(run, base_runs[0]):  # another corpus, split or term list
+                print(f"rarelm compare: warning: skipped experiment {name}: evaluated on other "
+                      f"occurrences than {base_runs[0].name}", file=sys.stderr)
+                continue
+            other.append(run)
         report = cmp.compare(base_runs, other, metric or tuple(cmp.METRICS), bootstrap, seed)
         text = cmp.markdown(report)
         paths = cmp.write_report(report, out) if out is not None else []
