@@ -7,7 +7,7 @@
 Queues one DVC experiment per (steps, seed) (`dvc exp run --queue -n lc-<lang>-<steps>-s<seed>
 -S train.max_steps=<steps> -S seed=<seed>`, plus the Chinese demo's corpus params for zh),
 runs the queue with one worker (`dvc queue start -j 1`; the experiments share 2 cores), waits,
-then reads every experiment's metrics from `dvc exp show --json` and writes
+then reads every experiment's metrics from its git commit (refs/exps/...) and writes
 docs/curves/learning_curve_<lang>.csv (one row per experiment and band) and .md (a table per
 seed: exact match per band, overall, first mentions, closed-set choice, em50, tokens/s).
 Needs an activated environment (dvc's stages run `python`).
@@ -61,23 +61,20 @@ def queue(lang: str, steps: list[int], seeds: list[int]) -> None:
 
 
 def experiments() -> dict[str, dict]:
-    """name -> {"eval": ..., "train": ...} for every experiment `dvc exp show` lists."""
-    found: dict[str, dict] = {}
+    """name -> {"eval": ..., "train": ...} for every finished DVC experiment, whatever its baseline
+    commit (`dvc exp show` lists only HEAD's; the experiments live under git's refs/exps/)."""
+    sys.path.insert(0, str(ROOT))
+    from rarelm.compare import experiment_refs
 
-    def walk(node):
-        if isinstance(node, dict):
-            data = node.get("data")
-            if node.get("name") and isinstance(data, dict):
-                metrics = data.get("metrics") or {}
-                found[node["name"]] = {k.split("/")[-1].removesuffix(".json"): (v or {}).get("data", {})
-                                       for k, v in metrics.items()}
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, list):
-            for value in node:
-                walk(value)
-
-    walk(json.loads(dvc("exp", "show", "--json")))
+    found = {}
+    for exp_name, _, commit in experiment_refs(ROOT):
+        metrics = {}
+        for part in ("eval", "train"):
+            out = subprocess.run(["git", "show", f"{commit}:metrics/{part}.json"], cwd=ROOT,
+                                 capture_output=True, text=True)
+            if out.returncode == 0:
+                metrics[part] = json.loads(out.stdout)
+        found[exp_name] = metrics
     return found
 
 
@@ -122,7 +119,7 @@ def collect(lang: str, out: Path) -> None:
                      + f" | {fmt(any_r['overall_exact_match'])} | {fmt(any_r['first_mention_exact_match'])}"
                      f" | {fmt(any_r['le15_exact_match'])} | {fmt(any_r['choice_acc_all'])}"
                      f" | {fmt(any_r['em50'])} | {fmt(any_r['ppl_frequent'])}"
-                     f" | {fmt(any_r['tokens_per_s'])} |")
+                     f" | {any_r['tokens_per_s'] or 0:,.0f} |")
     occ = {r["band"]: r["occurrences"] for r in rows}
     lines.append("| occurrences | | " + " | ".join(str(occ[b]) for b in bands) + " |" + " |" * 7)
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
