@@ -86,14 +86,19 @@ def cpu_has_bf16() -> bool:
     `=1` as on one with AVX512-BF16/AMX (auto = bf16; where bf16 is not native, torch emulates
     it, correctly but ~10x slower).
     """
-    import torch
-
     forced = os.environ.get(CPU_BF16_ENV, "").strip()
     if forced in ("0", "1"):
         return forced == "1"
     if forced:
         raise RarelmError(f"{CPU_BF16_ENV} = {forced!r} is not allowed "
                           "(must be 0, 1, or unset to ask the CPU)")
+    return cpu_has_native_bf16()
+
+
+def cpu_has_native_bf16() -> bool:
+    """What the CPU itself says (AVX512-BF16 or AMX tiles), whatever RARELM_CPU_BF16 is."""
+    import torch
+
     checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
     return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
 

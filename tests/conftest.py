@@ -58,6 +58,22 @@ def set_params(root: Path, **overrides) -> None:
     path.write_text(yaml.safe_dump(params, sort_keys=False, allow_unicode=True))
 
 
+def pytest_report_header(config) -> str:
+    """Which way `train.precision: auto` resolves in this run: the suite passes either way, and
+    RARELM_CPU_BF16=0|1 runs it as on the other kind of CPU."""
+    from rarelm.errors import RarelmError
+    from rarelm.train import CPU_BF16_ENV, cpu_has_bf16, cpu_has_native_bf16
+
+    native = "with" if cpu_has_native_bf16() else "without"
+    try:
+        auto = "bf16" if cpu_has_bf16() else "fp32"
+    except RarelmError as exc:
+        return f"rarelm: CPU {native} native bf16; {exc}"
+    forced = os.environ.get(CPU_BF16_ENV)
+    how = f" ({CPU_BF16_ENV}={forced})" if forced else ""
+    return f"rarelm: CPU {native} native bf16; train.precision auto = {auto}{how}"
+
+
 TINY = {"n_terms": 40, "top_count": 30, "filler_sentences": (3, 6)}
 
 

@@ -26,7 +26,7 @@ from rarelm.checkpoint import CheckpointStore, run_key
 from rarelm.errors import RarelmError
 from rarelm.loss import rare_mask, rare_weighted_loss
 from rarelm.params import TrainParams
-from rarelm.train import CPU_BF16_ENV, SampleStream, cpu_has_bf16, lr_at, pick_precision
+from rarelm.train import CPU_BF16_ENV, SampleStream, cpu_has_bf16, cpu_has_native_bf16, lr_at, pick_precision
 from tests.conftest import REPO, run, set_params
 
 TINY_TRAIN = {
@@ -120,9 +120,7 @@ def test_auto_precision_follows_the_cpu_and_can_be_forced_as_on_the_other_kind(
     assert cpu_has_bf16() is (forced == "1")
     assert pick_precision("auto", cpu) == (expected, False)  # never a GradScaler on CPU
     monkeypatch.delenv(CPU_BF16_ENV)
-    native = any(getattr(torch.cpu, f, lambda: False)()
-                 for f in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
-    assert cpu_has_bf16() is native
+    assert cpu_has_bf16() is cpu_has_native_bf16()
     monkeypatch.setenv(CPU_BF16_ENV, "yes")
     with pytest.raises(RarelmError, match="RARELM_CPU_BF16 = 'yes' is not allowed"):
         pick_precision("auto", cpu)
