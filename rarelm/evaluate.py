@@ -10,12 +10,16 @@ For each split in `eval.splits`, three measurements, each with the counts behind
    rare, unseen-in-train), that yields `ppl`, `ppl_<bucket>`, `acc_<bucket>`,
    `recall_at_5_<bucket>`, `rare_token_acc`, `rare_token_recall_at_5`.
 2. Rare-term generation (`evaluate_terms`): every occurrence of a term of
-   data/rare/terms.jsonl in the split (capped at `eval.max_terms`, round robin
-   over terms); prompt = up to `eval.context_tokens` tokens before it in its
-   document; greedy decode as many tokens as the term has. `term_exact_match`
-   (all tokens right), `term_first_token_acc`, `term_nll` (mean per-token NLL of
-   the term given the prompt, averaged over occurrences), also per band of the
-   term's train count (plots/eval_term_bands.csv).
+   data/rare/terms.jsonl in the split's text (term_search.find_occurrences;
+   capped at `eval.max_terms`, round robin over terms); prompt = up to
+   `eval.context_tokens` tokens before the first token covering the term; greedy
+   decoding until the text covers lead + term. One row per occurrence (exact
+   match, first-token hit, NLL, closed-set rank among all terms, mention type,
+   band); `term_metrics` turns the rows into `term_exact_match`,
+   `term_first_token_acc`, `term_nll`, `term_choice_acc`, their `_first` /
+   `_repeat` / `_le15` / `_band_<lo-hi>` / `_macro` variants and
+   `em50_train_count`. The tokens covering term occurrences are also scored as
+   their own class in (1): `ppl_term`, `acc_term`, `recall_at_5_term`.
 3. Diversity (`diversity`): `eval.diversity_prompts` prompts spread evenly over
    the split, each continued by `eval.diversity_tokens` tokens sampled at
    temperature 1 (the model's own distribution), against the human text that
