@@ -72,8 +72,9 @@ def test_full_disk_while_writing_outputs_keeps_previous_outputs(repo, name):
     outputs = {"prepare": [repo / "data/prepared", repo / "metrics/prepare.json"],
                "tokenize": [repo / "data/tokenized", repo / "metrics/tokenize.json"]}[name]
     before = tree_digest(*outputs)
-    # params that would change every output, then a disk that fills up half-way
-    set_params(repo, seed=7, **{"tokenizer.vocab_size": 600})
+    # params that would change every output (the split follows corpus.split_seed, not seed),
+    # then a disk that fills up half-way
+    set_params(repo, **{"corpus.split_seed": 7, "tokenizer.vocab_size": 600})
     result = run_with_file_size_limit([sys.executable, "-m", f"stages.{name}"], repo, 16 * 1024)
     assert_one_line_error(result, f"rarelm {name}: error: cannot write outputs", "File too large")
     assert result.returncode == 2
