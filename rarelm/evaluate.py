@@ -232,8 +232,12 @@ def evaluate_terms(model, tokenizer, documents: list[str], tokens: np.ndarray, o
                 if o.lead not in candidate_ids:
                     candidate_ids[o.lead] = [e.ids for e in tokenizer.encode_batch(
                         [o.lead + t.text for t in terms], add_special_tokens=False)]
-                scores = candidates_nll(model, prompts[i], candidate_ids[o.lead])
-                rank = 1 + int((scores < scores[o.term]).sum())
+                ids = candidate_ids[o.lead][o.term]  # the true term, tokenized as every candidate is
+                true_nll = float(nlls[row].sum()) if ids == covers[i] else \
+                    candidates_nll(model, prompts[i], [ids])[0]
+                scores = candidates_nll(model, prompts[i], candidate_ids[o.lead], bound=true_nll)
+                scores[o.term] = true_nll  # only the others are counted against it
+                rank = 1 + int((scores < true_nll).sum())
             rows[i] = {"split": split, "term": term.text, "train_count": term.count,
                        "band": term_search.band_label(term.count), "mention": o.mention, "doc": o.doc,
                        "char_start": o.char_start, "prompt_tokens": len(prompts[i]),

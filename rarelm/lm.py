@@ -155,50 +155,59 @@ def continuation_nll(model, prompts: list[list[int]], continuations: list[list[i
     return out
 
 
-def candidates_nll(model, prompt: list[int], candidates: list[list[int]], chunk: int = 512):
+def candidates_nll(model, prompt: list[int], candidates: list[list[int]], bound: float = float("inf")):
     """Summed NLL (nats) of each candidate continuation after one prompt: float64 array [len(candidates)].
 
-    Candidates that share all but their last token share one row: the row holds
-    that common part (say " acute" for " acute MI" and " acute asthma"), and its
-    logits at each position score the next token of every candidate built on it,
-    so scoring 300 two-token terms with 30 distinct first tokens runs 30 rows of
-    one token. The prompt runs once per chunk of rows and its KV cache is
-    repeated for every row. Rows are right-padded: padding after a sequence
-    cannot change a causal model's outputs before it. A model that returns no
-    cache is scored on prompt + row in full (same result).
+    The candidates are walked as a trie, one token position at a time: the prompt
+    runs once, then each step feeds the last token of every open prefix as one
+    batch, the prompt's KV cache repeated per prefix (so " acute MI" and " acute
+    asthma" share the step for " acute"). Scoring 300 terms costs a few batched
+    one-token steps, not 300 passes over the prompt.
+
+    With a `bound`, a prefix whose NLL already reaches `bound` is not extended:
+    every candidate below it gets `inf` (its NLL is >= bound either way). Ranking
+    the candidates against one of them (bound = its NLL) is then exact and expands
+    only the prefixes that could still beat it. A model that returns no cache is
+    scored on prompt + prefix in full at each step (same result).
     """
     import numpy as np
     import torch
 
     device = model.device
-    heads = list(dict.fromkeys(tuple(c[:-1]) for c in candidates if len(c) > 1))
-    row_of = {h: i for i, h in enumerate(heads)}
+    out = np.full(len(candidates), np.inf)
+    children: dict[tuple, list[int]] = {}  # prefix -> next tokens of candidates that continue it
+    ends: dict[tuple, list[int]] = {}  # prefix -> candidates that are exactly this prefix
+    for i, cand in enumerate(candidates):
+        ends.setdefault(tuple(cand), []).append(i)
+        for k in range(len(cand)):
+            nxt = children.setdefault(tuple(cand[:k]), [])
+            if cand[k] not in nxt:
+                nxt.append(cand[k])
     with torch.no_grad():
         first = model(input_ids=torch.as_tensor([prompt], device=device), use_cache=True)
-        head_logp = torch.log_softmax(first.logits[0, -1].float(), dim=-1).double().cpu().numpy()
-        row_logp = []  # per row: log-probs [len(row), vocab] after each of its tokens
-        for c in range(0, len(heads), chunk):
-            rows = heads[c:c + chunk]
-            width = max(map(len, rows))
-            ids = torch.zeros((len(rows), width), dtype=torch.long)
-            for r, row in enumerate(rows):
-                ids[r, :len(row)] = torch.as_tensor(row)
-            out = first if c == 0 else model(input_ids=torch.as_tensor([prompt], device=device),
-                                             use_cache=True)
-            cache = getattr(out, "cache", None)
+        cache = getattr(first, "cache", None)
+        logp = torch.log_softmax(first.logits[:, -1].float(), dim=-1).double().cpu().numpy()
+        nodes, nll = [()], [0.0]
+        while nodes:
+            grown, grown_nll, parent = [], [], []
+            for j, (prefix, base) in enumerate(zip(nodes, nll, strict=True)):
+                for token in children.get(prefix, ()):
+                    child, value = prefix + (token,), base - logp[j, token]
+                    for i in ends.get(child, ()):
+                        out[i] = value
+                    if value < bound and child in children:
+                        grown.append(child)
+                        grown_nll.append(value)
+                        parent.append(j)
+            if not grown:
+                break
             if cache is not None:
-                cache.batch_repeat_interleave(len(rows))
-                logits = model(input_ids=ids.to(device), cache=cache, use_cache=True).logits
+                cache.batch_select_indices(torch.as_tensor(parent, device=device))
+                step = torch.as_tensor([[c[-1]] for c in grown], device=device)
+                logits = model(input_ids=step, cache=cache, use_cache=True).logits[:, -1]
             else:
-                full = torch.cat([torch.as_tensor([prompt] * len(rows)), ids], dim=1).to(device)
-                logits = model(input_ids=full).logits[:, len(prompt):]
+                full = torch.as_tensor([prompt + list(c) for c in grown], device=device)
+                logits = model(input_ids=full).logits[:, -1]
             logp = torch.log_softmax(logits.float(), dim=-1).double().cpu().numpy()
-            row_logp.extend(logp[r, :len(row)] for r, row in enumerate(rows))
-    out_nll = np.empty(len(candidates), dtype=np.float64)
-    for i, cand in enumerate(candidates):
-        total = -head_logp[cand[0]]
-        if len(cand) > 1:
-            logp = row_logp[row_of[tuple(cand[:-1])]]
-            total -= logp[np.arange(len(cand) - 1), cand[1:]].sum()
-        out_nll[i] = total
-    return out_nll
+            nodes, nll = grown, grown_nll
+    return out

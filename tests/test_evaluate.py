@@ -310,9 +310,16 @@ def test_batched_generation_equals_one_at_a_time(arch):
         np.testing.assert_allclose(got, want.detach().numpy(), rtol=1e-5)
     # closed-set scoring shares the prompt's KV cache across candidates: same sums as full passes
     for p in prompts:
-        sums = candidates_nll(model, p, conts + [[2]], chunk=3)
+        sums = candidates_nll(model, p, conts + [[2]])
         want = [continuation_nll(model, [p], [c], pad_id=0)[0].sum() for c in conts + [[2]]]
         np.testing.assert_allclose(sums, want, rtol=1e-5)
+        # with a bound, candidates that cannot beat it stop after their first token: same ranking
+        heads = candidates_nll(model, p, [[c[0]] for c in conts])  # first tokens alone
+        longest = 2 if heads[2] > heads[3] else 3  # of the two 3+-token candidates, the costlier start
+        bound = float(heads[longest])  # is cut right there
+        pruned = candidates_nll(model, p, conts + [[2]], bound=bound)
+        assert ((pruned < bound) == (sums < bound)).all() and np.isinf(pruned[longest])
+        np.testing.assert_allclose(pruned[np.isfinite(pruned)], sums[np.isfinite(pruned)], rtol=1e-5)
 
 
 def test_bad_rare_inputs_are_one_line_errors(tmp_path):
