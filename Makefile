@@ -34,7 +34,9 @@ ui: $(VENV)/.installed  ## MLflow UI on the local store, loopback only
 demo: $(VENV)/.installed  ## rebuild the committed demo corpora under data/raw/
 	rarelm demo
 
-# The workspace run (baseline) against every DVC experiment of HEAD, seeds pooled, with paired
-# term-bootstrap intervals: reports/index.html (self-contained), reports/report.md, reports/report.json.
-report: $(VENV)/.installed  ## compare the DVC experiments of HEAD with the workspace -> reports/
-	rarelm compare --experiments --baseline workspace --out reports
+# The committed run (HEAD, the experiments' baseline commit) against every DVC experiment of HEAD,
+# seeds pooled, with paired term-bootstrap intervals: reports/index.html (self-contained),
+# reports/report.md, reports/report.json. HEAD, not the workspace: `dvc exp run` without --queue
+# leaves the last experiment's results in the workspace.
+report: $(VENV)/.installed  ## compare the DVC experiments of HEAD with the committed run -> reports/
+	rarelm compare --experiments --baseline HEAD --out reports

@@ -3,7 +3,7 @@
     rarelm prepare && rarelm tokenize      # what `dvc repro` runs, by hand
     rarelm demo                            # rebuild the demo corpora under data/raw/
     rarelm generate "The patient" --model models/model   # continue a prompt, streaming
-    rarelm compare exp-a exp-b --baseline workspace --out reports   # paired intervals, HTML report
+    rarelm compare exp-a exp-b --baseline HEAD --out reports   # paired intervals, HTML report
 """
 
 from pathlib import Path

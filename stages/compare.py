@@ -1,9 +1,9 @@
 """`rarelm compare`: evaluated runs against a baseline, with paired term-bootstrap intervals.
 
-    rarelm compare exp-a1b2c exp-d3e4f --baseline workspace
+    rarelm compare exp-a1b2c exp-d3e4f --baseline HEAD
     rarelm compare alpha07-s1 alpha07-s2 --baseline base-s1 --baseline base-s2 --out reports
     rarelm compare 0123456789abcdef0123456789abcdef --baseline HEAD~1 --metric exact_match
-    rarelm compare --experiments --baseline workspace --out reports    # what `make report` runs
+    rarelm compare --experiments --baseline HEAD --out reports    # what `make report` runs
 
 A RUN is a DVC experiment name, a git revision, an MLflow run id (32 hex digits)
 or `workspace`; each must hold per-occurrence results (metrics/eval_occurrences.jsonl,
