@@ -470,12 +470,26 @@ def test_unreachable_store_is_one_warning_line(tmp_path, monkeypatch, capsys):
     ("no_model", "models/model: no such model folder"),
     ("no_terms", "data/rare/terms.jsonl: no such file; run the rare_terms stage first"),
     ("no_buckets", "data/rare/buckets.npy: not found; run the rare_terms stage first"),
+    ("no_prepared", "data/prepared/test.jsonl: no such file; run the prepare stage first"),
+    ("short_prepared", "the prepared split has 1 documents but the tokenized one"),
+    ("other_text", "the tokenizer does not reproduce document 0 of the tokenized split"),
 ])
 def test_bad_inputs_are_one_line_errors_without_output(workspace, tmp_path, breakage, message):
     ws = tmp_path / "ws"
     shutil.copytree(workspace, ws)
+    prepared = ws / "data/prepared/test.jsonl"
+    lines = prepared.read_text(encoding="utf-8").splitlines(keepends=True)
     if breakage == "no_model":
         shutil.rmtree(ws / "models/model")
+    elif breakage == "no_prepared":
+        prepared.unlink()
+    elif breakage == "short_prepared":  # the text no longer matches the tokenized split
+        prepared.write_text(lines[0], encoding="utf-8")
+    elif breakage == "other_text":  # same documents, other words: a term found in text, other tokens
+        first = json.loads(lines[0])["text"]
+        words = [w.strip(".,:") for w in first.split()]
+        lines[0] = json.dumps({"text": f"{words[0]} {words[1]} " + first}) + "\n"
+        prepared.write_text("".join(lines), encoding="utf-8")
     else:
         (ws / "data/rare" / ("terms.jsonl" if breakage == "no_terms" else "buckets.npy")).unlink()
     result = stage("evaluate", ws)

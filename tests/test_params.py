@@ -37,6 +37,11 @@ def test_int_is_accepted_for_float_and_converted():
     ({"corpus": 3}, "params: corpus = 3 is not allowed (must be a mapping)"),
     ({"tokenizer": {"vocab_size": 10}},
      "params: tokenizer.vocab_size = 10 is not allowed (must be >= 260)"),
+    ({"tokenizer": {"cjk": "words"}},
+     "params: tokenizer.cjk = 'words' is not allowed (must be one of chars, merge)"),
+    ({"corpus": {"split_seed": -1}}, "params: corpus.split_seed = -1 is not allowed (must be >= 0)"),
+    ({"eval": {"threads": -1}}, "params: eval.threads = -1 is not allowed (must be >= 0)"),
+    ({"eval": {"closed_set": "no"}}, "params: eval.closed_set = 'no' is not allowed (must be true or false)"),
 ])
 def test_bad_values_name_key_value_and_allowed(raw, message):
     with pytest.raises(RarelmError) as err:
