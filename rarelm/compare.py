@@ -627,13 +627,10 @@ def align(configs: list[Configuration], metrics: Sequence[str]) -> tuple[Occurre
 
 
 def _band(row: dict) -> str:
-    """The row's band label without a plot prefix ("band 03: 4-7" -> "4-7"); from train_count if absent."""
-    band = row.get("band")
-    if band is None:
-        from rarelm.term_search import band_label
+    """The row's train-count band ("4-7"), from its train count."""
+    from rarelm.term_search import band_label
 
-        return band_label(int(row["train_count"]))
-    return re.sub(r"^band \d+:\s*", "", str(band))
+    return band_label(int(row["train_count"]))
 
 
 def slices(occ: Occurrences) -> list[tuple[str, np.ndarray]]:

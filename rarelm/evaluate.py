@@ -193,7 +193,7 @@ def evaluate_terms(model, tokenizer, documents: list[str], tokens: np.ndarray, o
                    eot_id: int, closed_set: bool = True, split: str = "test",
                    per_term: list[list[term_search.Occurrence]] | None = None,
                    progress: Progress | None = None) -> list[dict]:
-    """One row per evaluated term occurrence (see OCCURRENCE_FIELDS); metrics come from `term_metrics`.
+    """One row per evaluated term occurrence (metrics/eval_occurrences.jsonl); `term_metrics` sums them up.
 
     At each chosen occurrence (term_search.find_occurrences, capped round robin):
     the prompt is up to `context_tokens` of the document's tokens before the first
@@ -291,6 +291,14 @@ def em50_train_count(counts: np.ndarray, hits: np.ndarray) -> float | None:
     return float(2.0 ** crossing)
 
 
+def _figures(rows: list[dict]) -> dict:
+    """Exact match, first-token accuracy, NLL and closed-set choice: means over some rows."""
+    return {"exact_match": _mean(r["exact_match"] for r in rows),
+            "first_token_acc": _mean(r["first_token_hit"] for r in rows),
+            "nll": _mean(r["nll"] for r in rows),
+            "choice_acc": _mean(None if r["choice_rank"] is None else r["choice_rank"] == 1 for r in rows)}
+
+
 def term_metrics(rows: list[dict], n_terms: int, n_occurrences: int) -> dict:
     """metrics/eval.json's term figures, from the per-occurrence rows alone.
 
@@ -299,28 +307,23 @@ def term_metrics(rows: list[dict], n_terms: int, n_occurrences: int) -> dict:
     `_band_<lo-hi>` by the term's train count; `_le15` keeps terms seen <= 15 times.
     """
     def block(subset: list[dict], suffix: str) -> dict:
-        return {f"term_exact_match{suffix}": _mean(r["exact_match"] for r in subset),
-                f"term_first_token_acc{suffix}": _mean(r["first_token_hit"] for r in subset),
-                f"term_nll{suffix}": _mean(r["nll"] for r in subset),
-                f"term_choice_acc{suffix}": _mean(None if r["choice_rank"] is None else r["choice_rank"] == 1
-                                                  for r in subset),
-                f"n_eval_terms{suffix}": len(subset)}
+        out = {f"term_{key}{suffix}": value for key, value in _figures(subset).items()}
+        return {**out, f"n_eval_terms{suffix}": len(subset)}
 
     out = block(rows, "")
     by_term: dict[str, list[dict]] = {}
     for r in rows:
         by_term.setdefault(r["term"], []).append(r)
-    per_term = [block(group, "") for group in by_term.values()]
-    for key in ("term_exact_match", "term_first_token_acc", "term_choice_acc"):
-        out[f"{key}_macro"] = _mean(m[key] for m in per_term)
+    per_term = [_figures(group) for group in by_term.values()]
+    for key in ("exact_match", "first_token_acc", "choice_acc"):
+        out[f"term_{key}_macro"] = _mean(m[key] for m in per_term)
     for mention in ("first", "repeat"):
         out.update(block([r for r in rows if r["mention"] == mention], f"_{mention}"))
     out.update(block([r for r in rows if r["train_count"] <= 15], "_le15"))
-    for k in sorted({term_search.band_index(r["train_count"]) for r in rows}):
-        subset = [r for r in rows if term_search.band_index(r["train_count"]) == k]
-        label = subset[0]["band"]
-        out[f"term_exact_match_band_{label}"] = _mean(r["exact_match"] for r in subset)
-        out[f"term_choice_acc_band_{label}"] = block(subset, "")["term_choice_acc"]
+    for label, subset in _by_band(rows):
+        figures = _figures(subset)
+        out[f"term_exact_match_band_{label}"] = figures["exact_match"]
+        out[f"term_choice_acc_band_{label}"] = figures["choice_acc"]
         out[f"n_eval_terms_band_{label}"] = len(subset)
     counts = np.array([r["train_count"] for r in rows], dtype=np.int64)
     out["em50_train_count"] = em50_train_count(counts, np.array([r["exact_match"] for r in rows], bool))
@@ -330,16 +333,19 @@ def term_metrics(rows: list[dict], n_terms: int, n_occurrences: int) -> dict:
     return out
 
 
+def _by_band(rows: list[dict]) -> list[tuple[str, list[dict]]]:
+    """(band label, its rows) for each train-count band that has rows, in band order."""
+    bands: dict[int, list[dict]] = {}
+    for r in rows:
+        bands.setdefault(term_search.band_index(r["train_count"]), []).append(r)
+    return [(term_search.band_label(group[0]["train_count"]), group) for _, group in sorted(bands.items())]
+
+
 def band_rows(rows: list[dict]) -> list[dict]:
     """plots/eval_term_bands.csv: one row per train-count band."""
-    bands: dict[str, list[dict]] = {}
-    for r in rows:
-        bands.setdefault(term_search.frequency_band(r["train_count"]), []).append(r)
-    return [{"band": band, "terms": len({r["term"] for r in group}), "occurrences": len(group),
-             "exact_match": _mean(r["exact_match"] for r in group),
-             "first_token_acc": _mean(r["first_token_hit"] for r in group),
-             "choice_acc": _mean(None if r["choice_rank"] is None else r["choice_rank"] == 1 for r in group),
-             "nll": _mean(r["nll"] for r in group)} for band, group in sorted(bands.items())]
+    return [{"band": term_search.frequency_band(group[0]["train_count"]),
+             "terms": len({r["term"] for r in group}), "occurrences": len(group), **_figures(group)}
+            for _, group in _by_band(rows)]
 
 
 # ---------------------------------------------------------------- diversity of free generation
