@@ -90,15 +90,24 @@ class RareParams:
 class WeightsParams:
     """How `weights` turns token frequencies into per-sample weights (rarelm/weights.py)."""
 
+    # frequency: mean inverse token frequency of the window's targets; terms: the rarity of the
+    # extracted terms the window holds (sum of 1 / train_count ** term_beta, plus term_floor)
+    score: Literal["frequency", "terms"] = "frequency"
+    term_beta: float = param(1.0, ge=0.0)  # terms: how much more a rarer term counts
+    term_floor: float = param(0.05, gt=0.0)  # terms: the score of a window without a term
+    # alpha over training: constant; decay (alpha -> 0, linearly over the epochs); grow (0 -> alpha)
+    schedule: Literal["constant", "decay", "grow"] = "constant"
     clip_ratio: float = param(100.0, ge=1.0)  # largest / smallest weight after clipping
     chunk_tokens: int = param(4_000_000, ge=1024)  # tokens scored per chunk (bounds memory)
 
 
 @dataclasses.dataclass(frozen=True)
 class LossParams:
-    """Rare-token loss weighting: weight 1 + rare_weight on rare-bucket targets."""
+    """Target weighting: weight 1 + rare_weight on the targets that `targets` selects."""
 
     rare_weight: float = param(0.0, ge=0.0)
+    # rare_bucket: targets in the rare frequency bucket; terms: tokens of term occurrences; both
+    targets: Literal["rare_bucket", "terms", "both"] = "rare_bucket"
 
 
 @dataclasses.dataclass(frozen=True)
