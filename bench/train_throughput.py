@@ -1,29 +1,34 @@
 """Training throughput on CPU: our loop vs transformers' Trainer, and the cost of the rare features.
 
-    python bench/train_throughput.py [--steps 30] [--repeats 2] [--tokenized data/tokenized]
+    python bench/train_throughput.py [--steps 30] [--repeats 2] [--tokenized ...] [--prepared ...]
     python bench/train_throughput.py --precisions fp32 bf16 [--steps 30] [--repeats 3]
 
-Three runs on the same model (the `model` params of params.yaml), data
-(data/tokenized, run `dvc repro tokenize` first), micro-batch and precision, in
-one process (train.nproc = 1, so nothing else competes for the cores):
+Runs on the same model (the `model` params of params.yaml), data (data/tokenized and
+data/prepared: run `dvc repro tokenize` first; the rare_terms and weights outputs are
+made here by the stages' own code), micro-batch and precision, in one process
+(train.nproc = 1, so nothing else competes for the cores):
 
 * `ours_plain`  rarelm.train.train with alpha = 0 and loss.rare_weight = 0
-* `ours_rare`   rarelm.train.train with alpha = 0.7 and loss.rare_weight = 2
+* `ours_rare`   alpha = 0.7 (frequency scores) and loss.rare_weight = 2 on the rare bucket
+* `ours_terms`  term-aware sampling and loss: weights.score = terms, alpha = 1,
+                loss.targets = terms, loss.rare_weight = 2
 * `trainer`     transformers.Trainer (needs `accelerate`), uniform sampling, plain CE
 
 Tokens/s is counted over the steps after the first `--warmup` ones (our loop:
 its logged windows; Trainer: a callback's clock), so start-up, compilation of
-kernels, validation and saving are left out of all three alike. Runs are
+kernels, validation and saving are left out of all alike. Runs are
 interleaved and repeated; each figure is the best of its repeats, which is the
 least disturbed by other load on a shared machine.
 
-The rare features' overhead is reported twice: end to end (`ours_rare` against
-`ours_plain`, best of repeats: noisy on a shared machine) and as `rare_overhead`,
-the extra time of the weighted loss (forward + backward, timed interleaved with
-the plain one, median of 40) over the time of one plain step, which is all they
-add: the sampler's inverse-CDF draw costs the same for any weights. The last
-line is one JSON object: {"ours_tokens_per_s", "trainer_tokens_per_s",
-"speedup_vs_trainer", "rare_tokens_per_s", "rare_overhead", ...}.
+The rare features' overhead is reported twice: end to end (`ours_rare` and
+`ours_terms` against `ours_plain`, best of repeats: noisy on a shared machine) and
+as `rare_overhead` / `terms_overhead`, the extra time of the weighted loss
+(forward + backward; for terms also the term-index lookup of the batch's target
+positions), timed interleaved with the plain one, median of 40, over the time of
+one plain step, which is all they add per step: the sampler's epoch draw costs the
+same for any weights. The last line is one JSON object: {"ours_tokens_per_s",
+"trainer_tokens_per_s", "speedup_vs_trainer", "rare_tokens_per_s",
+"terms_tokens_per_s", "rare_overhead", "terms_overhead", ...}.
 
 With `--precisions fp32 bf16` it measures bf16 autocast against fp32 in one run, two ways:
 our loop (`ours_plain`) with `train.precision` pinned to each, once per precision per
@@ -57,22 +62,18 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 
 
-def make_inputs(tokenized: Path, out: Path, params, alpha: float) -> tuple[Path, Path]:
-    """data/rare-like buckets and data/weights-like weights for `alpha`, from the real stages' code."""
+def make_inputs(tokenized: Path, prepared: Path, out: Path, params, name: str) -> tuple[Path, Path]:
+    """data/rare and data/weights for `params`, made by the rare_terms and weights stages' code."""
     from rarelm import rare, weights
-    from rarelm.data import TokenizedData
 
-    data = TokenizedData.open(tokenized)
-    tokens = data.tokens("train")
-    counts = rare.count_tokens(tokens, data.vocab_size, params.rare.chunk_tokens)
-    buckets, _ = rare.bucket_tokens(counts, params.rare.frequent_share, params.rare.rare_share)
-    rare_dir, weights_dir = out / "rare", out / f"weights-{alpha}"
-    rare_dir.mkdir(parents=True, exist_ok=True)
+    rare_dir, weights_dir = out / "rare", out / f"weights-{name}"
+    if not (rare_dir / "terms.jsonl").exists():
+        rare_dir.mkdir(parents=True, exist_ok=True)
+        rare.rare_terms(params.rare, "", prepared, tokenized, rare_dir)
     weights_dir.mkdir(parents=True, exist_ok=True)
-    np.save(rare_dir / "buckets.npy", buckets)
-    w = weights.sample_weights(tokens, counts, params.model.block_size, alpha,
-                               params.weights.clip_ratio, params.rare.chunk_tokens)
+    w, scores, _, _ = weights.compute(params, tokenized, rare_dir)
     np.save(weights_dir / "weights.npy", w)
+    np.save(weights_dir / "scores.npy", scores)
     return rare_dir, weights_dir
 
 
@@ -136,31 +137,43 @@ def run_trainer(params, tokenized: Path, work: Path, warmup: int) -> float:
     return clock.steps * tp.batch_size * tp.grad_accum * params.model.block_size / elapsed
 
 
-def loss_cost(params, vocab: int, reps: int = 40) -> tuple[float, float]:
-    """Median seconds of the loss forward + backward at rare_weight 0 and 2, interleaved.
+def loss_cost(params, tokenized: Path, rare_dir: Path, reps: int = 40) -> dict[str, float]:
+    """Median seconds of the loss forward + backward: plain, rare-bucket and term targets, interleaved.
 
-    The rare features cost nothing else per step (the sampler draws by inverse CDF for
-    any weights, uniform ones included), so this difference over a step's time is their
-    overhead, measured so that other load on the machine hits both sides alike.
+    The rare features cost nothing else per step (the sampler's epoch draw costs the same
+    for any weights), so this difference over a step's time is their overhead, measured
+    so that other load on the machine hits all sides alike. The term targets include the
+    term-index lookup of the batch's target positions, at random window starts.
     """
     import torch
 
-    from rarelm.loss import rare_weighted_loss
+    from rarelm.data import Samples, TokenizedData
+    from rarelm.loss import Objective, rare_mask
+    from rarelm.rare import TermIndex, load_buckets
 
+    data = TokenizedData.open(tokenized)
+    vocab, block = data.vocab_size, params.model.block_size
     generator = torch.Generator().manual_seed(0)
-    shape = (params.train.batch_size, params.model.block_size)
+    shape = (params.train.batch_size, block)
     logits = torch.randn(*shape, vocab, generator=generator, requires_grad=True)
     targets = torch.randint(0, vocab, shape, generator=generator)
-    is_rare = torch.rand(vocab, generator=generator) < 0.5
-    times: dict[float, list[float]] = {0.0: [], 2.0: []}
+    is_rare = rare_mask(load_buckets(rare_dir, vocab), vocab)
+    index = TermIndex.open(rare_dir, data)
+    n_windows = len(Samples(data.tokens("train"), block))
+    rng = np.random.default_rng(0)
+    objectives = {"plain": Objective("rare_bucket", 0.0, is_rare),
+                  "rare_bucket": Objective("rare_bucket", 2.0, is_rare),
+                  "terms": Objective("terms", 2.0, is_rare, index)}
+    times: dict[str, list[float]] = {name: [] for name in objectives}
     for _ in range(reps):
-        for weight in times:
+        starts = rng.integers(0, n_windows, shape[0]) * block
+        for name, objective in objectives.items():
             t0 = time.perf_counter()
-            loss, _ = rare_weighted_loss(logits, targets, is_rare, weight)
+            loss, _ = objective(logits, targets, starts)
             loss.backward()
-            times[weight].append(time.perf_counter() - t0)
+            times[name].append(time.perf_counter() - t0)
             logits.grad = None
-    return float(np.median(times[0.0])), float(np.median(times[2.0]))
+    return {name: float(np.median(t)) for name, t in times.items()}
 
 
 def cpu_description() -> tuple[str, list[str]]:
@@ -193,7 +206,7 @@ def step_cost(params, tokenized: Path, precisions: list[str], reps: int) -> dict
     data = TokenizedData.open(tokenized)
     samples = Samples(data.tokens("train"), params.model.block_size)
     batch = np.random.default_rng(0).integers(0, len(samples), params.train.batch_size)
-    x, y = to_batch(samples, batch, cpu)
+    x, y = to_batch(samples, batch * params.model.block_size, params.model.block_size, cpu)
     is_rare = torch.zeros(data.vocab_size, dtype=torch.bool)
     runs = {}
     for precision in precisions:
@@ -227,7 +240,7 @@ def compare_precisions(plain, args, precisions: list[str]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp / 'mlflow.db'}"
-        rare_dir, weights0 = make_inputs(args.tokenized, tmp, plain, 0.0)
+        rare_dir, weights0 = make_inputs(args.tokenized, args.prepared, tmp, plain, "plain")
         for repeat in range(args.repeats):
             for precision in precisions:
                 params = dataclasses.replace(plain, train=dataclasses.replace(
@@ -263,6 +276,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", default="params.yaml")
     parser.add_argument("--tokenized", type=Path, default=Path("data/tokenized"))
+    parser.add_argument("--prepared", type=Path, default=Path("data/prepared"))
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=2)
@@ -282,13 +296,17 @@ def main() -> None:
                                 loss=dataclasses.replace(base.loss, rare_weight=0.0),
                                 tracking=dataclasses.replace(base.tracking, system_metrics=False))
     rare = dataclasses.replace(plain, alpha=0.7,
-                               loss=dataclasses.replace(base.loss, rare_weight=2.0))
+                               loss=dataclasses.replace(base.loss, rare_weight=2.0, targets="rare_bucket"))
+    terms = dataclasses.replace(plain, alpha=1.0,
+                                weights=dataclasses.replace(base.weights, score="terms"),
+                                loss=dataclasses.replace(base.loss, rare_weight=2.0, targets="terms"))
     if args.precisions:
         compare_precisions(plain, args, args.precisions)
         return
     import importlib.util
 
-    results: dict[str, list[float]] = {"ours_plain": [], "ours_rare": [], "trainer": []}
+    configs = {"ours_plain": plain, "ours_rare": rare, "ours_terms": terms}
+    results: dict[str, list[float]] = {name: [] for name in [*configs, "trainer"]}
     if importlib.util.find_spec("accelerate") is None:  # transformers' Trainer needs it
         print("train_throughput: `accelerate` is not installed: Trainer skipped "
               "(pip install accelerate)", file=sys.stderr)
@@ -296,25 +314,22 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp / 'mlflow.db'}"
-        rare_dir, weights0 = make_inputs(args.tokenized, tmp, plain, 0.0)
-        _, weights7 = make_inputs(args.tokenized, tmp, rare, 0.7)
+        inputs = {name: make_inputs(args.tokenized, args.prepared, tmp, params, name)
+                  for name, params in configs.items()}
         for repeat in range(args.repeats):
             for name in results:
                 work = tmp / f"{name}-{repeat}"
                 if name == "trainer":
                     figure = run_trainer(plain, args.tokenized, work, args.warmup)
                 else:
-                    params, w = (plain, weights0) if name == "ours_plain" else (rare, weights7)
-                    figure = run_ours(params, args.tokenized, rare_dir, w, work, args.warmup)
+                    figure = run_ours(configs[name], args.tokenized, *inputs[name], work, args.warmup)
                 results[name].append(figure)
                 print(f"{name} #{repeat + 1}: {figure:,.0f} tokens/s", flush=True)
+        loss_s = loss_cost(plain, args.tokenized, inputs["ours_plain"][0])
     best = {name: max(values) for name, values in results.items()}
     best.setdefault("trainer", float("nan"))
     import torch
 
-    from rarelm.data import TokenizedData
-
-    plain_loss_s, rare_loss_s = loss_cost(plain, TokenizedData.open(args.tokenized).vocab_size)
     step_s = base.train.batch_size * base.model.block_size / best["ours_plain"]
 
     from rarelm.train import pick_precision
@@ -326,10 +341,12 @@ def main() -> None:
         "speedup_vs_trainer": None if math.isnan(best["trainer"])
         else round(best["ours_plain"] / best["trainer"], 3),
         "rare_tokens_per_s": round(best["ours_rare"], 1),
-        "rare_overhead": round((rare_loss_s - plain_loss_s) / step_s, 4),
+        "terms_tokens_per_s": round(best["ours_terms"], 1),
+        "rare_overhead": round((loss_s["rare_bucket"] - loss_s["plain"]) / step_s, 4),
+        "terms_overhead": round((loss_s["terms"] - loss_s["plain"]) / step_s, 4),
         "rare_overhead_end_to_end": round(1 - best["ours_rare"] / best["ours_plain"], 4),
-        "loss_ms": {"rare_weight_0": round(plain_loss_s * 1e3, 3),
-                    "rare_weight_2": round(rare_loss_s * 1e3, 3)},
+        "terms_overhead_end_to_end": round(1 - best["ours_terms"] / best["ours_plain"], 4),
+        "loss_ms": {name: round(v * 1e3, 3) for name, v in loss_s.items()},
         "runs": {k: [round(v, 1) for v in vs] for k, vs in results.items()},
         "steps": args.steps, "warmup": args.warmup, "batch_size": base.train.batch_size,
         "block_size": base.model.block_size, "precision": str(amp_dtype or "fp32"),

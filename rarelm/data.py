@@ -4,13 +4,17 @@
 memory-mapped, so opening costs nothing and reading touches only what is read.
 
 A training sample is a window of `block_size + 1` tokens (inputs and their
-next-token targets) starting at a multiple of `block_size`; windows overlap by
-one token so every token is a target exactly once. The `weights` and `train`
-stages both use this definition, so weight i always belongs to sample i:
+next-token targets). The base windows, `Samples`, start at multiples of
+`block_size` and overlap by one token, so every token is a target exactly once;
+the `weights` stage scores them, so weight i always belongs to base window i:
 
     >>> windows = Samples(np.arange(10), block_size=4)
     >>> len(windows), windows[1].tolist()
     (2, [4, 5, 6, 7, 8])
+
+Training moves the boundaries each epoch (`rarelm.sampler`): at offset o the
+windows start at o + k * block_size, each straddling base windows k and k + 1,
+and the loop reads them by start position (`rarelm.train.to_batch`).
 """
 
 from __future__ import annotations
@@ -70,7 +74,7 @@ class TokenizedData:
 
 
 class Samples:
-    """Fixed-length training windows over a token array (see the module docstring)."""
+    """The base windows over a token array: window i starts at i * block_size (module docstring)."""
 
     def __init__(self, tokens: np.ndarray, block_size: int):
         self.tokens = tokens

@@ -22,25 +22,54 @@ A bucket left empty by the thresholds is an error, never a silent empty group.
     [3, 0, 0, 1, 2, 2, 2]
 
 **Rare terms** are word n-grams (English) or jieba-word n-grams (Chinese),
-1 to `rare.ngram_max` words long, that never cross punctuation or a digit.
+1 to `rare.ngram_max` words long, that never cross punctuation or a digit and
+that may be terms by these rules (docs/extraction.md gives the reasons and
+what they did to real text):
+
+1. No function word at an edge. English: scikit-learn's ENGLISH_STOP_WORDS,
+   less the content words in it ("system", "call", "interest"...). Chinese: by
+   jieba's dictionary tag (prepositions, particles, conjunctions; one-character
+   adverbs, pronouns, positions, classifiers) and a list of function words.
+   Inside a term only a linking word may sit (English "of", "for", "in", "on",
+   "to", "at", "by", "per", "and"; Chinese prepositions and the like, which
+   jieba often cuts out of a compound); any other stop word, a Chinese particle
+   (的 了) or conjunction (和 或), a contraction ("it's", "don't") and an example
+   placeholder ("foo", "frotz") split the phrase as punctuation does.
+2. No punctuation, hyphen or quote at an edge (jieba keeps "-", "--", "'" as
+   words; a quote splits).
+3. No Latin fragment: one lower-case letter splits; two lower-case letters
+   ("dx"), a possessive ("user's") or a placeholder like "xxxx" sit inside
+   only; one or two capitals (an acronym or a named letter: "CT", "D") may
+   edge a term only beside a longer word ("CT scan", "vitamin D", "B超"), never
+   stand alone. A Latin token with a digit or an underscore ("IPv6", "64-bit",
+   "st_mode", "dir/file1") is skipped whole, so no piece of it ("ipv") is a term.
+4. A term shows the text between its words as written: nothing, or a space
+   between two Latin words. Chinese "将 command" never becomes "将command",
+   "bash-doc 包" never "-doc包"; English "the string 'cfg'" never "string cfg".
+
+    >>> seg = Segmenter("en")
+    >>> [seg.display(k) for k in seg.candidate_analyzer(4)("Return a copy of the CT scan to p.")]
+    ['return', 'copy', 'scan', 'ct scan']
+
 Over the training documents scikit-learn's `TfidfVectorizer` (raw counts,
 smooth idf = ln((1 + N) / (1 + df)) + 1 from this corpus, no normalisation)
-gives each n-gram's TF-IDF in every document; a term's score is its mean
+gives each candidate's TF-IDF in every document; a term's score is its mean
 TF-IDF over the documents that contain it, i.e. (count / df) * idf: high for
 a phrase that is rare in the corpus (idf) but repeated where it occurs.
 Candidates must satisfy `min_df <= df <= max_df * N`, occur at least
 `min_count` times, and `min_mean_tf` times per document that has them (domain
 terms are bursty: a text that uses one tends to repeat it, while one-off
-phrases occur once; 1.0 turns this off). An n-gram is dropped when every one
-of its occurrences extends, on the same side, to a one-word-longer n-gram
+phrases occur once; 1.0 turns this off). A candidate is dropped when every one
+of its occurrences extends, on the same side, to its next longer candidate
 that scores at least as high: it is only ever part of better terms
 ("nephrosclerosis" inside "bilateral nephrosclerosis"; Chinese "利率私募债"
 inside "浮动利率私募债" and "固定利率私募债"). At most `top_k` terms are kept,
 best score first (ties by term, alphabetically). TF-IDF runs on at most
 `rare.max_documents` training documents, every k-th one (its vocabulary of
 n-grams is what takes memory); token counts always cover the whole split.
-Terms of the user glossary (`rare.glossary`) are always kept, and Chinese
-segmentation treats them as single words so they stay whole.
+Terms of the user glossary (`rare.glossary`) are always kept as given, none
+of the rules above applies to them, and Chinese segmentation treats them as
+single words so they stay whole.
 
     >>> ngrams(["chronic", "renal", "failure"], 2, " ")
     ['chronic', 'renal', 'failure', 'chronic renal', 'renal failure']
@@ -129,6 +158,127 @@ def bucket_tokens(counts: np.ndarray, frequent_share: float, rare_share: float) 
 _BOUNDARY = re.compile(r"[^\w\s'-]+|[\d_]+")
 _EN_WORD = re.compile(r"[^\W\d_]+(?:['-][^\W\d_]+)*")
 _ASCII_WORD_END = re.compile(r"[A-Za-z0-9]")
+_HAN = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]")
+
+# Words of scikit-learn's ENGLISH_STOP_WORDS that head real terms ("system call", "interest
+# rate", "bill of materials"): content words here.
+_CONTENT_WORDS_IN_STOP_LIST = frozenset(
+    "amount back bill bottom call detail empty fire front full interest mill name part side "
+    "system thick thin top".split())
+# The stop words that may join the words of a term ("point of care", "research and
+# development"): the one preposition of Justeson and Katz's noun-phrase pattern, or "and".
+_ENGLISH_LINKERS = frozenset("of for in on to at by per and".split())
+_CLITIC = re.compile(r"'(?:s|t|re|ll|ve|d|m)$")  # user's, don't, we'll
+# Metasyntactic placeholders of examples ("branch foo", "git frotz"): never in a term.
+_PLACEHOLDERS = frozenset("foo baz qux quux foobar frotz nitfol xyzzy".split())
+# A Latin token (a path too) with a digit or an underscore ("IPv6", "64-bit", "st_mode",
+# "dir/file1"): the digit boundary would leave pieces of it ("ipv", "bit", "st", "dir"), so
+# candidates skip the whole token.
+_TOKEN_WITH_DIGIT = re.compile(
+    r"(?<![A-Za-z\u00c0-\u024f'./-])[A-Za-z\u00c0-\u024f'./-]*+[\d_][A-Za-z\u00c0-\u024f\d_'./-]*")
+# Chinese function words. Particles (jieba tags u*: 的 了 着), conjunctions (c: 和 或 如果)
+# and the longer function words named below (一个 所有 已经 用于) never sit in a term.
+# Prepositions (p: 将 对 从), modal particles (y), interjections (e), onomatopoeia (o),
+# one-character adverbs (d: 也 不), pronouns (r: 这 该), positions (f: 中 上) and classifiers
+# (q: 个 次), and the one-character words named below (是 有 到), never start or end one; they
+# may sit inside, where jieba often cuts them out of a compound (可回售票据: 可回/售票/据).
+# Longer words of tags d, r, f often begin real terms (一次性 d, 本地 r, 前端 f), so only the
+# function words among them are named, with grammatical verbs and numerals.
+_ZH_SPLIT_TAGS = frozenset("u uj ul uz ug uv ud c".split())
+_ZH_SPLIT_WORDS = frozenset(
+    "一个 一些 一种 两个 几个 许多 很多 若干 一次 这个 那个 这些 那些 这样 那样 这种 那种 这里 "
+    "那里 所有 任何 某些 各种 其他 其它 其中 之前 之后 之间 之中 之外 以上 以下 本次 此次 这次 "
+    "每个 每次 各个 各项 某种 一切 有些 别的 其余 已经 必须 可能 应该 能够 没有 需要 通常 首先 "
+    "如何 什么 怎么 正在 分别 一直 非常 比较 仍然 经常 进行 用于 位于 属于 作为 成为 包括 例如 "
+    "比如 还有 使得".split())
+_ZH_INNER_TAGS = frozenset("p y e o".split())
+_ZH_ONE_CHAR_INNER_TAGS = frozenset("d r f q".split())
+_ZH_INNER_WORDS = frozenset("是 有 到 来 会 能 要 应 没 使 让 如 即 且 像 很 每 此 往 一 二 两 三 四 五 六 "
+                            "七 八 九 十 几 种".split())
+# What a word may be in a candidate term (rules 1 to 3 of the module docstring).
+SPLIT, INNER, EDGE, LETTERS = "split", "inner", "edge", "letters"
+_STOP_WORDS: frozenset[str] | None = None
+_WORD_TAGS: dict[str, str] | None = None
+
+
+def _english_stop_words() -> frozenset[str]:
+    global _STOP_WORDS
+    if _STOP_WORDS is None:
+        from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
+
+        _STOP_WORDS = frozenset(ENGLISH_STOP_WORDS - _CONTENT_WORDS_IN_STOP_LIST)
+    return _STOP_WORDS
+
+
+def _jieba_word_tags() -> dict[str, str]:
+    """jieba's dictionary part-of-speech tag of every word it knows (loaded once per process)."""
+    global _WORD_TAGS
+    if _WORD_TAGS is None:
+        import logging
+
+        import jieba
+        import jieba.posseg
+
+        jieba.setLogLevel(logging.WARNING)
+        _WORD_TAGS = jieba.posseg.dt.word_tag_tab
+    return _WORD_TAGS
+
+
+def latin_word_role(word: str, as_written: str) -> str:
+    """SPLIT, INNER, EDGE or LETTERS: what a Latin-letter word may be in a term.
+
+    A stop word splits (the phrase is cut there, as at punctuation), unless it is a linker,
+    which may only sit inside; a contraction counts as its first part ("it's" as "it") and
+    any "n't" as "not". So does one lower-case letter (a variable, an option: "-m").
+    A possessive, a lower-case fragment of two letters ("dx"), a placeholder of one
+    repeated letter ("xxxx") or a word that does not begin and end with a letter only sit
+    inside. One or two capitals are LETTERS: an acronym or a named letter, an edge only
+    beside a longer word ("CT scan", "vitamin D", not "D G").
+
+    >>> [latin_word_role(w.lower(), w) for w in ["the", "of", "it's", "p", "user's", "dx", "CT", "gout"]]
+    ['split', 'inner', 'split', 'split', 'inner', 'inner', 'letters', 'edge']
+    """
+    if word.split("'")[0] in _english_stop_words() or word.endswith("n't"):
+        return INNER if word in _ENGLISH_LINKERS else SPLIT
+    if word in _PLACEHOLDERS:
+        return SPLIT
+    if len(word) <= 2:
+        return LETTERS if as_written.isupper() else SPLIT if len(word) == 1 else INNER
+    if _CLITIC.search(word) or len(set(word)) == 1 or not (word[0].isalpha() and word[-1].isalpha()):
+        return INNER
+    return EDGE
+
+
+def chinese_word_role(word: str) -> str:
+    """SPLIT, INNER or EDGE: what a Chinese word may be in a term (function words above).
+
+    >>> [chinese_word_role(w) for w in ["的", "和", "一个", "将", "中", "本地", "文件"]]
+    ['split', 'split', 'split', 'inner', 'inner', 'edge', 'edge']
+    """
+    tag = _jieba_word_tags().get(word)
+    if tag in _ZH_SPLIT_TAGS or word in _ZH_SPLIT_WORDS:
+        return SPLIT
+    one_char_function_word = len(word) == 1 and tag in _ZH_ONE_CHAR_INNER_TAGS
+    if word in _ZH_INNER_WORDS or tag in _ZH_INNER_TAGS or one_char_function_word:
+        return INNER
+    return EDGE
+
+
+NEVER, OF_LONGER, ALWAYS = 0, 1, 2  # whether a word may start or end a term
+
+
+def edge_kinds(roles: list[str]) -> list[int]:
+    """Whether each word of a run (given their roles) may start or end a term: EDGE words
+    ALWAYS, LETTERS beside an EDGE word only a term OF_LONGER words ("CT scan", not "CT").
+
+    >>> edge_kinds([LETTERS, LETTERS, EDGE, LETTERS, INNER])
+    [0, 1, 2, 1, 0]
+    """
+    kinds = [ALWAYS if role == EDGE else NEVER for role in roles]
+    for i, role in enumerate(roles):
+        if role == LETTERS and EDGE in roles[max(i - 1, 0):i + 2]:
+            kinds[i] = OF_LONGER
+    return kinds
 
 
 def normalize_term(term: str) -> str:
@@ -147,11 +297,22 @@ def join_words(words: list[str], sep: str) -> str:
     return out
 
 
-def ngrams(words: list[str], n_max: int, sep: str) -> list[str]:
-    """All n-grams of `words`, n = 1..n_max, shortest first (see the module docstring)."""
-    out = []
-    for n in range(1, n_max + 1):
-        out.extend(join_words(words[i:i + n], sep) for i in range(len(words) - n + 1))
+def ngrams(words: list[str], n_max: int, sep: str, edges: list[int] | None = None) -> list[str]:
+    """All n-grams of `words`, n = 1..n_max, shortest first (see the module docstring);
+    with `edges` (see edge_kinds) only those whose first and last words may be edges.
+
+    >>> ngrams(["failure", "of", "the", "kidney"], 4, " ", [ALWAYS, NEVER, NEVER, ALWAYS])
+    ['failure', 'kidney', 'failure of the kidney']
+    >>> ngrams(["ct", "scan"], 2, " ", [OF_LONGER, ALWAYS])
+    ['scan', 'ct scan']
+    """
+    if edges is None:
+        edges = [ALWAYS] * len(words)
+    out = [word for word, edge in zip(words, edges, strict=True) if edge == ALWAYS]
+    for n in range(2, n_max + 1):
+        for i in range(len(words) - n + 1):
+            if edges[i] and edges[i + n - 1]:
+                out.append(join_words(words[i:i + n], sep))
     return out
 
 
@@ -193,6 +354,7 @@ class Segmenter:
         # jieba may cut the concatenated string differently from the same text in context
         self.key_sep = "\x1f" if language == "zh" else " "
         self._jieba = None
+        self._roles: dict[str, str] = {}  # word as written -> its role, once per word
         if language == "zh":
             self._jieba = _fresh_jieba()
             for term in glossary:
@@ -200,17 +362,88 @@ class Segmenter:
                 self._jieba.add_word(normalize_term(term).replace(" ", ""), freq=10**6)
 
     def phrases(self, text: str) -> Iterator[list[str]]:
-        for part in _BOUNDARY.split(unicodedata.normalize("NFC", text).lower()):
-            if self._jieba is None:
-                words = _EN_WORD.findall(part)
-            else:
-                words = [w for w in self._jieba.lcut(part) if w.strip()]
+        for phrase in self._written_phrases(text):
+            yield [word for word, _, _ in phrase]
+
+    def _written_phrases(self, text: str) -> Iterator[list[tuple[str, str, str]]]:
+        """Phrases of (word, the word as written, the text between it and the word before)."""
+        text = unicodedata.normalize("NFC", text).replace("\u2019", "'")  # ’ as in "user’s"
+        for part in _BOUNDARY.split(text):
+            phrase = self._english_words(part) if self._jieba is None else self._jieba_words(part)
+            if phrase:
+                yield phrase
+
+    @staticmethod
+    def _english_words(part: str) -> list[tuple[str, str, str]]:
+        out, end = [], 0
+        for match in _EN_WORD.finditer(part):
+            out.append((match[0].lower(), match[0], part[end:match.start()] if out else ""))
+            end = match.end()
+        return out
+
+    def _jieba_words(self, part: str) -> list[tuple[str, str, str]]:
+        lower = part.lower()
+        same_length = len(lower) == len(part)  # else (rare) the written form is not known
+        out, gap = [], ""
+        for word, start, end in self._jieba.tokenize(lower):
+            if not word.strip():
+                gap += word
+                continue
+            out.append((word, part[start:end] if same_length else word, gap if out else ""))
+            gap = ""
+        return out
+
+    def word_role(self, word: str, as_written: str) -> str:
+        """What a word may be in a term: SPLIT, INNER, EDGE or LETTERS (see latin_word_role)."""
+        role = self._roles.get(as_written)
+        if role is None:
+            role = self._roles[as_written] = self._find_role(word, as_written)
+        return role
+
+    def _find_role(self, word: str, as_written: str) -> str:
+        if self._jieba is not None and _HAN.search(word):
+            return chinese_word_role(word)
+        if not (word[0].isalpha() and word[-1].isalpha()):  # jieba's "-", "--", "'"
+            return SPLIT if "'" in word else INNER  # a quote, or a hyphen as in "bash-doc"
+        return latin_word_role(word, as_written)
+
+    def candidate_runs(self, text: str) -> Iterator[tuple[list[str], list[int]]]:
+        """(words, edge kinds) of the stretches that candidate terms stay inside.
+
+        A phrase, cut at words that split (rules 1 to 3), at Latin tokens with a digit or an
+        underscore (rule 3: "IPv6", "st_mode") and where the term would not show the text
+        between two words as written (rule 4: Chinese "将 command" never becomes "将command",
+        English "the string 'cfg'" never "string cfg").
+        """
+        for phrase in self._written_phrases(_TOKEN_WITH_DIGIT.sub("|", text)):
+            words: list[str] = []
+            roles: list[str] = []
+            for word, written, gap in phrase:
+                role = self.word_role(word, written)
+                if words and (role == SPLIT or not self._joins_as_written(words[-1], word, gap)):
+                    yield words, edge_kinds(roles)
+                    words, roles = [], []
+                if role != SPLIT:
+                    words.append(word)
+                    roles.append(role)
             if words:
-                yield words
+                yield words, edge_kinds(roles)
+
+    def _joins_as_written(self, before: str, after: str, gap: str) -> bool:
+        """Whether a term joins two words as the text does: `gap` is nothing where the term
+        shows nothing (join_words), white space where it shows a space."""
+        if self.sep == " " or (_ASCII_WORD_END.match(before[-1]) and _ASCII_WORD_END.match(after[0])):
+            return gap.isspace()
+        return not gap
 
     def analyzer(self, n_max: int) -> Callable[[str], list[str]]:
-        """A scikit-learn analyzer: document -> its n-gram keys (n = 1..n_max)."""
+        """A scikit-learn analyzer: document -> all its n-gram keys (n = 1..n_max)."""
         return lambda text: [g for words in self.phrases(text) for g in ngrams(words, n_max, self.key_sep)]
+
+    def candidate_analyzer(self, n_max: int) -> Callable[[str], list[str]]:
+        """Like `analyzer`, but only the n-grams that may be terms (rules of the module docstring)."""
+        return lambda text: [g for words, edges in self.candidate_runs(text)
+                             for g in ngrams(words, n_max, self.key_sep, edges)]
 
     def display(self, key: str) -> str:
         """An n-gram key as a term: "质押\x1f式\x1f回购" -> "质押式回购"."""
@@ -234,6 +467,25 @@ def smooth_idf(df: int, n_docs: int) -> float:
     return math.log((1 + n_docs) / (1 + df)) + 1.0
 
 
+def _next_shorter_candidate(words: list[str], side: int, by_name: dict[str, int], sep: str) -> int | None:
+    """The longest candidate that `words` extends on one side (0: left, 1: right), if any.
+
+    Candidates between may be missing: "可回售票据" ends with the function word 据, so
+    "可回售票据工具" (可回/售票/据/工具) is the next longer candidate of "可回售票".
+
+        >>> _next_shorter_candidate(["a", "b", "c"], 0, {"c": 7, "b c": 8}, " ")
+        8
+        >>> _next_shorter_candidate(["a", "b", "c"], 1, {"a": 5}, " ")
+        5
+    """
+    for cut in range(1, len(words)):
+        part = words[cut:] if side == 0 else words[:-cut]
+        j = by_name.get(sep.join(part))
+        if j is not None:
+            return j
+    return None
+
+
 def tfidf_terms(documents: list[str], segmenter: Segmenter, ngram_max: int, min_df: int,
                 max_df: float, min_count: int, min_mean_tf: float, top_k: int) -> list[TermStats]:
     """The `top_k` TF-IDF terms of `documents`, best first (scoring in the module docstring)."""
@@ -242,7 +494,7 @@ def tfidf_terms(documents: list[str], segmenter: Segmenter, ngram_max: int, min_
     n_docs = len(documents)
     # On a handful of documents max_df * N can fall below min_df, which scikit-learn refuses;
     # min_df wins then.
-    vectorizer = TfidfVectorizer(analyzer=segmenter.analyzer(ngram_max), lowercase=False,
+    vectorizer = TfidfVectorizer(analyzer=segmenter.candidate_analyzer(ngram_max), lowercase=False,
                                  norm=None, smooth_idf=True, sublinear_tf=False,
                                  min_df=min_df, max_df=max(max_df, min_df / max(n_docs, 1)),
                                  dtype=np.float64)
@@ -257,15 +509,13 @@ def tfidf_terms(documents: list[str], segmenter: Segmenter, ngram_max: int, min_
     score = count / df * idf
     by_name = {name: i for i, name in enumerate(names)}
     shown = [segmenter.display(name) for name in names]
-    # covered[side][j]: occurrences of n-gram j inside a one-word-longer n-gram (extended on
-    # that side) that scores at least as high; all of them covered = it is only ever a part
+    # covered[side][j]: occurrences of candidate j inside its next longer candidate (extended
+    # on that side) that scores at least as high; all of them covered = it is only ever a part
     covered = np.zeros((2, len(names)), dtype=np.int64)
     for i, name in enumerate(names):
         words = name.split(segmenter.key_sep)
-        if len(words) < 2:
-            continue
-        for side, part in enumerate((words[1:], words[:-1])):
-            j = by_name.get(segmenter.key_sep.join(part))
+        for side in (0, 1):
+            j = _next_shorter_candidate(words, side, by_name, segmenter.key_sep)
             if j is not None and score[i] >= score[j] * (1 - 1e-12):
                 covered[side, j] += count[i]
     keep = ~(covered == count).any(axis=0) & (count >= min_count) & (count >= min_mean_tf * df)
@@ -444,12 +694,21 @@ def rare_terms(params, reference_glossary: str, prepared_dir: Path, tokenized_di
         # recall cannot exceed this: reference terms that occur in the training documents at all
         metrics["extraction"]["reference_in_train"] = sum(st.df > 0 for st in in_train.values())
 
+    index = build_term_index(tokenizer, prepared_dir, data, [row["term"] for row in table])
+    found = np.bincount(index[:, 2], minlength=len(table))
+    for row, n in zip(table, found.tolist(), strict=True):
+        row["train_occurrences"] = n  # in the whole train split, by the search evaluate uses
+    metrics["term_occurrences"] = int(len(index))
+    metrics["terms_found_in_train"] = int((found > 0).sum())
+
     np.save(out_dir / "counts.npy", counts)
     np.save(out_dir / "buckets.npy", buckets)
     write_json(out_dir / "buckets.json", bucket_summary)
     with open(out_dir / "terms.jsonl", "w", encoding="utf-8", newline="\n") as f:
         for row in table:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    np.save(out_dir / TERM_INDEX, index)
+    write_json(out_dir / TERM_INDEX_META, term_index_meta(index, len(table), data, out_dir))
     write_json(out_dir / "summary.json", metrics)
     return metrics
 
@@ -469,3 +728,135 @@ def load_buckets(rare_dir: str | Path, vocab_size: int) -> np.ndarray:
 def load_counts(rare_dir: str | Path, vocab_size: int) -> np.ndarray:
     """data/rare/counts.npy (int64 [vocab_size]), checked against the vocabulary."""
     return load_array(Path(rare_dir) / "counts.npy", np.int64, vocab_size, "rare_terms", _VOCAB_MISMATCH)
+
+
+# ---------------------------------------------------------------- where terms occur in the train split
+
+TERM_INDEX = "term_index.npy"
+TERM_INDEX_META = "term_index.json"
+
+
+def build_term_index(tokenizer, prepared_dir: Path, data, terms: list[str],
+                     batch_documents: int = 5000) -> np.ndarray:
+    """Every occurrence of every term in the train split, int64 [occurrences, 3], sorted.
+
+    A row is (start, length, term): the split position of the first token that
+    covers the occurrence, how many tokens cover it, and the term's line in
+    terms.jsonl. Occurrences are found by `term_search.find_occurrences`, the
+    search `evaluate` uses (word-boundary aware, in the text, mapped to tokens by
+    the tokenizer's offsets), `batch_documents` documents at a time, so memory
+    is bounded by that batch plus the index itself (24 bytes per occurrence).
+
+        document " acute MI. Subacute MI"  tokens | acute| MI|.| Sub|acute| MI|
+        term "acute MI" (term 0)          -> row (0, 2, 0): " acute" + " MI", once
+    """
+    from rarelm.corpus import read_split
+    from rarelm.term_search import Term, find_occurrences
+
+    tokens, offsets = data.tokens("train"), data.offsets("train")
+    wanted = [Term(text, 0) for text in terms]
+    parts, batch, first = [], [], 0
+
+    def search() -> None:
+        per_term = find_occurrences(tokenizer, batch, tokens, offsets[first:first + len(batch) + 1], wanted)
+        parts.append(np.array([(o.start, o.end - o.start, t) for t, found in enumerate(per_term)
+                               for o in found], dtype=np.int64).reshape(-1, 3))
+
+    for document in read_split(prepared_dir, "train"):
+        if first + len(batch) >= len(offsets) - 1:
+            raise RarelmError("the prepared train split has more documents than the tokenized one; "
+                              "re-run the tokenize stage")
+        batch.append(document)
+        if len(batch) == batch_documents:
+            search()
+            first, batch = first + len(batch), []
+    if batch:
+        search()
+    if first + len(batch) != len(offsets) - 1:
+        raise RarelmError(f"the prepared train split has {first + len(batch)} documents but the tokenized "
+                          f"one {len(offsets) - 1}; re-run the tokenize stage")
+    index = np.concatenate(parts) if parts else np.zeros((0, 3), dtype=np.int64)
+    return index[np.lexsort((index[:, 2], index[:, 0]))]
+
+
+def _digest(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def term_index_meta(index: np.ndarray, n_terms: int, data, rare_dir: Path) -> dict:
+    """What the index was built from, so a reader can tell that it still matches."""
+    return {"occurrences": int(len(index)), "terms": n_terms,
+            "train_tokens": int(data.meta["splits"]["train"]["tokens"]),
+            "max_length": int(index[:, 1].max()) if len(index) else 0,
+            "terms_sha256": _digest(rare_dir / "terms.jsonl"),
+            "tokenizer_sha256": _digest(data.tokenizer_dir / "tokenizer.json")}
+
+
+class TermIndex:
+    """data/rare/term_index.npy, memory-mapped: which train positions belong to term occurrences.
+
+    `open` checks that it was built from the current terms.jsonl, tokenizer and
+    train split. Lookups touch only the rows near the positions asked about.
+
+        >>> index = TermIndex(np.array([[2, 2, 0], [9, 1, 1]]), max_length=2)
+        >>> index.target_mask(np.array([0, 8]), block_size=4).astype(int).tolist()
+        [[0, 1, 1, 0], [1, 0, 0, 0]]
+    """
+
+    def __init__(self, rows: np.ndarray, max_length: int):
+        self.rows = rows
+        self.starts = rows[:, 0]
+        self.max_length = max_length
+
+    @classmethod
+    def open(cls, rare_dir: str | Path, data) -> TermIndex:
+        from rarelm.files import read_json
+
+        rare_dir = Path(rare_dir)
+        try:
+            meta = read_json(rare_dir / TERM_INDEX_META)
+            rows = np.load(rare_dir / TERM_INDEX, mmap_mode="r")
+        except (FileNotFoundError, ValueError, OSError):
+            raise RarelmError(f"{rare_dir}: no readable {TERM_INDEX} (where terms occur in the train "
+                              "split); re-run the rare_terms stage") from None
+        stale = [what for what, ok in (
+            ("terms.jsonl", (rare_dir / "terms.jsonl").is_file()
+             and meta.get("terms_sha256") == _digest(rare_dir / "terms.jsonl")),
+            ("tokenizer", meta.get("tokenizer_sha256") == _digest(data.tokenizer_dir / "tokenizer.json")),
+            ("train split", meta.get("train_tokens") == int(data.meta["splits"]["train"]["tokens"])),
+            ("row count", rows.ndim == 2 and rows.shape[1] == 3 and len(rows) == meta.get("occurrences")),
+        ) if not ok]
+        if stale:
+            raise RarelmError(f"{rare_dir}/{TERM_INDEX} was not built from the current {stale[0]}; "
+                              "re-run the rare_terms stage")
+        return cls(rows, int(meta["max_length"]))
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def overlapping(self, lo: int, hi: int) -> np.ndarray:
+        """Rows of the occurrences that cover any position in [lo, hi)."""
+        first = int(np.searchsorted(self.starts, lo - self.max_length + 1, side="left"))
+        last = int(np.searchsorted(self.starts, hi, side="left"))
+        rows = np.asarray(self.rows[first:last])
+        return rows[rows[:, 0] + rows[:, 1] > lo]
+
+    def target_mask(self, starts: np.ndarray, block_size: int) -> np.ndarray:
+        """Bool [windows, block_size]: target j of the window starting at s (position s + 1 + j)
+        is a token of a term occurrence."""
+        mask = np.zeros((len(starts), block_size + 1), dtype=np.int8)
+        for w, s in enumerate(np.asarray(starts, dtype=np.int64).tolist()):
+            for start, length, _ in self.overlapping(s + 1, s + 1 + block_size).tolist():
+                a, b = max(start, s + 1) - s - 1, min(start + length, s + 1 + block_size) - s - 1
+                mask[w, a] += 1
+                mask[w, b] -= 1
+        return np.cumsum(mask[:, :-1], axis=1) > 0
+
+    def occurrences_per_term(self, n_terms: int, chunk_rows: int = 1 << 22) -> np.ndarray:
+        """How often each term occurs in the train split, int64 [n_terms]."""
+        out = np.zeros(n_terms, dtype=np.int64)
+        for lo in range(0, len(self.rows), chunk_rows):
+            out += np.bincount(np.asarray(self.rows[lo:lo + chunk_rows, 2]), minlength=n_terms)
+        return out

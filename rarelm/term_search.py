@@ -74,7 +74,9 @@ def load_terms(path: str | Path) -> list[Term]:
                 text = str(row["term"])
                 if not text.strip():
                     raise ValueError("empty term")
-                terms.append(Term(text, int(row["count"])))
+                # train_occurrences: the whole train split, by this module's search (rare_terms
+                # writes it); count: TF-IDF's, over at most rare.max_documents documents
+                terms.append(Term(text, int(row.get("train_occurrences", row["count"]))))
             except (ValueError, KeyError, TypeError) as exc:
                 raise RarelmError(
                     f"{path}:{line_no}: not a term record ({type(exc).__name__}: {exc})") from None

@@ -10,10 +10,17 @@ killed run resume bit-identically.
     torchrun --standalone --nproc-per-node 2 -m stages.train     # what dvc.yaml runs
     python -m stages.train                                        # the same (it launches torchrun)
 
-Data: training samples are `rarelm.data.Samples` windows of the train split,
-drawn with replacement in proportion to data/weights/weights.npy by the
-`WeightedDistributedSampler` (each rank its own shard). The loss is
-`rarelm.loss.rare_weighted_loss` with the rare bucket of data/rare/buckets.npy.
+Data: training samples are windows of `model.block_size + 1` tokens of the train
+split. Each epoch the `WeightedDistributedSampler` moves the window boundaries by an
+offset (0 in epoch 0), draws the windows in proportion to their weights by
+systematic resampling (no independent draws: equal weights show every window once
+per epoch), shuffles and shards them over the ranks; the stream hands the loop the
+windows' start positions (`starts`). The weights are data/weights/weights.npy, or
+with `weights.schedule: decay | grow` recomputed each epoch from
+data/weights/scores.npy at that epoch's alpha (`rarelm.weights.alpha_at`). The loss is
+`rarelm.loss.Objective`: cross-entropy weighted `1 + loss.rare_weight` on the targets
+`loss.targets` selects (the rare bucket of data/rare/buckets.npy, the tokens of term
+occurrences in data/rare/term_index.npy, or both).
 
 Determinism: `torch.use_deterministic_algorithms(True)`, the model initialised
 from `seed` on every rank, then per-rank RNG seeds derived from `seed`; every
@@ -133,41 +140,57 @@ def pick_precision(precision: str, device) -> tuple[Any, bool]:
 
 
 class SampleStream:
-    """This rank's endless stream of sample indices: epoch after epoch of its sampler.
+    """This rank's endless stream of window start positions: epoch after epoch of its sampler.
 
-    Its whole state is (epoch, position), so a checkpoint can put it back exactly.
+    Its whole state is (epoch, position), so a checkpoint can put it back exactly. A
+    `take` may straddle two epochs (and so two window offsets).
     """
 
     def __init__(self, sampler):
         self.sampler = sampler
         self.epoch, self.position = 0, 0
-        self._indices = None
+        self._starts = None
 
     def take(self, n: int) -> np.ndarray:
+        """The next `n` start positions in the train token array, int64 [n]."""
         out = []
         while n > 0:
-            if self._indices is None:
-                self._indices = self.sampler.indices(self.epoch)
-            chunk = self._indices[self.position:self.position + n]
+            if self._starts is None:
+                self._starts = self.sampler.starts(self.epoch)
+            chunk = self._starts[self.position:self.position + n]
             out.append(chunk)
             n -= len(chunk)
             self.position += len(chunk)
-            if self.position >= len(self._indices):
-                self.epoch, self.position, self._indices = self.epoch + 1, 0, None
+            if self.position >= len(self._starts):
+                self.epoch, self.position, self._starts = self.epoch + 1, 0, None
         return np.concatenate(out)
 
     def state(self) -> dict[str, int]:
         return {"epoch": self.epoch, "position": self.position}
 
     def restore(self, state: dict[str, int]) -> None:
-        self.epoch, self.position, self._indices = int(state["epoch"]), int(state["position"]), None
+        self.epoch, self.position, self._starts = int(state["epoch"]), int(state["position"]), None
 
 
-def to_batch(samples, indices: np.ndarray, device) -> tuple[Any, Any]:
-    """Inputs and next-token targets [len(indices), block_size] on `device`."""
+def to_batch(tokens_or_samples, starts: np.ndarray, block_size: int, device) -> tuple[Any, Any]:
+    """Inputs and next-token targets [len(starts), block_size] on `device`.
+
+    Row i is tokens[starts[i]:starts[i] + block_size + 1] of a token array (or of a
+    `Samples`' tokens), split into inputs (all but the last) and targets (all but the first).
+
+    >>> x, y = to_batch(np.arange(10), np.array([3, 0]), 4, __import__("torch").device("cpu"))
+    >>> x.tolist(), y.tolist()
+    ([[3, 4, 5, 6], [0, 1, 2, 3]], [[4, 5, 6, 7], [1, 2, 3, 4]])
+    """
     import torch
 
-    windows = torch.from_numpy(np.stack([samples[int(i)] for i in indices]).astype(np.int64))
+    tokens = getattr(tokens_or_samples, "tokens", tokens_or_samples)
+    starts = np.asarray(starts, dtype=np.int64)
+    if len(starts) and (starts.min() < 0 or starts.max() + block_size + 1 > len(tokens)):
+        raise IndexError(f"a window runs outside the {len(tokens)} tokens: starts "
+                         f"{starts.min()}..{starts.max()}, block_size {block_size}")
+    rows = starts[:, None] + np.arange(block_size + 1)
+    windows = torch.from_numpy(np.asarray(tokens[rows]).astype(np.int64))
     if device.type == "cuda":  # pinned host memory lets the copy overlap with compute
         windows = windows.pin_memory().to(device, non_blocking=True)
     return windows[:, :-1], windows[:, 1:]
@@ -236,11 +259,12 @@ def evaluate_split(model, samples, windows, batch_size, device, autocast, is_rar
     from rarelm.loss import rare_weighted_loss
 
     stats = torch.zeros(4, device=device)
-    mine = windows[dist.rank::dist.world_size]
+    block = samples.block_size
+    mine = windows[dist.rank::dist.world_size] * block  # the val windows' start positions
     model.eval()
     with torch.no_grad():
         for start in range(0, len(mine), batch_size):
-            x, y = to_batch(samples, mine[start:start + batch_size], device)
+            x, y = to_batch(samples, mine[start:start + batch_size], block, device)
             with autocast():
                 logits = model(input_ids=x, use_cache=False).logits
             stats += rare_weighted_loss(logits, y, is_rare, 0.0)[1]
@@ -349,16 +373,23 @@ class Dist:
                 td.destroy_process_group()
 
 
-def input_files(paths: Paths) -> list[Path]:
+def input_files(paths: Paths, params: Params) -> list[Path]:
     """Every file the run reads: its checkpoint key hashes their content."""
     tokenizer = sorted(p for p in (paths.tokenized / "tokenizer").glob("*") if p.is_file())
+    scores = [paths.weights / "scores.npy"] if params.weights.schedule != "constant" else []
+    terms = [paths.rare / "term_index.npy"] if params.loss.targets != "rare_bucket" else []
     return [paths.tokenized / "meta.json", paths.tokenized / "train.tokens",
             paths.tokenized / "val.tokens", *tokenizer, paths.rare / "buckets.npy",
-            paths.weights / "weights.npy"]
+            paths.weights / "weights.npy", *scores, *terms]
 
 
 def load_inputs(params: Params, paths: Paths):
-    """(TokenizedData, train Samples, val Samples, sample weights, buckets), all checked."""
+    """(TokenizedData, train Samples, val Samples, weights, log scores, buckets, term index), all checked.
+
+    The log scores (data/weights/scores.npy) are read only where `weights.schedule`
+    varies alpha, which recomputes the weights from them each epoch; the term index
+    (data/rare/term_index.npy) only where `loss.targets` weighs term tokens; else None.
+    """
     from rarelm.data import Samples, TokenizedData
 
     data = TokenizedData.open(paths.tokenized)
@@ -373,7 +404,41 @@ def load_inputs(params: Params, paths: Paths):
 
     buckets = load_buckets(paths.rare, data.vocab_size)
     weights = load_weights(paths.weights / "weights.npy", len(train_samples))
-    return data, train_samples, val_samples, weights, buckets
+    scores = None
+    if params.weights.schedule != "constant":
+        from rarelm.files import load_array
+
+        scores = load_array(paths.weights / "scores.npy", np.float64, len(train_samples), "weights",
+                            "(one log score per training sample); it does not match the tokenized data")
+    term_index = None
+    if params.loss.targets != "rare_bucket":
+        from rarelm.rare import TermIndex
+
+        term_index = TermIndex.open(paths.rare, data)
+    return data, train_samples, val_samples, weights, scores, buckets, term_index
+
+
+def epochs_to_train(tp: TrainParams, world_size: int, n_windows: int) -> int:
+    """Epochs the run starts: max_steps * batch_size * grad_accum samples per rank, rounded up.
+
+    >>> epochs_to_train(TrainParams(max_steps=150, batch_size=16, grad_accum=1), 2, 2880)
+    2
+    """
+    per_rank_epoch = -(-n_windows // world_size)
+    return max(1, -(-tp.max_steps * tp.batch_size * tp.grad_accum // per_rank_epoch))
+
+
+def sampling_weights(params: Params, scores: np.ndarray, n_epochs: int):
+    """Epoch -> the windows' weights from their log scores at the epoch's alpha (`alpha_at`)."""
+    from rarelm.weights import alpha_at, weights_from_scores
+
+    wp = params.weights
+
+    def at_epoch(epoch: int) -> np.ndarray:
+        return weights_from_scores(scores, alpha_at(wp.schedule, params.alpha, epoch, n_epochs),
+                                   wp.clip_ratio)
+
+    return at_epoch
 
 
 def write_curves(path: Path, rows: list[dict[str, Any]]) -> None:
@@ -415,11 +480,11 @@ def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict
 
     from rarelm import checkpoint, tracking
     from rarelm.files import write_json
-    from rarelm.loss import rare_mask, rare_weighted_loss
+    from rarelm.loss import Objective, rare_mask
     from rarelm.model import build_model, fingerprint_files
     from rarelm.sampler import WeightedDistributedSampler
 
-    tp = params.train
+    tp, block = params.train, params.model.block_size
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
     dist = Dist.setup()
     device = dist.device
@@ -436,13 +501,16 @@ def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict
     def autocast():
         return torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None)
 
-    data, train_samples, val_samples, weights, buckets = load_inputs(params, paths)
+    data, train_samples, val_samples, weights, scores, buckets, term_index = load_inputs(params, paths)
 
     # Resume: the newest intact checkpoint of exactly these params + data, if any.
     stage_params = {"seed": params.seed, "model": dataclasses.asdict(params.model),
                     "train": dataclasses.asdict(tp), "loss": dataclasses.asdict(params.loss),
-                    "world_size": dist.world_size}
-    key = checkpoint.run_key(stage_params, input_files(paths) + fingerprint_files(params.model))
+                    "world_size": dist.world_size, "alpha": params.alpha,
+                    "weights": {"schedule": params.weights.schedule,
+                                "clip_ratio": params.weights.clip_ratio}}
+    key = checkpoint.run_key(stage_params,
+                             input_files(paths, params) + fingerprint_files(params.model))
     store = checkpoint.CheckpointStore(paths.cache, key)
     found = dist.broadcast(str(store.latest_valid() or "") if dist.main else None)
     state: dict[str, Any] = {"step": 0, "curves": [], "elapsed": 0.0, "run_id": None,
@@ -465,11 +533,16 @@ def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict
             model.activation_checkpointing_enable(  # transformers 5's name for it
                 activation_checkpointing_kwargs={"use_reentrant": False})
         is_rare = rare_mask(buckets, model.get_input_embeddings().num_embeddings).to(device)
+        objective = Objective(params.loss.targets, params.loss.rare_weight, is_rare, term_index)
         optimizer = configure_optimizer(model, tp, device)
         scaler = torch.amp.GradScaler(device.type, enabled=use_scaler)
-        sampler = WeightedDistributedSampler(np.asarray(weights), num_replicas=dist.world_size,
-                                             rank=dist.rank, seed=params.seed)
-        stream = SampleStream(sampler)
+        # Each epoch: windows shifted by an offset, drawn by systematic resampling, shuffled,
+        # sharded; with an alpha schedule the weights are recomputed from the scores per epoch.
+        n_epochs = epochs_to_train(tp, dist.world_size, len(train_samples))
+        sampler = WeightedDistributedSampler(
+            weights if scores is None else sampling_weights(params, scores, n_epochs),
+            num_replicas=dist.world_size, rank=dist.rank, seed=params.seed, block_size=block)
+        stream = SampleStream(sampler)  # start positions of windows in the train tokens
         val_idx = val_windows(len(val_samples), tp.eval_batches * tp.batch_size)
         if found:
             store.load_weights(Path(found), raw_model)
@@ -507,13 +580,14 @@ def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict
 
             # Gradient accumulation: DDP all-reduces gradients only on the last micro-step.
             for micro in range(tp.grad_accum):
-                x, y = to_batch(train_samples, stream.take(tp.batch_size), device)
+                starts = stream.take(tp.batch_size)  # where this micro-batch's windows begin
+                x, y = to_batch(train_samples, starts, block, device)
                 last = micro == tp.grad_accum - 1
                 sync = contextlib.nullcontext() if last or not dist.ddp else model.no_sync()
                 with sync:
                     with autocast():
                         logits = model(input_ids=x, use_cache=False).logits
-                    loss, stats = rare_weighted_loss(logits, y, is_rare, params.loss.rare_weight)
+                    loss, stats = objective(logits, y, starts)
                     scaler.scale(loss / tp.grad_accum).backward()
                 window += stats
                 window_loss += torch.stack([loss.detach(), torch.ones((), device=device)])

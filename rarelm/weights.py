@@ -1,30 +1,50 @@
-"""One sampling weight per training sample, from its tokens' frequencies (the `weights` stage).
+"""One sampling weight per training sample, from a score of how rare its content is (the `weights` stage).
 
 A sample is `rarelm.data.Samples` window i; its targets are its last
 `block_size` tokens (every train token is a target of exactly one sample).
-With p(t) = count(t) / total, the train-split unigram probability of token t,
-a sample's score is the mean inverse frequency of its targets, and its weight
-is that score raised to `alpha`:
+`weights.score` chooses what a window's score measures; its weight is that
+score raised to `alpha`, so alpha = 0 gives uniform weights.
+
+**frequency.** With p(t) = count(t) / total, the train-split unigram
+probability of token t, the score is the mean inverse frequency of the targets:
 
     score_i = mean over targets t of 1 / p(t)
     log w_i = alpha * log score_i = alpha * (logsumexp_t(-log p(t)) - log block_size)
 
-so alpha = 0 gives uniform weights and a larger alpha favours samples holding
-rare tokens (an arithmetic mean, so one rare token in a window counts; a
-geometric mean would average it away over 128 tokens). Everything is computed
-in log space (logsumexp), so no 1 / p overflows. The log weights are then
-clipped to a band of width log(clip_ratio) centred on their median (so
-max / min <= clip_ratio and a handful of samples cannot take over),
-exponentiated after subtracting the largest one, and normalised to mean 1:
+(an arithmetic mean, so one rare token in a window counts; a geometric mean
+would average it away over 128 tokens). Computed in log space, so no 1 / p
+overflows.
+
+**terms.** The score grows with the rarity of the extracted terms the window
+holds (data/rare/term_index.npy: an occurrence belongs to the window whose
+targets include its first token), so the extra draws go to domain terms, not to
+numbers and one-off words that merely have rare tokens:
+
+    score_i = term_floor + sum over occurrences o in window i of 1 / n(term of o) ** term_beta
+
+with n(term) its occurrences in the train split. term_floor keeps every window
+reachable; term_beta > 0 favours the rarest terms. Worked example: block 4,
+a window holding one occurrence of a term seen 2 times and one of a term seen
+100 times, another holding none; term_beta 1, term_floor 0.05, alpha 1:
+
+    scores 0.05 + 1/2 + 1/100 = 0.56 and 0.05   ->   weights 0.56 / 0.305 = 1.836, 0.164
+
+The log weights are then clipped to a band of width log(clip_ratio) centred on
+their median (so max / min <= clip_ratio and a handful of samples cannot take
+over), exponentiated after subtracting the largest one, and normalised to mean 1:
 
     >>> counts = np.array([6, 2])       # p = 0.75, 0.25
     >>> w = sample_weights(np.array([0, 0, 0, 1, 1]), counts, block_size=2, alpha=1.0,
     ...                    clip_ratio=100.0, chunk_tokens=1024)
     >>> w.round(4).tolist()             # targets [0, 0] and [1, 1]: scores 4/3 and 4
     [0.5, 1.5]
+    >>> index = np.array([[1, 1, 0], [3, 1, 1]])   # (start, length, term) rows
+    >>> s = term_log_scores(index, np.array([2, 100]), n_windows=2, block_size=4, beta=1.0, floor=0.05)
+    >>> weights_from_scores(s, 1.0, 100.0).round(3).tolist()
+    [1.836, 0.164]
 
-Samples are scored chunk by chunk (`weights.chunk_tokens` tokens), so memory is
-bounded by the chunk plus the output (8 bytes per sample).
+Samples are scored chunk by chunk (`weights.chunk_tokens` tokens or index
+rows), so memory is bounded by the chunk plus the output (8 bytes per sample).
 """
 
 from __future__ import annotations
@@ -83,6 +103,59 @@ def weights_from_scores(log_score: np.ndarray, alpha: float, clip_ratio: float) 
     return w / w.mean()
 
 
+def term_log_scores(index: np.ndarray, term_counts: np.ndarray, n_windows: int, block_size: int,
+                    beta: float, floor: float, chunk_rows: int = 1 << 22) -> np.ndarray:
+    """log(term_floor + sum of 1 / n(term) ** beta over the window's term occurrences), float64 [windows]."""
+    if floor <= 0:
+        raise RarelmError(f"weights.term_floor = {floor:g} is not allowed (must be > 0)")
+    score = np.full(n_windows, float(floor))
+    per_term = np.maximum(np.asarray(term_counts, dtype=np.float64), 1.0) ** -float(beta)
+    for lo in range(0, len(index), chunk_rows):
+        rows = np.asarray(index[lo:lo + chunk_rows])
+        window = occurrence_windows(rows[:, 0], block_size)
+        inside = window < n_windows  # the tail past the last whole window is never a target
+        np.add.at(score, window[inside], per_term[rows[inside, 2]])
+    return np.log(score)
+
+
+def occurrence_windows(starts: np.ndarray, block_size: int) -> np.ndarray:
+    """The window whose targets hold each occurrence's first token (position 0 is no target: window 0)."""
+    return np.maximum(np.asarray(starts, dtype=np.int64) - 1, 0) // block_size
+
+
+def term_exposure(weights: np.ndarray, index: np.ndarray, term_counts: np.ndarray, block_size: int,
+                  chunk_rows: int = 1 << 22) -> dict:
+    """Exposure of term occurrences per train-count band, relative to uniform sampling.
+
+    A band's exposure is the mean weight of the windows holding its occurrences
+    (weights have mean 1, so 1.0 = as often as under uniform sampling). Bands
+    are those of the evaluation (term_search.band_label): "2-3", "4-7", ...
+    Also `le8`: all terms seen at most 8 times.
+    """
+    from rarelm.term_search import band_index, band_label
+
+    counts = np.asarray(term_counts, dtype=np.int64)
+    bands = np.array([band_index(c) for c in counts.tolist()], dtype=np.int64)
+    top = int(bands.max(initial=0)) + 1
+    weighted, plain = np.zeros(top + 1), np.zeros(top + 1)  # the last slot: terms seen <= 8 times
+    for lo in range(0, len(index), chunk_rows):
+        rows = np.asarray(index[lo:lo + chunk_rows])
+        window = occurrence_windows(rows[:, 0], block_size)
+        inside = window < len(weights)
+        w, term = weights[window[inside]], rows[inside, 2]
+        weighted[:top] += np.bincount(bands[term], weights=w, minlength=top)
+        plain[:top] += np.bincount(bands[term], minlength=top)
+        rare = counts[term] <= 8
+        weighted[top] += w[rare].sum()
+        plain[top] += rare.sum()
+    exposure = {band_label(1 << (b - 1) if b else 0): {"occurrences": int(plain[b]),
+                                                      "exposure": float(weighted[b] / plain[b])}
+                for b in range(top) if plain[b]}
+    exposure["le8"] = {"occurrences": int(plain[top]),
+                       "exposure": float(weighted[top] / plain[top]) if plain[top] else None}
+    return exposure
+
+
 def sample_weights(tokens: np.ndarray, counts: np.ndarray, block_size: int, alpha: float,
                    clip_ratio: float, chunk_tokens: int) -> np.ndarray:
     """The weight of every training sample (module docstring), float64 [samples], mean 1."""
@@ -134,13 +207,15 @@ def load_weights(path: str | Path, n_samples: int) -> np.ndarray:
     return w
 
 
-def compute(params, tokenized_dir: Path, rare_dir: Path) -> tuple[np.ndarray, dict, list[dict]]:
-    """The whole stage: (weights, metrics, histogram rows); `params` is the full Params."""
+def compute(params, tokenized_dir: Path, rare_dir: Path) -> tuple[np.ndarray, np.ndarray, dict, list[dict]]:
+    """The whole stage: (weights, log scores, metrics, histogram rows); `params` is the full Params."""
     from rarelm.data import TokenizedData
-    from rarelm.rare import load_buckets, load_counts
+    from rarelm.rare import TermIndex, load_buckets, load_counts
+    from rarelm.term_search import load_terms
 
     if params.alpha < 0:
         raise RarelmError(f"alpha = {params.alpha:g} is not allowed (must be >= 0)")
+    wp = params.weights
     data = TokenizedData.open(tokenized_dir)
     tokens = data.tokens("train")
     counts = load_counts(rare_dir, data.vocab_size)
@@ -149,7 +224,38 @@ def compute(params, tokenized_dir: Path, rare_dir: Path) -> tuple[np.ndarray, di
         raise RarelmError(
             f"{rare_dir}/counts.npy: counts sum to {int(counts.sum())} tokens, but the train split has "
             f"{len(tokens)}; it does not match the tokenized data, re-run rare_terms")
-    block, chunk = params.model.block_size, params.weights.chunk_tokens
-    weights = sample_weights(tokens, counts, block, params.alpha, params.weights.clip_ratio, chunk)
+    index = TermIndex.open(rare_dir, data)
+    term_counts = index.occurrences_per_term(len(load_terms(rare_dir / "terms.jsonl")))
+    block, chunk = params.model.block_size, wp.chunk_tokens
+    if wp.score == "terms":
+        scores = term_log_scores(index.rows, term_counts, len(Samples(tokens, block)), block,
+                                 wp.term_beta, wp.term_floor)
+    else:
+        scores = log_scores(tokens, counts, block, chunk)
+    weights = weights_from_scores(scores, params.alpha, wp.clip_ratio)
     stats = weight_stats(weights, tokens, buckets, block, chunk)
-    return weights, {"alpha": params.alpha, **stats}, histogram_rows(weights)
+    stats["term_exposure"] = term_exposure(weights, index.rows, term_counts, block)
+    return weights, scores, {"alpha": params.alpha, "score": wp.score, **stats}, histogram_rows(weights)
+
+
+def alpha_at(schedule: str, alpha: float, epoch: int, n_epochs: int) -> float:
+    """The alpha of `epoch` in a run of `n_epochs` epochs under `weights.schedule`.
+
+    constant: `alpha` every epoch. decay: the straight line from `alpha` at the start
+    of training to 0 at its end; grow: from 0 to `alpha`. Each epoch takes the
+    line's value at its middle (so both average alpha / 2 over the run); an epoch
+    past the last keeps the last one's value.
+
+    >>> [round(alpha_at("decay", 0.8, e, 4), 3) for e in range(5)]
+    [0.7, 0.5, 0.3, 0.1, 0.1]
+    >>> [round(alpha_at("grow", 0.8, e, 4), 3) for e in range(4)], alpha_at("constant", 0.8, 3, 4)
+    ([0.1, 0.3, 0.5, 0.7], 0.8)
+    """
+    if schedule == "constant":
+        return alpha
+    if schedule not in ("decay", "grow"):
+        raise RarelmError(f"weights.schedule = {schedule!r} is not allowed "
+                          "(must be constant, decay or grow)")
+    n_epochs = max(1, n_epochs)
+    progress = (min(epoch, n_epochs - 1) + 0.5) / n_epochs
+    return alpha * (1.0 - progress if schedule == "decay" else progress)

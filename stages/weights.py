@@ -1,14 +1,18 @@
-"""Stage `weights`: one sampling weight per training sample, from token frequencies and `alpha`.
+"""Stage `weights`: one sampling weight per training sample, from `weights.score` and `alpha`.
 
     python -m stages.weights
     dvc exp run -S alpha=0.7        # re-runs weights and what follows it, nothing before
 
-Reads the tokenized train split and data/rare/{counts,buckets}.npy, writes:
+Reads the tokenized train split and data/rare/ (token counts and buckets, terms and where they
+occur), writes:
 
     data/weights/weights.npy   float64 [samples], mean 1; weight i belongs to rarelm.data.Samples window i
+    data/weights/scores.npy    float64 [samples], log score of each window (weights = scores at `alpha`;
+                               training recomputes weights from them when weights.schedule varies alpha)
     data/weights/summary.json  the same as metrics/weights.json
     metrics/weights.json       alpha, Kish effective sample size (ess, ess_fraction), rare_exposure,
-                               exposure per bucket, top1pct_weight_share, min, max, max_over_min
+                               exposure per bucket, term_exposure per term train-count band (and le8:
+                               terms seen <= 8 times), top1pct_weight_share, min, max, max_over_min
     plots/weights.csv          histogram of log10 weights (log10_weight, samples)
 
 The formula is in rarelm/weights.py.
@@ -32,7 +36,7 @@ def weights(
     metrics: Path = typer.Option(f"{METRICS}/weights.json", help="metrics file"),
     plot: Path = typer.Option(f"{PLOTS}/weights.csv", help="weight histogram (CSV)"),
 ) -> None:
-    """Weight every training sample by the rarity of its tokens."""
+    """Weight every training sample by the rarity of its tokens or of the terms it holds."""
     import csv
 
     import numpy as np
@@ -44,19 +48,21 @@ def weights(
 
     with user_errors("weights"):
         params = load_params(params_file)
-        values, stats, histogram = weighting.compute(params, tokenized, rare_dir)
+        values, scores, stats, histogram = weighting.compute(params, tokenized, rare_dir)
         with atomic_dir(out) as tmp:
             np.save(tmp / "weights.npy", values)
+            np.save(tmp / "scores.npy", scores)
             write_json(tmp / "summary.json", stats)
         write_json(metrics, stats)
         with atomic_file(plot) as f:
             writer = csv.DictWriter(f, fieldnames=["log10_weight", "samples"], lineterminator="\n")
             writer.writeheader()
             writer.writerows(histogram)
-    rare = stats["rare_exposure"]
-    print(f"weights: {stats['samples']} samples, alpha {stats['alpha']:g}, max/min "
+    rare, terms = stats["rare_exposure"], stats["term_exposure"]["le8"]["exposure"]
+    print(f"weights: {stats['samples']} samples, score {stats['score']}, alpha {stats['alpha']:g}, max/min "
           f"{stats['max_over_min']:.3g}, ESS {stats['ess_fraction']:.1%}, rare-token exposure "
-          f"{'n/a' if rare is None else f'{rare:.3f}x'}, top 1% hold {stats['top1pct_weight_share']:.1%}")
+          f"{'n/a' if rare is None else f'{rare:.3f}x'}, terms seen <= 8 times "
+          f"{'n/a' if terms is None else f'{terms:.2f}x'}, top 1% hold {stats['top1pct_weight_share']:.1%}")
 
 
 if __name__ == "__main__":

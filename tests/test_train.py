@@ -23,10 +23,20 @@ import torch
 import torch.nn.functional as F
 
 from rarelm.checkpoint import CheckpointStore, run_key
+from rarelm.data import Samples
 from rarelm.errors import RarelmError
 from rarelm.loss import rare_mask, rare_weighted_loss
 from rarelm.params import TrainParams
-from rarelm.train import CPU_BF16_ENV, SampleStream, cpu_has_bf16, cpu_has_native_bf16, lr_at, pick_precision
+from rarelm.train import (
+    CPU_BF16_ENV,
+    SampleStream,
+    cpu_has_bf16,
+    cpu_has_native_bf16,
+    epochs_to_train,
+    lr_at,
+    pick_precision,
+    to_batch,
+)
 from tests.conftest import REPO, run, set_params
 
 TINY_TRAIN = {
@@ -139,18 +149,39 @@ def test_auto_precision_on_cuda_uses_a_grad_scaler_only_with_fp16(monkeypatch, b
 def test_sample_stream_crosses_epochs_and_restores_exactly():
     from rarelm.sampler import WeightedDistributedSampler
 
-    sampler = WeightedDistributedSampler(np.arange(1, 8, dtype=float), num_replicas=2, rank=1,
-                                         seed=3)
+    sampler = WeightedDistributedSampler(np.arange(1, 9, dtype=float), num_replicas=2, rank=1,
+                                         seed=3, block_size=4)
     whole = SampleStream(sampler)
-    drawn = np.concatenate([whole.take(3) for _ in range(5)])  # 15 draws over 4-long epochs
-    assert np.array_equal(drawn[:4], sampler.indices(0))
-    assert np.array_equal(drawn[4:8], sampler.indices(1))
+    drawn = np.concatenate([whole.take(3) for _ in range(5)])  # 15 starts over 4-long epochs
+    assert np.array_equal(drawn[:4], sampler.starts(0))
+    assert np.array_equal(drawn[4:8], sampler.starts(1))
+    assert set(drawn[:4] % 4) == {0} and set(drawn[4:8] % 4) == {sampler.offset(1)} != {0}
     first = SampleStream(sampler)
     head = np.concatenate([first.take(3) for _ in range(2)])
     resumed = SampleStream(sampler)
     resumed.restore(first.state())
     tail = np.concatenate([resumed.take(3) for _ in range(3)])
     assert np.array_equal(np.concatenate([head, tail]), drawn)
+
+
+def test_to_batch_reads_windows_at_start_positions():
+    tokens = np.arange(100, 120, dtype=np.uint16)
+    x, y = to_batch(tokens, np.array([5, 0, 15]), 4, torch.device("cpu"))
+    assert x.dtype == torch.int64 and x.shape == y.shape == (3, 4)
+    assert x[0].tolist() == [105, 106, 107, 108] and y[0].tolist() == [106, 107, 108, 109]
+    assert y[2].tolist() == [116, 117, 118, 119]  # the last whole window
+    samples = Samples(tokens, 4)  # a Samples reads its token array
+    assert torch.equal(to_batch(samples, np.array([4]), 4, torch.device("cpu"))[0],
+                       torch.from_numpy(samples[1][:-1].astype(np.int64))[None])
+    with pytest.raises(IndexError, match="runs outside the 20 tokens"):
+        to_batch(tokens, np.array([16]), 4, torch.device("cpu"))
+
+
+def test_epochs_to_train_rounds_up():
+    tp = TrainParams(max_steps=300, batch_size=4, grad_accum=2)
+    assert epochs_to_train(tp, 2, 600) == 8  # 2400 per rank / 300 = 8 exactly
+    assert epochs_to_train(tp, 2, 700) == 7  # 350 per rank: 6.9 epochs
+    assert epochs_to_train(dataclasses.replace(tp, max_steps=1), 1, 10**6) == 1
 
 
 def test_checkpoints_are_verified_and_only_the_last_two_kept(tmp_path, capsys):
@@ -397,6 +428,50 @@ def test_grad_accumulation_and_checkpointing_match_one_big_batch(trained, tmp_pa
             assert _distance(weights[name], weights["big"]) < 0.1 * moved, name
     if precision == "bf16":  # bf16 really ran: not the fp32 result to fp32 precision
         assert _distance(weights["accum"], weights["big"]) > 1e-4 * moved
+
+
+def test_alpha_schedule_run_resumes_bit_identical_mid_epoch(trained, tmp_path, monkeypatch):
+    """weights.schedule decay (weights recomputed per epoch from scores.npy, windows shifted
+    per epoch): a run that crashes after a checkpoint in the middle of its second epoch and is
+    started again ends byte-identical to an uninterrupted one."""
+    from rarelm import reprocheck, train
+    from rarelm.params import load_params
+
+    root, _, _ = trained
+    monkeypatch.chdir(root)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")  # no store needed here
+    base = load_params(root / "params.yaml")
+    params = dataclasses.replace(
+        base, alpha=0.8, weights=dataclasses.replace(base.weights, schedule="decay"),
+        train=dataclasses.replace(base.train, nproc=1, max_steps=12, batch_size=64, log_every=1,
+                                  eval_every=12, checkpoint_every=4, precision="fp32"))
+    n_windows = (12672 - 1) // 32  # the tiny train split: 395 windows, so 12 steps ~ 2 epochs
+    assert train.epochs_to_train(params.train, 1, n_windows) == 2
+    assert train.load_inputs(params, train.Paths())[4] is not None  # it reads scores.npy
+
+    def paths(name: str) -> train.Paths:
+        return train.Paths(model=tmp_path / name, metrics=tmp_path / f"{name}.json",
+                           plots=tmp_path / f"{name}.csv", cache=tmp_path / f"cache-{name}")
+
+    train.train(params, paths("whole"), progress=False)
+    real_lr_at = train.lr_at
+
+    def crash_at_step_9(step, tp):
+        if step == 9:  # after the step-8 checkpoint: epoch 1, 117 windows in
+            raise RuntimeError("crash")
+        return real_lr_at(step, tp)
+
+    monkeypatch.setattr(train, "lr_at", crash_at_step_9)
+    with pytest.raises(RuntimeError, match="crash"):
+        train.train(params, paths("resumed"), progress=False)
+    monkeypatch.setattr(train, "lr_at", real_lr_at)
+    assert (tmp_path / "cache-resumed").exists()
+    train.train(params, paths("resumed"), progress=False)
+    for name in ("model.safetensors", "config.json"):
+        assert (tmp_path / "resumed" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes()
+    for name in ("resumed.csv", "resumed.json"):  # curves and metrics, wall clock aside
+        same = reprocheck.without_wall_clock
+        assert same(tmp_path / name) == same(tmp_path / name.replace("resumed", "whole")), name
 
 
 def test_pretrained_model_must_share_the_tokenizer(trained, tmp_path):

@@ -10,7 +10,6 @@ import shutil
 import numpy as np
 import pytest
 
-from rarelm import rare
 from rarelm import weights as weighting
 from rarelm.data import Samples, TokenizedData
 from rarelm.errors import RarelmError
@@ -69,6 +68,32 @@ def test_stats_by_hand():
     assert stats["max_over_min"] == pytest.approx(3.0)
 
 
+def test_term_scores_by_hand():
+    # block 4: window 0 targets positions 1-4, window 1 positions 5-8, window 2 positions 9-12
+    index = np.array([[0, 2, 0],    # position 0 is no target: counted in window 0
+                      [3, 2, 1],    # window 0
+                      [5, 1, 1],    # window 1
+                      [8, 3, 0],    # first token in window 1, runs into window 2
+                      [13, 1, 1]])  # past the last whole window: dropped
+    counts = np.array([4, 2])
+    scores = np.exp(weighting.term_log_scores(index, counts, n_windows=3, block_size=4, beta=1.0, floor=0.1))
+    assert scores == pytest.approx([0.1 + 1 / 4 + 1 / 2, 0.1 + 1 / 2 + 1 / 4, 0.1])
+    squared = np.exp(weighting.term_log_scores(index, counts, 3, 4, beta=2.0, floor=0.1))
+    assert squared == pytest.approx([0.1 + 1 / 16 + 1 / 4, 0.1 + 1 / 4 + 1 / 16, 0.1])
+    one_row_chunks = weighting.term_log_scores(index, counts, 3, 4, 1.0, 0.1, chunk_rows=1)
+    assert np.array_equal(one_row_chunks, np.log(scores))
+
+
+def test_term_exposure_by_hand():
+    index = np.array([[1, 1, 0], [2, 1, 1], [5, 1, 1], [6, 1, 2]])  # windows 0, 0, 1, 1 (block 4)
+    counts = np.array([3, 9, 40])  # bands 2-3, 8-15, 32-63
+    exposure = weighting.term_exposure(np.array([1.5, 0.5]), index, counts, block_size=4)
+    assert exposure == {"2-3": {"occurrences": 1, "exposure": 1.5},
+                        "8-15": {"occurrences": 2, "exposure": 1.0},  # one in each window
+                        "32-63": {"occurrences": 1, "exposure": 0.5},
+                        "le8": {"occurrences": 1, "exposure": 1.5}}
+
+
 @pytest.mark.parametrize(("alpha", "clip", "message"), [
     (-0.1, 10.0, "alpha = -0.1 is not allowed (must be >= 0)"),
     (1.0, 0.5, "weights.clip_ratio = 0.5 is not allowed (must be >= 1)"),
@@ -93,7 +118,7 @@ def test_load_weights_checks_the_sample_count(tmp_path):
 
 @pytest.fixture(scope="module")
 def rare_done(tmp_path_factory, tiny_raw):
-    """A folder with the tiny English corpus prepared and tokenized, and its token counts and buckets."""
+    """A folder with the tiny English corpus prepared and tokenized, and its rare_terms outputs."""
     root = tmp_path_factory.mktemp("weights_en")
     shutil.copy(REPO / "params.yaml", root / "params.yaml")
     set_params(root, **{"corpus.path": str(tiny_raw / "demo_en.txt.gz"),
@@ -101,13 +126,7 @@ def rare_done(tmp_path_factory, tiny_raw):
                         "model.block_size": 32})
     for name in ("prepare", "tokenize"):
         stage(name, root, check=True)
-    # rare_terms' counts and buckets, made in-process (its CLI is tested in test_rare.py)
-    data = TokenizedData.open(root / "data/tokenized")
-    counts = rare.count_tokens(data.tokens("train"), data.vocab_size, chunk_tokens=1 << 20)
-    buckets, _ = rare.bucket_tokens(counts, frequent_share=0.8, rare_share=0.05)
-    (root / "data/rare").mkdir()
-    np.save(root / "data/rare/counts.npy", counts)
-    np.save(root / "data/rare/buckets.npy", buckets)
+    stage("rare_terms", root, check=True)
     return root
 
 
@@ -160,6 +179,32 @@ def test_stage_outputs(work):
     with open(work / "plots/weights.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert sum(int(r["samples"]) for r in rows) == n and len(rows) == 40
+    scores = np.load(work / "data/weights/scores.npy")
+    assert np.array_equal(weighting.weights_from_scores(scores, 1.0, 100.0), w)
+
+
+def test_term_scores_favour_windows_with_rare_terms(work):
+    set_params(work, **{"alpha": 1.0, "weights.score": "terms", "weights.term_floor": 0.05,
+                        "weights.clip_ratio": 1e6})  # no clipping: the raw scores
+    result = stage("weights", work, check=True)
+    assert "score terms" in result.stdout and "terms seen <= 8 times" in result.stdout
+    w = np.load(work / "data/weights/weights.npy")
+    index = np.load(work / "data/rare/term_index.npy")
+    terms = [json.loads(line) for line in (work / "data/rare/terms.jsonl").read_text().splitlines()]
+    n_terms = np.array([t["train_occurrences"] for t in terms])
+    expected = np.full(len(w), 0.05)
+    for start, _, term in index.tolist():
+        window = max(start - 1, 0) // 32
+        if window < len(w):
+            expected[window] += 1 / n_terms[term]
+    assert w == pytest.approx(expected / expected.mean())
+    metrics = json.loads((work / "metrics/weights.json").read_text())
+    assert metrics["score"] == "terms"
+    exposure = metrics["term_exposure"]
+    commonest = max((band for band in exposure if band != "le8"), key=lambda band: int(band.split("-")[0]))
+    assert exposure["le8"]["exposure"] > 1.5 > 1.1 > exposure[commonest]["exposure"]
+    assert sum(v["occurrences"] for k, v in exposure.items() if k != "le8") == \
+        sum(1 for start, _, _ in index.tolist() if max(start - 1, 0) // 32 < len(w))
 
 
 # ------------------------------------------------------------------ through DVC, end to end
