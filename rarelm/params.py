@@ -97,6 +97,9 @@ class WeightsParams:
     term_floor: float = param(0.05, gt=0.0)  # terms: the score of a window without a term
     # alpha over training: constant; decay (alpha -> 0, linearly over the epochs); grow (0 -> alpha)
     schedule: Literal["constant", "decay", "grow"] = "constant"
+    # training windows start at a new offset each epoch (0 in the first), so no two neighbouring
+    # tokens are split by a window edge in every epoch; false: always at multiples of block_size
+    shift_windows: bool = True
     clip_ratio: float = param(100.0, ge=1.0)  # largest / smallest weight after clipping
     chunk_tokens: int = param(4_000_000, ge=1024)  # tokens scored per chunk (bounds memory)
 

@@ -134,11 +134,12 @@ class WeightedDistributedSampler(Sampler[int]):
 
     `weights` holds one weight per base window (an array, or a function of the
     epoch that returns one); `block_size` is the window length in tokens (1:
-    plain items, start position = index). See the module docstring.
+    plain items, start position = index); `shift_windows=False` keeps every epoch's
+    windows at offset 0 (for comparison with fixed windows). See the module docstring.
     """
 
     def __init__(self, weights: Weights | WeightsFn, num_replicas: int = 1, rank: int = 0,
-                 seed: int = 0, block_size: int = 1):
+                 seed: int = 0, block_size: int = 1, shift_windows: bool = True):
         if int(num_replicas) < 1:
             raise RarelmError(f"sampler: num_replicas = {num_replicas} must be >= 1")
         if not 0 <= int(rank) < int(num_replicas):
@@ -155,6 +156,7 @@ class WeightedDistributedSampler(Sampler[int]):
         self.rank = int(rank)
         self.seed = int(seed)
         self.block_size = int(block_size)
+        self.shift_windows = bool(shift_windows)
         self.epoch = 0
         spawn = np.random.SeedSequence(self.seed, spawn_key=(_OFFSET_STREAM,))
         self._phase = float(spawn.generate_state(1, np.uint64)[0]) / 2.0**64
@@ -173,7 +175,7 @@ class WeightedDistributedSampler(Sampler[int]):
 
     def offset(self, epoch: int) -> int:
         """Where the epoch's first window starts, in [0, block_size): 0 at epoch 0."""
-        if epoch == 0 or self.block_size == 1 or self.num_weights < 2:
+        if epoch == 0 or not self.shift_windows or self.block_size == 1 or self.num_weights < 2:
             return 0
         return 1 + int((self.block_size - 1) * ((self._phase + epoch * _GOLDEN) % 1.0))
 

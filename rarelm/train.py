@@ -508,7 +508,8 @@ def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict
                     "train": dataclasses.asdict(tp), "loss": dataclasses.asdict(params.loss),
                     "world_size": dist.world_size, "alpha": params.alpha,
                     "weights": {"schedule": params.weights.schedule,
-                                "clip_ratio": params.weights.clip_ratio}}
+                                "clip_ratio": params.weights.clip_ratio,
+                                "shift_windows": params.weights.shift_windows}}
     key = checkpoint.run_key(stage_params,
                              input_files(paths, params) + fingerprint_files(params.model))
     store = checkpoint.CheckpointStore(paths.cache, key)
@@ -541,7 +542,8 @@ def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict
         n_epochs = epochs_to_train(tp, dist.world_size, len(train_samples))
         sampler = WeightedDistributedSampler(
             weights if scores is None else sampling_weights(params, scores, n_epochs),
-            num_replicas=dist.world_size, rank=dist.rank, seed=params.seed, block_size=block)
+            num_replicas=dist.world_size, rank=dist.rank, seed=params.seed, block_size=block,
+            shift_windows=params.weights.shift_windows)
         stream = SampleStream(sampler)  # start positions of windows in the train tokens
         val_idx = val_windows(len(val_samples), tp.eval_batches * tp.batch_size)
         if found:

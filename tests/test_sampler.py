@@ -84,6 +84,13 @@ def test_offsets_move_by_epoch_and_are_reproducible():
         assert starts.max() + block + 1 <= 50 * block + 1
 
 
+def test_fixed_windows_when_shifting_is_off():
+    sampler = WeightedDistributedSampler(np.ones(50), seed=11, block_size=16, shift_windows=False)
+    for epoch in range(5):
+        assert sampler.offset(epoch) == 0 and sampler.num_windows(epoch) == 50
+        assert sorted(sampler.starts(epoch).tolist()) == list(range(0, 50 * 16, 16))
+
+
 def test_no_pair_of_neighbouring_tokens_is_split_in_both_of_two_epochs():
     block = 32
     sampler = WeightedDistributedSampler(np.ones(20), seed=0, block_size=block)
