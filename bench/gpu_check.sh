@@ -139,7 +139,7 @@ from rarelm.train import to_batch
 work, device_name = Path(sys.argv[1]), sys.argv[2]
 device = torch.device(device_name)
 samples = Samples(TokenizedData.open(work / "tokenized").tokens("train"), 32)
-x, y = to_batch(samples, np.arange(8), device)
+x, y = to_batch(samples, np.arange(8) * 32, 32, device)
 pinned = None
 if device.type == "cuda":
     assert x.is_cuda and y.is_cuda
