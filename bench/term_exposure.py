@@ -49,12 +49,14 @@ def main() -> None:
         wp = dataclasses.replace(base.weights, score=score,
                                  term_beta=beta if beta is not None else base.weights.term_beta,
                                  term_floor=floor if floor is not None else base.weights.term_floor)
-        _, _, stats, _ = compute(dataclasses.replace(base, alpha=alpha, weights=wp), args.tokenized, args.rare)
+        params = dataclasses.replace(base, alpha=alpha, weights=wp)
+        _, _, stats, _ = compute(params, args.tokenized, args.rare)
         exposure = stats["term_exposure"]
         cells = [f"{exposure[b]['exposure']:.2f}x" if b in exposure and exposure[b]["exposure"] else "-"
                  for b in BANDS]
         print(f"| {score} | {alpha:g} | {'' if beta is None else f'{beta:g}'} | "
-              f"{'' if floor is None else f'{floor:g}'} | {stats['ess_fraction']:.0%} | " + " | ".join(cells) + " |")
+              f"{'' if floor is None else f'{floor:g}'} | {stats['ess_fraction']:.0%} | "
+              + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":
