@@ -89,6 +89,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rarelm.checkpoint import sha256_file
 from rarelm.errors import RarelmError
 from rarelm.files import load_array
 
@@ -779,19 +780,13 @@ def build_term_index(tokenizer, prepared_dir: Path, data, terms: list[str],
     return index[np.lexsort((index[:, 2], index[:, 0]))]
 
 
-def _digest(path: Path) -> str:
-    import hashlib
-
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def term_index_meta(index: np.ndarray, n_terms: int, data, rare_dir: Path) -> dict:
     """What the index was built from, so a reader can tell that it still matches."""
     return {"occurrences": int(len(index)), "terms": n_terms,
             "train_tokens": int(data.meta["splits"]["train"]["tokens"]),
             "max_length": int(index[:, 1].max()) if len(index) else 0,
-            "terms_sha256": _digest(rare_dir / "terms.jsonl"),
-            "tokenizer_sha256": _digest(data.tokenizer_dir / "tokenizer.json")}
+            "terms_sha256": sha256_file(rare_dir / "terms.jsonl"),
+            "tokenizer_sha256": sha256_file(data.tokenizer_dir / "tokenizer.json")}
 
 
 class TermIndex:
@@ -805,10 +800,11 @@ class TermIndex:
         [[0, 1, 1, 0], [1, 0, 0, 0]]
     """
 
-    def __init__(self, rows: np.ndarray, max_length: int):
+    def __init__(self, rows: np.ndarray, max_length: int, n_terms: int | None = None):
         self.rows = rows
         self.starts = rows[:, 0]
         self.max_length = max_length
+        self.n_terms = int(rows[:, 2].max(initial=-1)) + 1 if n_terms is None else n_terms
 
     @classmethod
     def open(cls, rare_dir: str | Path, data) -> TermIndex:
@@ -823,15 +819,15 @@ class TermIndex:
                               "split); re-run the rare_terms stage") from None
         stale = [what for what, ok in (
             ("terms.jsonl", (rare_dir / "terms.jsonl").is_file()
-             and meta.get("terms_sha256") == _digest(rare_dir / "terms.jsonl")),
-            ("tokenizer", meta.get("tokenizer_sha256") == _digest(data.tokenizer_dir / "tokenizer.json")),
+             and meta.get("terms_sha256") == sha256_file(rare_dir / "terms.jsonl")),
+            ("tokenizer", meta.get("tokenizer_sha256") == sha256_file(data.tokenizer_dir / "tokenizer.json")),
             ("train split", meta.get("train_tokens") == int(data.meta["splits"]["train"]["tokens"])),
             ("row count", rows.ndim == 2 and rows.shape[1] == 3 and len(rows) == meta.get("occurrences")),
         ) if not ok]
         if stale:
             raise RarelmError(f"{rare_dir}/{TERM_INDEX} was not built from the current {stale[0]}; "
                               "re-run the rare_terms stage")
-        return cls(rows, int(meta["max_length"]))
+        return cls(rows, int(meta["max_length"]), int(meta["terms"]))
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -854,9 +850,9 @@ class TermIndex:
                 mask[w, b] -= 1
         return np.cumsum(mask[:, :-1], axis=1) > 0
 
-    def occurrences_per_term(self, n_terms: int, chunk_rows: int = 1 << 22) -> np.ndarray:
+    def occurrences_per_term(self, chunk_rows: int = 1 << 22) -> np.ndarray:
         """How often each term occurs in the train split, int64 [n_terms]."""
-        out = np.zeros(n_terms, dtype=np.int64)
+        out = np.zeros(self.n_terms, dtype=np.int64)
         for lo in range(0, len(self.rows), chunk_rows):
-            out += np.bincount(np.asarray(self.rows[lo:lo + chunk_rows, 2]), minlength=n_terms)
+            out += np.bincount(np.asarray(self.rows[lo:lo + chunk_rows, 2]), minlength=self.n_terms)
         return out

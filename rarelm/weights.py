@@ -211,7 +211,6 @@ def compute(params, tokenized_dir: Path, rare_dir: Path) -> tuple[np.ndarray, np
     """The whole stage: (weights, log scores, metrics, histogram rows); `params` is the full Params."""
     from rarelm.data import TokenizedData
     from rarelm.rare import TermIndex, load_buckets, load_counts
-    from rarelm.term_search import load_terms
 
     if params.alpha < 0:
         raise RarelmError(f"alpha = {params.alpha:g} is not allowed (must be >= 0)")
@@ -225,7 +224,7 @@ def compute(params, tokenized_dir: Path, rare_dir: Path) -> tuple[np.ndarray, np
             f"{rare_dir}/counts.npy: counts sum to {int(counts.sum())} tokens, but the train split has "
             f"{len(tokens)}; it does not match the tokenized data, re-run rare_terms")
     index = TermIndex.open(rare_dir, data)
-    term_counts = index.occurrences_per_term(len(load_terms(rare_dir / "terms.jsonl")))
+    term_counts = index.occurrences_per_term()
     block, chunk = params.model.block_size, wp.chunk_tokens
     if wp.score == "terms":
         scores = term_log_scores(index.rows, term_counts, len(Samples(tokens, block)), block,

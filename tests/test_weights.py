@@ -144,6 +144,8 @@ def work(rare_done, tmp_path):
     ("other_counts", "counts sum to"),
     ("float_buckets", "buckets.npy: float64"),
     ("no_rare", "data/rare/counts.npy: not found; run the rare_terms stage first"),
+    ("no_term_index", "data/rare: no readable term_index.npy"),
+    ("terms_edited", "term_index.npy was not built from the current terms.jsonl"),
 ])
 def test_bad_input_is_one_line_and_leaves_nothing(work, change, message):
     rare_dir = work / "data/rare"
@@ -159,6 +161,11 @@ def test_bad_input_is_one_line_and_leaves_nothing(work, change, message):
         np.save(rare_dir / "buckets.npy", np.load(rare_dir / "buckets.npy").astype(np.float64))
     elif change == "no_rare":
         shutil.rmtree(rare_dir)
+    elif change == "no_term_index":
+        (rare_dir / "term_index.npy").unlink()
+    elif change == "terms_edited":  # terms.jsonl changed after the index was built
+        with open(rare_dir / "terms.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps({"term": "added by hand", "count": 2}) + "\n")
     assert_user_error(stage("weights", work), message, work, "data/weights", "metrics/weights.json",
                       "plots/weights.csv", stage="weights")
 
