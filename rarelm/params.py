@@ -111,6 +111,18 @@ class LossParams:
     rare_weight: float = param(0.0, ge=0.0)
     # rare_bucket: targets in the rare frequency bucket; terms: tokens of term occurrences; both
     targets: Literal["rare_bucket", "terms", "both"] = "rare_bucket"
+    # per-vocabulary target weight from frequency (rarelm/loss.py): uniform (none); token-level
+    # adaptive training's exponential / chi-square forms; FACE (frequency-aware cross-entropy)
+    token_weight: Literal["uniform", "tlat_exp", "tlat_chi2", "face"] = "uniform"
+    tlat_a: float = param(1.0, ge=0.0)  # TLAT: weight 1 + A * f(count)
+    tlat_t: float = param(1.75, gt=0.0)  # TLAT: temperature T of f(count)
+    face_source: Literal["targets", "predictions"] = "targets"  # FACE: frequencies counted from
+    face_refresh: int = param(100, ge=1)  # FACE: steps between weight refreshes
+    focal_gamma: float = param(0.0, ge=0.0)  # focal loss (1 - p_t)^gamma; 0 = off
+    logit_adjust_tau: float = param(0.0, ge=0.0)  # loss on logits + tau * log prior; 0 = off
+    agg: bool = False  # adaptive gradient gating of rare tokens' output embeddings
+    agg_alpha: float = param(0.03, gt=0.0)  # AGG: rare = in-batch appearance rate below this
+    unlikelihood: float = param(0.0, ge=0.0)  # weight of unlikelihood at the selected targets
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,6 +176,9 @@ class EvalParams:
     # CPU threads for evaluation; 0 = torch's default (all cores). Scoring a small model is a stream
     # of tiny forward passes, which threads only slow down, badly so on a CPU shared with other jobs
     threads: int = param(1, ge=0)
+    # post-hoc logit adjustment: logits - tau * log prior (train unigram) wherever the model's
+    # next-token distribution is used (scores, generation); 0 = the model as trained
+    logit_adjust_tau: float = param(0.0, ge=0.0)
 
     def __post_init__(self) -> None:
         allowed = ("train", "val", "test")
@@ -179,6 +194,11 @@ class TrackingParams:
 
     experiment: str = "rarelm"
     system_metrics: bool = True
+    # log the trained model (transformers flavour, text generation) and register it:
+    # auto = only models under 2 GB of weights; true / false = always / never
+    log_model: Literal["auto", "true", "false"] = "auto"
+    registered_model: str = "rarelm"  # registry name for the logged model ("" = log, not register)
+    tensorboard: bool = False  # also write TensorBoard event files (runs/<run name>/)
 
 
 @dataclasses.dataclass(frozen=True)

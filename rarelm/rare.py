@@ -730,6 +730,19 @@ def load_counts(rare_dir: str | Path, vocab_size: int) -> np.ndarray:
     """data/rare/counts.npy (int64 [vocab_size]), checked against the vocabulary."""
     return load_array(Path(rare_dir) / "counts.npy", np.int64, vocab_size, "rare_terms", _VOCAB_MISMATCH)
 
+def log_prior(counts: np.ndarray) -> np.ndarray:
+    """log pi: the train unigram prior with add-one smoothing, float64 [vocab_size].
+
+    pi_v = (count_v + 1) / (N + V), so a token never seen in train has a finite log prior
+    (logit adjustment subtracts or adds tau * log pi, which must not be infinite).
+
+    >>> np.round(log_prior(np.array([3, 0, 1])), 4).tolist()  # (4, 1, 2) / 7
+    [-0.5596, -1.9459, -1.2528]
+    """
+    counts = np.asarray(counts, dtype=np.float64)
+    return np.log(counts + 1.0) - np.log(counts.sum() + len(counts))
+
+
 
 # ---------------------------------------------------------------- where terms occur in the train split
 
