@@ -1,0 +1,37 @@
+"""`rarelm headline` (`make headline`): every rare-term remedy against the baseline, as DVC experiments.
+
+    rarelm headline                                   # headline.yaml -> reports/headline/ + README table
+    rarelm headline --plan my_plan.yaml --no-readme   # another plan; leave README.md alone
+
+Queues the plan's configurations as `dvc exp run --queue` experiments, runs them with
+`dvc queue start -j 1` in three rounds (screen on one seed, combine the best, replicate the
+best on every seed), compares them with `rarelm compare`'s paired term bootstrap and writes
+the tables; rounds and rules in rarelm/headline.py. About 90 minutes for headline.yaml on 2
+CPU cores; interrupted, it picks up the experiments already finished. Not a DVC stage.
+"""
+
+from pathlib import Path
+
+import typer
+
+app = typer.Typer(add_completion=False, help=__doc__)
+
+
+@app.command()
+def headline(
+    plan: Path = typer.Option(Path("headline.yaml"), "--plan", help="configurations and seeds"),
+    out: Path = typer.Option(Path("reports/headline"), "--out", help="reports and the figure go here"),
+    readme: bool = typer.Option(True, "--readme/--no-readme",
+                                help="rewrite README.md's table between the headline markers"),
+) -> None:
+    """Run the headline experiment (three rounds of queued DVC experiments) and write its tables."""
+    from rarelm.errors import user_errors
+
+    with user_errors("headline"):
+        from rarelm.headline import main
+
+        main(plan, Path("."), out, Path("README.md") if readme else None)
+
+
+if __name__ == "__main__":
+    app()

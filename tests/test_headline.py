@@ -1,0 +1,142 @@
+"""The headline experiment's machinery on a real git + DVC repo, with stand-in stages.
+
+The repo's `train` stage writes a "model" (its params) and counts its own runs; `evaluate` turns
+it into the per-occurrence rows of tests/test_compare.py's generator, where a larger effective
+alpha writes more terms. Real `dvc exp run --queue`, `dvc queue start`, run cache and
+`rarelm.compare`; no model is trained, so the three rounds take seconds, not 90 minutes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rarelm import headline as hl
+from rarelm.errors import RarelmError
+from tests.conftest import run
+from tests.test_compare import GENERATOR
+
+TRAIN = """
+import sys, yaml
+p = yaml.safe_load(open("params.yaml"))
+open("model.txt", "w").write(f"{p['seed']} {p['alpha']} {p['beta']}")
+open(sys.argv[1], "a").write(f"{p['seed']} {p['alpha']} {p['beta']}\\n")
+"""
+EVALUATE = GENERATOR.split('if __name__ == "__main__":')[0] + """
+import os
+seed, alpha, beta = open("model.txt").read().split()
+tau = yaml.safe_load(open("params.yaml"))["tau"]
+os.makedirs("metrics", exist_ok=True)
+effective = float(alpha) + float(beta) - 0.5 * tau
+rows = occurrence_rows(int(seed), effective)
+with open("metrics/eval_occurrences.jsonl", "w") as f:
+    f.writelines(json.dumps(r) + "\\n" for r in rows)
+with open("metrics/eval.json", "w") as f:
+    json.dump(summary(int(seed), effective), f)
+"""
+PLAN = {"common": [], "seeds": [1, 2], "finalists": 1, "combine": 2,
+        "configurations": {"baseline": [], "good": ["alpha=0.7"], "meh": ["beta=0.3"]},
+        "decode": {"tuned": {"of": "baseline", "set": ["tau=0.2"]}}}
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("headline") / "repo"
+    (root / "metrics").mkdir(parents=True)
+    trained = root.parent / "trained.log"
+    run(["git", "init", "-q"], root, check=True)
+    run(["dvc", "init", "-q"], root, check=True)
+    (root / "train.py").write_text(TRAIN)
+    (root / "evaluate.py").write_text(EVALUATE)
+    (root / "params.yaml").write_text(yaml.safe_dump({"seed": 1, "alpha": 0.0, "beta": 0.0, "tau": 0.0}))
+    (root / "dvc.yaml").write_text(f"""stages:
+  train:
+    cmd: python train.py {trained}
+    deps: [train.py]
+    params: [seed, alpha, beta]
+    outs: [model.txt]
+  evaluate:
+    cmd: python evaluate.py
+    deps: [evaluate.py, model.txt]
+    params: [tau]
+    outs:
+      - metrics/eval_occurrences.jsonl:
+          cache: false
+    metrics:
+      - metrics/eval.json:
+          cache: false
+""")
+    (root / "plan.yaml").write_text(yaml.safe_dump(PLAN))
+    (root / "README.md").write_text(f"# demo\n\nbefore\n\n{hl.START}\nold table\n{hl.END}\n\nafter\n")
+    (root / ".gitignore").write_text("/model.txt\n")
+    run(["git", "add", "-A"], root, check=True)
+    run(["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "init"], root, check=True)
+    log: list[str] = []
+    result = hl.headline(root, hl.Plan.load(root / "plan.yaml"), root / "reports", root / "README.md",
+                         log=log.append, poll=1)
+    return {"root": root, "result": result, "log": log, "trained": trained}
+
+
+def test_three_rounds_run_the_plan(repo):
+    root, result = repo["root"], repo["result"]
+    names = {n for n in hl.existing(root) if n.startswith(hl.PREFIX)}
+    assert names == {"hl-baseline-s1", "hl-good-s1", "hl-meh-s1", "hl-tuned-s1", "hl-combination-s1",
+                     "hl-baseline-s2", "hl-combination-s2"}
+    # the combination merges the two best screened configurations; it is then the best of all
+    assert result["combination"] == ["alpha=0.7", "beta=0.3"]
+    assert result["finalists"] == ["combination"]
+    assert [n for n, _ in result["ranking"]][:3] == ["combination", "good", "meh"]
+    assert set(result["rounds_s"]) == {"screen", "combine", "replicate"}
+    # the decode variant re-used the baseline's trained model: 6 trainings for 7 experiments
+    trained = repo["trained"].read_text().splitlines()
+    assert sorted(trained) == sorted(["1 0.0 0.0", "1 0.7 0.0", "1 0.0 0.3", "1 0.7 0.3",
+                                      "2 0.0 0.0", "2 0.7 0.3"])
+
+
+def test_reports_and_readme_table(repo):
+    root, result = repo["root"], repo["result"]
+    final = json.loads((root / "reports" / "final" / "report.json").read_text())
+    assert [c["label"] for c in final["configurations"]] == ["baseline", "combination"]
+    assert [len(c["runs"]) for c in final["configurations"]] == [2, 2]
+    screen = json.loads((root / "reports" / "screen" / "report.json").read_text())
+    assert [c["label"] for c in screen["configurations"]] == ["baseline", "good", "meh", "tuned",
+                                                              "combination"]
+    assert (root / "reports" / hl.FIGURE).read_text().startswith("<svg")
+    readme = (root / "README.md").read_text()
+    assert readme.startswith("# demo\n\nbefore\n\n") and readme.endswith("\n\nafter\n")
+    assert "old table" not in readme and f"]({Path('reports') / hl.FIGURE})" in readme
+    rows = [line for line in readme.splitlines() if line.startswith("| combination |")]
+    assert len(rows) == 2  # final and screening tables
+    cells = [c.strip() for c in rows[0].strip("|").split("|")]
+    row = hl._row(result["final"], "combination", "all")
+    assert cells[1] == "2" and cells[2] == f"{row['value']:.3f}"
+    assert cells[3] == f"{row['diff']:+.3f} [{row['diff_lo']:+.3f}, {row['diff_hi']:+.3f}]"
+    assert row["diff_lo"] > 0  # alpha + beta = 1.0 writes clearly more terms in the generator
+    ppl = final["configurations"][1]["summary"]["ppl_frequent"]
+    assert f"{ppl:.4f} (+" in rows[0]
+
+
+def test_an_interrupted_headline_resumes_without_rerunning(repo):
+    root = repo["root"]
+    log: list[str] = []
+    again = hl.headline(root, hl.Plan.load(root / "plan.yaml"), root / "reports2", None,
+                        log=log.append, poll=1)
+    assert not any(line.startswith("queue") for line in log)
+    assert again["finalists"] == repo["result"]["finalists"]
+    assert len(repo["trained"].read_text().splitlines()) == 6
+
+
+def test_bad_plans_are_one_line(tmp_path):
+    cases = [("seeds: [1]\n", "not a headline plan"),
+             ("seeds: []\nconfigurations: {baseline: []}\n", "needs seeds"),
+             ("seeds: [1]\nconfigurations: {baseline: []}\ndecode: {x: {of: nope, set: [a=1]}}\n",
+              "unknown configuration 'nope'"),
+             (": [\n", "cannot read")]
+    for text, message in cases:
+        path = tmp_path / "plan.yaml"
+        path.write_text(text)
+        with pytest.raises(RarelmError, match=message):
+            hl.Plan.load(path)
