@@ -5,13 +5,29 @@ VENV := .venv
 BIN := $(VENV)/bin
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: repro test lint ui demo report clean-venv
+# `make` alone lists the targets.
+.DEFAULT_GOAL := help
+.PHONY: help repro test lint ui demo report headline clean-venv
+
+# dvc.yaml runs each stage as `python -m stages.<name>`, found on the PATH. This startup hook
+# (a .pth file in the venv's site-packages, run by its python at every start) puts the venv's
+# bin/ first on the PATH of whatever that python runs, as activation would: so `.venv/bin/dvc
+# exp run` without `source .venv/bin/activate` runs the stages in this venv, not the system python.
+VENV_PATH_HOOK := import os, sys; b = os.path.join(sys.prefix, "bin"); p = os.environ.get("PATH", ""); \
+	sys.prefix != sys.base_prefix and not p.startswith(b + os.pathsep) and os.environ.update(PATH=b + os.pathsep + p)
+
+help:  ## list the targets (the default)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z-]*:.*## / {printf "  make %-8s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
-$(VENV)/.installed: pyproject.toml | $(BIN)/python
+$(VENV)/.path-hook: Makefile | $(BIN)/python
+	printf '%s\n' '$(VENV_PATH_HOOK)' > "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/rarelm-venv-path.pth"
+	touch $@
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python $(VENV)/.path-hook
 	$(BIN)/pip install -q -e .
 	touch $@
 
@@ -22,13 +38,14 @@ $(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed
 repro: $(VENV)/.installed  ## run (or re-run) the whole DAG on params.yaml
 	dvc repro
 
-test: $(VENV)/.installed-dev  ## the test suite
+test: lint  ## lint (ruff), then the test suite
 	$(BIN)/python -m pytest
 
-lint: $(VENV)/.installed-dev
+lint: $(VENV)/.installed-dev  ## ruff on the code, tests and benchmarks
 	$(BIN)/ruff check rarelm stages tests bench
 
 ui: $(VENV)/.installed  ## MLflow UI on the local store, loopback only
+	@python -m rarelm.tracking ui-url sqlite:///$(CURDIR)/mlflow.db  # the runs table, not the GenAI view
 	mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host 127.0.0.1 --port 5000
 
 demo: $(VENV)/.installed  ## rebuild the committed demo corpora under data/raw/
@@ -40,3 +57,10 @@ demo: $(VENV)/.installed  ## rebuild the committed demo corpora under data/raw/
 # leaves the last experiment's results in the workspace.
 report: $(VENV)/.installed  ## compare the DVC experiments of HEAD with the committed run -> reports/
 	rarelm compare --experiments --baseline HEAD --out reports
+
+# headline.yaml's configurations as queued DVC experiments in three rounds (screen on one seed,
+# combine the best two, replicate the best on every seed), compared with paired term-bootstrap
+# intervals: reports/headline/ and README's headline table. About 90 minutes on 2 CPU cores;
+# interrupted, it re-uses the experiments already finished.
+headline: $(VENV)/.installed  ## every rare-term remedy vs the baseline -> reports/headline, README table
+	rarelm headline

@@ -26,9 +26,12 @@ as `rare_overhead` / `terms_overhead`, the extra time of the weighted loss
 (forward + backward; for terms also the term-index lookup of the batch's target
 positions), timed interleaved with the plain one, median of 40, over the time of
 one plain step, which is all they add per step: the sampler's epoch draw costs the
-same for any weights. The last line is one JSON object: {"ours_tokens_per_s",
-"trainer_tokens_per_s", "speedup_vs_trainer", "rare_tokens_per_s",
-"terms_tokens_per_s", "rare_overhead", "terms_overhead", ...}.
+same for any weights. `objective_overhead` does the same for each `loss.*` objective
+of rarelm/loss.py (tlat_exp, tlat_chi2, face from targets or predictions, focal,
+logit_adjust, unlikelihood at term targets, agg), the output layer included in every
+timing since AGG changes its backward pass. The last line is one JSON object:
+{"ours_tokens_per_s", "trainer_tokens_per_s", "speedup_vs_trainer", "rare_tokens_per_s",
+"terms_tokens_per_s", "rare_overhead", "terms_overhead", "objective_overhead", ...}.
 
 With `--precisions fp32 bf16` it measures bf16 autocast against fp32 in one run, two ways:
 our loop (`ours_plain`) with `train.precision` pinned to each, once per precision per
@@ -138,41 +141,72 @@ def run_trainer(params, tokenized: Path, work: Path, warmup: int) -> float:
 
 
 def loss_cost(params, tokenized: Path, rare_dir: Path, reps: int = 40) -> dict[str, float]:
-    """Median seconds of the loss forward + backward: plain, rare-bucket and term targets, interleaved.
+    """Median seconds of output layer + loss, forward + backward + `step_end`, per objective,
+    interleaved in a new random order each repeat.
 
     The rare features cost nothing else per step (the sampler's epoch draw costs the same
     for any weights), so this difference over a step's time is their overhead, measured
-    so that other load on the machine hits all sides alike. The term targets include the
-    term-index lookup of the batch's target positions, at random window starts.
+    so that other load on the machine hits all sides alike. The output layer (hidden
+    states [B, T, n_embd] times the [V, n_embd] matrix) is in every figure, since AGG
+    changes its backward pass. The term targets include the term-index lookup of the
+    batch's target positions, at random window starts.
     """
+    import types
+
     import torch
 
     from rarelm.data import Samples, TokenizedData
-    from rarelm.loss import Objective, rare_mask
-    from rarelm.rare import TermIndex, load_buckets
+    from rarelm.loss import Objective
+    from rarelm.params import LossParams
+    from rarelm.rare import TermIndex, load_buckets, load_counts
 
     data = TokenizedData.open(tokenized)
-    vocab, block = data.vocab_size, params.model.block_size
+    vocab, block, width = data.vocab_size, params.model.block_size, params.model.n_embd
     generator = torch.Generator().manual_seed(0)
     shape = (params.train.batch_size, block)
-    logits = torch.randn(*shape, vocab, generator=generator, requires_grad=True)
+    hidden = torch.randn(*shape, width, generator=generator, requires_grad=True)
     targets = torch.randint(0, vocab, shape, generator=generator)
-    is_rare = rare_mask(load_buckets(rare_dir, vocab), vocab)
+    buckets, counts = load_buckets(rare_dir, vocab), load_counts(rare_dir, vocab)
     index = TermIndex.open(rare_dir, data)
     n_windows = len(Samples(data.tokens("train"), block))
+    steps_per_epoch = -(-n_windows // params.train.batch_size)
+    cpu = torch.device("cpu")
+
+    def objective(targets: str = "rare_bucket", rare_weight: float = 0.0, **loss) -> Objective:
+        lp = LossParams(targets=targets, rare_weight=rare_weight, **loss)
+        return Objective.from_params(lp, buckets, vocab, cpu, index if targets != "rare_bucket" else None,
+                                     counts, steps_per_epoch)
+
+    objectives = {"plain": objective(), "rare_bucket": objective(rare_weight=2.0),
+                  "terms": objective("terms", 2.0),
+                  "tlat_exp": objective(token_weight="tlat_exp"),
+                  "tlat_chi2": objective(token_weight="tlat_chi2"),
+                  "face": objective(token_weight="face"),
+                  "face_predictions": objective(token_weight="face", face_source="predictions"),
+                  "focal": objective(focal_gamma=2.0),
+                  "logit_adjust": objective(logit_adjust_tau=1.0),
+                  "unlikelihood": objective("terms", unlikelihood=1.0),
+                  "agg": objective(agg=True)}
+    plain_head = torch.nn.Linear(width, vocab, bias=False)
+    heads = {}
+    for name, obj in objectives.items():
+        heads[name] = plain_head
+        if obj.agg is not None:  # its own copy of the output layer, routed through the gate
+            heads[name] = torch.nn.Linear(width, vocab, bias=False)
+            heads[name].weight.data.copy_(plain_head.weight.data)
+            obj.prepare_model(types.SimpleNamespace(get_output_embeddings=lambda h=heads[name]: h))
     rng = np.random.default_rng(0)
-    objectives = {"plain": Objective("rare_bucket", 0.0, is_rare),
-                  "rare_bucket": Objective("rare_bucket", 2.0, is_rare),
-                  "terms": Objective("terms", 2.0, is_rare, index)}
     times: dict[str, list[float]] = {name: [] for name in objectives}
-    for _ in range(reps):
+    for rep in range(reps):
         starts = rng.integers(0, n_windows, shape[0]) * block
-        for name, objective in objectives.items():
+        for name in rng.permutation(list(objectives)):  # no objective always first after another
+            obj = objectives[name]
             t0 = time.perf_counter()
-            loss, _ = objective(logits, targets, starts)
+            loss, _ = obj(heads[name](hidden), targets, starts)
             loss.backward()
+            obj.step_end(rep + 1)
             times[name].append(time.perf_counter() - t0)
-            logits.grad = None
+            hidden.grad = heads[name].weight.grad = None
     return {name: float(np.median(t)) for name, t in times.items()}
 
 
@@ -344,6 +378,9 @@ def main() -> None:
         "terms_tokens_per_s": round(best["ours_terms"], 1),
         "rare_overhead": round((loss_s["rare_bucket"] - loss_s["plain"]) / step_s, 4),
         "terms_overhead": round((loss_s["terms"] - loss_s["plain"]) / step_s, 4),
+        "objective_overhead": {name: round((v - loss_s["plain"]) / step_s, 4)
+                               for name, v in loss_s.items()
+                               if name not in ("plain", "rare_bucket", "terms")},
         "rare_overhead_end_to_end": round(1 - best["ours_rare"] / best["ours_plain"], 4),
         "terms_overhead_end_to_end": round(1 - best["ours_terms"] / best["ours_plain"], 4),
         "loss_ms": {name: round(v * 1e3, 3) for name, v in loss_s.items()},

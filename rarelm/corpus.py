@@ -20,6 +20,7 @@ import hashlib
 import json
 import re
 import unicodedata
+import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO
@@ -100,19 +101,33 @@ def _open_binary(path: Path) -> IO[bytes]:
     return gzip.open(path, "rb") if gzipped else open(path, "rb")
 
 
+def _raw_lines(path: Path) -> Iterator[bytes]:
+    """Lines of a file as bytes, gunzipped if it is gzip; a truncated or corrupt gzip stream
+    (found only while reading: `EOFError`, `BadGzipFile`, `zlib.error`) raises RarelmError."""
+    with _open_binary(path) as f:
+        lines = 0
+        try:
+            for raw in f:
+                yield raw
+                lines += 1
+        except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+            what = "truncated" if isinstance(exc, EOFError) else "corrupt"
+            raise RarelmError(f"{path}: {what} gzip file after {lines} lines ({exc}); "
+                              "re-create or re-download it") from None
+
+
 def _decoded_lines(path: Path, errors: str) -> Iterator[str]:
     """Lines of a (possibly gzipped) UTF-8 file; invalid bytes raise with their place."""
-    with _open_binary(path) as f:
-        offset = 0
-        for number, raw in enumerate(f, start=1):
-            try:
-                yield raw.decode("utf-8", errors=errors)
-            except UnicodeDecodeError as exc:
-                raise RarelmError(
-                    f"{path}: line {number} (byte {offset + exc.start}) is not valid UTF-8: "
-                    f"{raw[exc.start:exc.end]!r}; fix the file or set corpus.encoding_errors: replace"
-                ) from None
-            offset += len(raw)
+    offset = 0
+    for number, raw in enumerate(_raw_lines(path), start=1):
+        try:
+            yield raw.decode("utf-8", errors=errors)
+        except UnicodeDecodeError as exc:
+            raise RarelmError(
+                f"{path}: line {number} (byte {offset + exc.start}) is not valid UTF-8: "
+                f"{raw[exc.start:exc.end]!r}; fix the file or set corpus.encoding_errors: replace"
+            ) from None
+        offset += len(raw)
 
 
 def _iter_txt(path: Path, params: CorpusParams) -> Iterator[str]:
@@ -164,6 +179,7 @@ def _iter_csv(path: Path, params: CorpusParams) -> Iterator[str]:
 
 
 def _iter_parquet(path: Path, params: CorpusParams) -> Iterator[str]:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
@@ -174,7 +190,14 @@ def _iter_parquet(path: Path, params: CorpusParams) -> Iterator[str]:
         raise RarelmError(
             f"{path}: no column {params.text_field!r} (columns: "
             f"{', '.join(table.schema_arrow.names)}; set corpus.text_field)")
-    for batch in table.iter_batches(batch_size=4096, columns=[params.text_field]):
+    batches = table.iter_batches(batch_size=4096, columns=[params.text_field])
+    while True:
+        try:  # a corrupt or truncated page shows only when its batch is read
+            batch = next(batches, None)
+        except (pa.ArrowException, OSError) as exc:
+            raise RarelmError(f"{path}: corrupt parquet data ({exc})") from None
+        if batch is None:
+            return
         for value in batch.column(0).to_pylist():
             yield "" if value is None else str(value)
 

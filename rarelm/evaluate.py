@@ -25,6 +25,11 @@ For each split in `eval.splits`, three measurements, each with the counts behind
    temperature 1 (the model's own distribution), against the human text that
    followed: unique tokens and share of rare-bucket tokens for both.
 
+With `eval.logit_adjust_tau` > 0 all three measure the post-hoc logit-adjusted
+model, `logits - tau * log pi` (pi: the train unigram prior, rare.log_prior), the
+model a user would deploy: its scores, greedy terms, closed-set ranks and samples
+(`logit_bias`, rarelm.lm.logit_adjustment; None = the model as trained).
+
 A worked example with a model whose predictions are known: if the targets are
 [a, b] with probabilities 0.5 and 0.25 under the model, ppl = exp((ln 2 + ln 4) / 2)
 = sqrt(8) ~ 2.83; if a is frequent and b rare, ppl_frequent = 2, ppl_rare = 4.
@@ -113,13 +118,15 @@ class TokenStats:
 
 
 def _score_batch(model, windows: np.ndarray, buckets: np.ndarray, is_term: np.ndarray,
-                 stats: TokenStats) -> None:
+                 stats: TokenStats, logit_bias=None) -> None:
     import torch
 
     ids = torch.as_tensor(windows.astype(np.int64), device=model.device)
     inputs, targets = ids[:, :-1], ids[:, 1:]
     with torch.no_grad():
         logits = model(input_ids=inputs).logits.float()
+    if logit_bias is not None:
+        logits = logits + logit_bias
     target_logit = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     nll = torch.logsumexp(logits, dim=-1) - target_logit
     top = logits.topk(min(5, logits.shape[-1]), dim=-1).indices  # sorted: top[..., 0] is the argmax
@@ -134,7 +141,8 @@ def _score_batch(model, windows: np.ndarray, buckets: np.ndarray, is_term: np.nd
 
 
 def score_tokens(model, tokens: np.ndarray, buckets: np.ndarray, block_size: int, batch_size: int,
-                 progress: Progress | None = None, term_mask: np.ndarray | None = None) -> TokenStats:
+                 progress: Progress | None = None, term_mask: np.ndarray | None = None,
+                 logit_bias=None) -> TokenStats:
     """Teacher-forced NLL / top-1 / top-5 of every token after the first, summed per class.
 
     `term_mask` (bool per split position) marks the tokens that cover a term occurrence.
@@ -152,7 +160,7 @@ def score_tokens(model, tokens: np.ndarray, buckets: np.ndarray, block_size: int
             first = batch[targets == length]
             rows = [tokens[s:s + length + 1] for s in first]
             terms = np.stack([term_mask[s + 1:s + length + 1] for s in first])
-            _score_batch(model, np.stack(rows), buckets, terms, stats)
+            _score_batch(model, np.stack(rows), buckets, terms, stats, logit_bias)
         advance(int(targets.sum()))
     return stats
 
@@ -161,7 +169,7 @@ def score_tokens(model, tokens: np.ndarray, buckets: np.ndarray, block_size: int
 
 
 def _generate_text(model, tokenizer, prompts: list[list[int]], targets: list[str], n_first: list[int],
-                   eot_id: int) -> list[list[int]]:
+                   eot_id: int, logit_bias=None) -> list[list[int]]:
     """Greedy tokens for each prompt, until the decoded text covers its target or cannot match it.
 
     Every row first gets n_first + 1 tokens; a row whose text is still a strict
@@ -171,7 +179,7 @@ def _generate_text(model, tokenizer, prompts: list[list[int]], targets: list[str
     from rarelm.lm import greedy_continue
 
     generated = [list(map(int, row)) for row in
-                 greedy_continue(model, prompts, max(n_first) + 1, eot_id).numpy()]
+                 greedy_continue(model, prompts, max(n_first) + 1, eot_id, logit_bias).numpy()]
     generated = [g[:n + 1] for g, n in zip(generated, n_first, strict=True)]
     for _ in range(4):
         open_rows = []
@@ -182,7 +190,7 @@ def _generate_text(model, tokenizer, prompts: list[list[int]], targets: list[str
         if not open_rows:
             break
         more = greedy_continue(model, [prompts[i] + generated[i] for i in open_rows],
-                               max(n_first[i] for i in open_rows) + 1, eot_id).numpy()
+                               max(n_first[i] for i in open_rows) + 1, eot_id, logit_bias).numpy()
         for row, i in enumerate(open_rows):
             generated[i] += list(map(int, more[row]))[:2 * n_first[i] + 4 - len(generated[i])]
     return generated
@@ -192,7 +200,7 @@ def evaluate_terms(model, tokenizer, documents: list[str], tokens: np.ndarray, o
                    terms: list[term_search.Term], *, max_terms: int, context_tokens: int, batch_size: int,
                    eot_id: int, closed_set: bool = True, split: str = "test",
                    per_term: list[list[term_search.Occurrence]] | None = None,
-                   progress: Progress | None = None) -> list[dict]:
+                   progress: Progress | None = None, logit_bias=None) -> list[dict]:
     """One row per evaluated term occurrence (metrics/eval_occurrences.jsonl); `term_metrics` sums them up.
 
     At each chosen occurrence (term_search.find_occurrences, capped round robin):
@@ -222,8 +230,9 @@ def evaluate_terms(model, tokenizer, documents: list[str], tokens: np.ndarray, o
     for b in range(0, len(order), batch_size):
         idx = order[b:b + batch_size]
         generated = _generate_text(model, tokenizer, [prompts[i] for i in idx], [expected[i] for i in idx],
-                                   [len(covers[i]) for i in idx], eot_id)
-        nlls = continuation_nll(model, [prompts[i] for i in idx], [covers[i] for i in idx], eot_id)
+                                   [len(covers[i]) for i in idx], eot_id, logit_bias)
+        nlls = continuation_nll(model, [prompts[i] for i in idx], [covers[i] for i in idx], eot_id,
+                                logit_bias)
         for row, i in enumerate(idx):
             o, term = chosen[i], terms[chosen[i].term]
             text = tokenizer.decode(generated[row], skip_special_tokens=False)
@@ -234,8 +243,9 @@ def evaluate_terms(model, tokenizer, documents: list[str], tokens: np.ndarray, o
                         [o.lead + t.text for t in terms], add_special_tokens=False)]
                 ids = candidate_ids[o.lead][o.term]  # the true term, tokenized as every candidate is
                 true_nll = float(nlls[row].sum()) if ids == covers[i] else \
-                    candidates_nll(model, prompts[i], [ids])[0]
-                scores = candidates_nll(model, prompts[i], candidate_ids[o.lead], bound=true_nll)
+                    candidates_nll(model, prompts[i], [ids], logit_bias=logit_bias)[0]
+                scores = candidates_nll(model, prompts[i], candidate_ids[o.lead], bound=true_nll,
+                                        logit_bias=logit_bias)
                 scores[o.term] = true_nll  # only the others are counted against it
                 rank = 1 + int((scores < true_nll).sum())
             rows[i] = {"split": split, "term": term.text, "train_count": term.count,
@@ -353,7 +363,7 @@ def band_rows(rows: list[dict]) -> list[dict]:
 
 def diversity(model, tokens: np.ndarray, offsets: np.ndarray, buckets: np.ndarray, *, n_prompts: int,
               n_new: int, context_tokens: int, batch_size: int, eot_id: int, seed: int,
-              progress: Progress | None = None) -> dict:
+              progress: Progress | None = None, logit_bias=None) -> dict:
     """Unique tokens and rare-bucket share: sampled continuations vs the human text that followed."""
     import torch
 
@@ -370,7 +380,8 @@ def diversity(model, tokens: np.ndarray, offsets: np.ndarray, buckets: np.ndarra
     torch.manual_seed(seed)
     generated = []
     for b in range(0, len(prompts), batch_size):
-        generated.append(sample_continue(model, prompts[b:b + batch_size], n_new, eot_id).numpy())
+        generated.append(sample_continue(model, prompts[b:b + batch_size], n_new, eot_id,
+                                         logit_bias=logit_bias).numpy())
         advance(len(prompts[b:b + batch_size]))
     gen = np.concatenate(generated)
 
@@ -397,9 +408,12 @@ class SplitResult:
 
 def evaluate_split(model, tokenizer, data, documents: list[str], split: str, buckets: np.ndarray,
                    terms: list[term_search.Term], params: EvalParams, seed: int,
-                   progress: Progress | None = None) -> SplitResult:
-    """All three measurements on one split of a TokenizedData; `documents` is its prepared text."""
-    from rarelm.lm import context_length
+                   progress: Progress | None = None, log_prior: np.ndarray | None = None) -> SplitResult:
+    """All three measurements on one split of a TokenizedData; `documents` is its prepared text.
+
+    `log_prior` (rare.log_prior of the train counts) is needed when eval.logit_adjust_tau > 0.
+    """
+    from rarelm.lm import context_length, logit_adjustment
 
     tokens, offsets = data.tokens(split), data.offsets(split)
     if len(tokens) and int(tokens.max()) >= len(buckets):
@@ -419,14 +433,18 @@ def evaluate_split(model, tokenizer, data, documents: list[str], split: str, buc
         if context < 1:
             raise RarelmError(f"the model's context of {limit} tokens is too short for terms of "
                               f"{longest} tokens and eval.diversity_tokens = {params.diversity_tokens}")
+    if params.logit_adjust_tau and log_prior is None:
+        raise ValueError("eval.logit_adjust_tau > 0 needs the train log prior")
+    bias = logit_adjustment(model, log_prior, params.logit_adjust_tau)
     stats = score_tokens(model, tokens, buckets, block, params.batch_size, progress,
-                         term_search.term_token_mask(per_term, len(tokens)))
+                         term_search.term_token_mask(per_term, len(tokens)), logit_bias=bias)
     rows = evaluate_terms(model, tokenizer, documents, tokens, offsets, terms, max_terms=params.max_terms,
                           context_tokens=context, batch_size=params.batch_size, eot_id=data.eot_id,
-                          closed_set=params.closed_set, split=split, per_term=per_term, progress=progress)
+                          closed_set=params.closed_set, split=split, per_term=per_term, progress=progress,
+                          logit_bias=bias)
     div = diversity(model, tokens, offsets, buckets, n_prompts=params.diversity_prompts,
                     n_new=params.diversity_tokens, context_tokens=context, batch_size=params.batch_size,
-                    eot_id=data.eot_id, seed=seed, progress=progress)
+                    eot_id=data.eot_id, seed=seed, progress=progress, logit_bias=bias)
     metrics = {**stats.metrics(), **term_metrics(rows, len(terms), sum(map(len, per_term))), **div}
     return SplitResult(metrics, stats.rows(), band_rows(rows), rows)
 
@@ -455,12 +473,18 @@ def mlflow_metrics(metrics: dict) -> dict[str, float]:
     return out
 
 
-def log_to_mlflow(run_file: str | Path, metrics: dict, artifacts: list[Path]) -> bool:
+def log_to_mlflow(run_file: str | Path, metrics: dict, artifacts: list[Path],
+                  inputs: list[str | Path] = ("data/prepared", "data/tokenized", "data/rare")) -> bool:
     """Log metrics and files (under `eval/`) into the training run named in run_file.
+
+    Also `inputs` as "evaluation" datasets (digests from dvc.lock), and the
+    per-occurrence rows (the .jsonl among `artifacts`) as the MLflow table
+    `eval/term_samples.json`: expected term beside what the model wrote.
 
     Never raises: a missing run file or an unreachable store is one warning line
     on stderr, and the stage's own outputs stand. Returns whether it logged.
     """
+    import json
     import sys
 
     from rarelm.tracking import open_run
@@ -473,6 +497,11 @@ def log_to_mlflow(run_file: str | Path, metrics: dict, artifacts: list[Path]) ->
     if not run.active:
         return False  # open_run printed the warning line
     run.log_metrics(mlflow_metrics(metrics))
+    run.log_datasets(list(inputs), context="evaluation")
+    for path in artifacts:
+        if Path(path).suffix == ".jsonl":
+            with open(path, encoding="utf-8") as f:
+                run.log_table([json.loads(line) for line in f], "eval/term_samples.json")
     if run.active:
         try:
             import mlflow

@@ -3,11 +3,16 @@
     rarelm generate "The patient presented with" --max-tokens 40
     rarelm generate "心肌梗死的" --model models/model --greedy
     rarelm generate "Acute" --temperature 0.7 --top-k 40 --top-p 0.9 --seed 3
+    rarelm generate "Acute" --greedy --logit-adjust 0.5      # lift tokens rare in train
 
 Greedy (`--greedy`) always gives the same text; sampling (temperature, top-k,
 top-p) gives the same text for the same `--seed`. Generation stops at the
 model's end-of-text token or after `--max-tokens`. Any local causal LM folder
 with its tokenizer works; a bad folder or option is one line on stderr.
+
+`--logit-adjust TAU` decodes with post-hoc logit adjustment, `logits - TAU * log pi`
+(pi: the train unigram prior from the rare_terms stage's counts.npy, `--counts`),
+before the argmax or the sampling: one add of a [V] vector per step.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ import dataclasses
 import sys
 from pathlib import Path
 from typing import TextIO
+
+import numpy as np
 
 from rarelm.errors import RarelmError
 
@@ -30,12 +37,14 @@ class Sampling:
     top_k: int = 50  # 0 = no top-k cut
     top_p: float = 0.95  # 1 = no nucleus cut
     seed: int = 0
+    logit_adjust: float = 0.0  # tau of post-hoc logit adjustment; 0 = off
 
     def __post_init__(self) -> None:
         checks = [("--max-tokens", self.max_tokens, self.max_tokens >= 1, ">= 1"),
                   ("--temperature", self.temperature, self.temperature > 0, "> 0"),
                   ("--top-k", self.top_k, self.top_k >= 0, ">= 0 (0 = off)"),
-                  ("--top-p", self.top_p, 0 < self.top_p <= 1, "in (0, 1]")]
+                  ("--top-p", self.top_p, 0 < self.top_p <= 1, "in (0, 1]"),
+                  ("--logit-adjust", self.logit_adjust, self.logit_adjust >= 0, ">= 0 (0 = off)")]
         for name, value, ok, allowed in checks:
             if not ok:
                 raise RarelmError(f"{name} = {value} is not allowed (must be {allowed})")
@@ -54,12 +63,30 @@ def _streamer(tokenizer, out: TextIO):
     return Streamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
 
 
-def generate(model, tokenizer, prompt: str, sampling: Sampling, out: TextIO | None = None) -> list[int]:
-    """Continue `prompt`, streaming the text to `out` (if given); returns the new token ids."""
+def load_log_prior(path: str | Path, tokenizer) -> np.ndarray:
+    """log pi from a counts.npy (rare_terms stage), checked against the tokenizer's vocabulary."""
+    from rarelm.files import load_array
+    from rarelm.rare import log_prior
+
+    path = Path(path)
+    if not path.is_file():
+        raise RarelmError(f"{path}: no such counts file (--logit-adjust needs the train token counts "
+                          "of the rare_terms stage; give their path with --counts)")
+    counts = load_array(path, np.int64, len(tokenizer), "rare_terms",
+                        "for this model's tokenizer; it does not match the vocabulary")
+    return log_prior(counts)
+
+
+def generate(model, tokenizer, prompt: str, sampling: Sampling, out: TextIO | None = None,
+             log_prior: np.ndarray | None = None) -> list[int]:
+    """Continue `prompt`, streaming the text to `out` (if given); returns the new token ids.
+
+    `log_prior` (load_log_prior) is needed when sampling.logit_adjust > 0.
+    """
     import torch
     from transformers import GenerationConfig
 
-    from rarelm.lm import context_length
+    from rarelm.lm import context_length, logit_adjustment, logit_bias_processor
 
     empty = torch.zeros((1, 0), dtype=torch.long)
     ids = tokenizer(prompt, return_tensors="pt").input_ids if prompt else empty
@@ -79,21 +106,29 @@ def generate(model, tokenizer, prompt: str, sampling: Sampling, out: TextIO | No
         config = GenerationConfig(do_sample=True, max_new_tokens=sampling.max_tokens, pad_token_id=pad,
                                   temperature=sampling.temperature, top_k=sampling.top_k,
                                   top_p=sampling.top_p)
+    extra = {}
+    if sampling.logit_adjust:
+        if log_prior is None:
+            raise ValueError("--logit-adjust > 0 needs the train log prior")
+        bias = logit_adjustment(model, log_prior, sampling.logit_adjust)
+        extra["logits_processor"] = logit_bias_processor(bias)
     torch.manual_seed(sampling.seed)
     ids = ids.to(model.device)
     with torch.no_grad():
         output = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config,
-                                streamer=_streamer(tokenizer, out) if out is not None else None)
+                                streamer=_streamer(tokenizer, out) if out is not None else None, **extra)
     return output[0, ids.shape[1]:].tolist()
 
 
 def run(model_dir: str | Path, prompt: str, sampling: Sampling, device: str = "auto",
-        out: TextIO = sys.stdout) -> list[int]:
-    """What the CLI does: load the folder, echo the prompt, stream the continuation."""
+        out: TextIO = sys.stdout, counts: str | Path = "data/rare/counts.npy") -> list[int]:
+    """What the CLI does: load the folder (and the counts, with --logit-adjust), echo the prompt,
+    stream the continuation."""
     from rarelm.lm import load_causal_lm, load_tokenizer
 
     model = load_causal_lm(model_dir, device)
     tokenizer = load_tokenizer(model_dir)
+    prior = load_log_prior(counts, tokenizer) if sampling.logit_adjust else None
     out.write(prompt)
     out.flush()
-    return generate(model, tokenizer, prompt, sampling, out)
+    return generate(model, tokenizer, prompt, sampling, out, prior)

@@ -12,6 +12,11 @@ whatever architecture the folder holds:
 
 Generation never stops early at the end-of-text token (`eos_token_id=[]`):
 every row gets exactly `n_new` tokens, so rows stay comparable.
+
+Post-hoc logit adjustment (Menon et al., ICLR 2021) is one [V] vector added to
+every next-token logit, `logit_bias = -tau * log pi` with pi the train unigram
+prior (`logit_adjustment`); each function below takes it as `logit_bias`
+(None = the model as trained, and the code path of an unadjusted model).
 """
 
 from __future__ import annotations
@@ -80,6 +85,40 @@ def context_length(model) -> int | None:
     return None
 
 
+def logit_adjustment(model, log_prior, tau: float):
+    """`-tau * log_prior` as a float32 tensor as wide as the model's logits, on its device; None at tau 0.
+
+    Subtracting tau * log pi lifts tokens the train split rarely had: with logits
+    (2.0, 1.5) and train counts (99, 0), pi = (100, 1) / 101 (add-one, rare.log_prior),
+    and tau = 0.5 gives (2.0 + 0.005, 1.5 + 2.308): the argmax moves to the second
+    token. Ids past the prior (an embedding padded beyond the tokenizer) get 0, as
+    if their prior were 1, so they are never lifted.
+    """
+    import torch
+
+    if tau == 0:
+        return None
+    log_prior = torch.as_tensor(log_prior, dtype=torch.float64)
+    width = getattr(model.config, "vocab_size", None) or len(log_prior)
+    if len(log_prior) > width:
+        raise RarelmError(f"the prior covers {len(log_prior)} token ids, more than the model's "
+                          f"vocabulary of {width}")
+    bias = torch.zeros(width, dtype=torch.float64)
+    bias[:len(log_prior)] = -tau * log_prior
+    return bias.float().to(model.device)
+
+
+def logit_bias_processor(logit_bias):
+    """A transformers LogitsProcessor adding logit_bias; generate() runs it before temperature/top-k/top-p."""
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    class LogitBias(LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            return scores + logit_bias
+
+    return LogitsProcessorList([LogitBias()])
+
+
 def left_pad(prompts: list[list[int]], pad_id: int, device="cpu"):
     """(input ids, attention mask) with every prompt right-aligned.
 
@@ -100,36 +139,46 @@ def left_pad(prompts: list[list[int]], pad_id: int, device="cpu"):
     return ids.to(device), mask.to(device)
 
 
-def _continue(model, prompts: list[list[int]], n_new: int, pad_id: int, **sampling):
+def _continue(model, prompts: list[list[int]], n_new: int, pad_id: int, logit_bias=None, **sampling):
     import torch
     from transformers import GenerationConfig
 
     ids, mask = left_pad(prompts, pad_id, model.device)
     config = GenerationConfig(max_new_tokens=n_new, eos_token_id=[], pad_token_id=pad_id, **sampling)
+    extra = {} if logit_bias is None else {"logits_processor": logit_bias_processor(logit_bias)}
     # generate() fills unset fields from the folder's generation_config.json (repetition penalty,
     # no-repeat n-grams, ...): swap in a blank one so the raw model is measured
     shipped, model.generation_config = model.generation_config, GenerationConfig()
     try:
         with torch.no_grad():
-            out = model.generate(ids, attention_mask=mask, generation_config=config)
+            out = model.generate(ids, attention_mask=mask, generation_config=config, **extra)
     finally:
         model.generation_config = shipped
     return out[:, ids.shape[1]:].cpu()
 
 
-def greedy_continue(model, prompts: list[list[int]], n_new: int, pad_id: int):
+def greedy_continue(model, prompts: list[list[int]], n_new: int, pad_id: int, logit_bias=None):
     """Greedy continuations, LongTensor [len(prompts), n_new], one batched decode with the KV cache."""
-    return _continue(model, prompts, n_new, pad_id, do_sample=False)
+    return _continue(model, prompts, n_new, pad_id, logit_bias, do_sample=False)
 
 
 def sample_continue(model, prompts: list[list[int]], n_new: int, pad_id: int, temperature: float = 1.0,
-                    top_k: int = 0, top_p: float = 1.0):
+                    top_k: int = 0, top_p: float = 1.0, logit_bias=None):
     """Sampled continuations [len(prompts), n_new]; seed torch's global RNG first for repeatability."""
-    return _continue(model, prompts, n_new, pad_id, do_sample=True, temperature=temperature,
+    return _continue(model, prompts, n_new, pad_id, logit_bias, do_sample=True, temperature=temperature,
                      top_k=top_k, top_p=top_p)
 
 
-def continuation_nll(model, prompts: list[list[int]], continuations: list[list[int]], pad_id: int):
+def _log_softmax(logits, logit_bias):
+    """float32 log-probabilities of (adjusted) logits."""
+    import torch
+
+    logits = logits.float()
+    return torch.log_softmax(logits if logit_bias is None else logits + logit_bias, dim=-1)
+
+
+def continuation_nll(model, prompts: list[list[int]], continuations: list[list[int]], pad_id: int,
+                     logit_bias=None):
     """Teacher-forced NLL (nats) of each continuation token given its prompt: a list of float arrays.
 
     One right-padded forward pass per call: prompt + continuation, scored at the
@@ -147,7 +196,7 @@ def continuation_nll(model, prompts: list[list[int]], continuations: list[list[i
         mask[row, :len(seq)] = 1
     with torch.no_grad():
         logits = model(input_ids=ids.to(model.device), attention_mask=mask.to(model.device)).logits
-    logprobs = torch.log_softmax(logits.float(), dim=-1).cpu()
+    logprobs = _log_softmax(logits, logit_bias).cpu()
     out = []
     for row, (prompt, cont) in enumerate(zip(prompts, continuations, strict=True)):
         positions = torch.arange(len(prompt) - 1, len(prompt) - 1 + len(cont))
@@ -155,7 +204,8 @@ def continuation_nll(model, prompts: list[list[int]], continuations: list[list[i
     return out
 
 
-def candidates_nll(model, prompt: list[int], candidates: list[list[int]], bound: float = float("inf")):
+def candidates_nll(model, prompt: list[int], candidates: list[list[int]], bound: float = float("inf"),
+                   logit_bias=None):
     """Summed NLL (nats) of each candidate continuation after one prompt: float64 array [len(candidates)].
 
     The candidates are walked as a trie, one token position at a time: the prompt
@@ -186,7 +236,7 @@ def candidates_nll(model, prompt: list[int], candidates: list[list[int]], bound:
     with torch.no_grad():
         first = model(input_ids=torch.as_tensor([prompt], device=device), use_cache=True)
         cache = getattr(first, "cache", None)
-        logp = torch.log_softmax(first.logits[:, -1].float(), dim=-1).double().cpu().numpy()
+        logp = _log_softmax(first.logits[:, -1], logit_bias).double().cpu().numpy()
         nodes, nll = [()], [0.0]
         while nodes:
             grown, grown_nll, parent = [], [], []
@@ -208,6 +258,6 @@ def candidates_nll(model, prompt: list[int], candidates: list[list[int]], bound:
             else:
                 full = torch.as_tensor([prompt + list(c) for c in grown], device=device)
                 logits = model(input_ids=full).logits[:, -1]
-            logp = torch.log_softmax(logits.float(), dim=-1).double().cpu().numpy()
+            logp = _log_softmax(logits, logit_bias).double().cpu().numpy()
             nodes, nll = grown, grown_nll
     return out

@@ -1,13 +1,15 @@
-"""The model `train` trains: a GPT-2-style causal LM from scratch, or a local pretrained one.
+"""The model `train` trains: a GPT-2-style causal LM from scratch, or a pretrained one.
 
     model = build_model(params.model, data)     # data: rarelm.data.TokenizedData
 
 From scratch (`model.name_or_path: ""`) it is transformers' GPT2LMHeadModel sized
 by the `model` params, with the tokenizer's vocabulary, its end-of-text id as
 bos/eos, PyTorch's scaled-dot-product attention ("sdpa") and fused tanh-GELU. With
-`model.name_or_path` a local folder, it is that folder's AutoModelForCausalLM;
-the folder's tokenizer must be the one `tokenize` used (same vocabulary), or
-the token ids would mean different things to the model and the data.
+`model.name_or_path` a local folder or a hub id in the local Hugging Face cache
+(`org/name[@revision]`, see rarelm.hub), it is that AutoModelForCausalLM; its
+tokenizer must be the one `tokenize` used (same vocabulary), or the token ids
+would mean different things to the model and the data. A hub id's commit is
+recorded with the run (`provenance`) and is part of the checkpoint key.
 """
 
 from __future__ import annotations
@@ -16,7 +18,10 @@ from pathlib import Path
 
 from rarelm.data import TokenizedData
 from rarelm.errors import RarelmError
+from rarelm.hub import Pretrained, resolve
 from rarelm.params import ModelParams
+
+KEY = "model.name_or_path"
 
 
 def gpt2_config(params: ModelParams, vocab_size: int, eot_id: int):
@@ -43,33 +48,30 @@ def build_model(params: ModelParams, data: TokenizedData):
 
 
 def load_pretrained(params: ModelParams, data: TokenizedData):
-    """The local pretrained causal LM in params.name_or_path, checked against the data."""
+    """The pretrained causal LM in params.name_or_path (folder or cached hub id), checked against the data."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    path = Path(params.name_or_path)
-    key = "model.name_or_path"
-    if not path.is_dir():
-        raise RarelmError(f"{key}: no such folder: {path} (a local pretrained causal LM)")
+    key, name, path = KEY, params.name_or_path, pretrained(params).path
     try:
         config = AutoConfig.from_pretrained(path, local_files_only=True)
     except Exception as exc:  # transformers raises OSError/ValueError/KeyError for bad folders
-        raise RarelmError(f"{key}: {path} holds no loadable model config ({_short(exc)})") from None
+        raise RarelmError(f"{key}: {name} holds no loadable model config ({_short(exc)})") from None
     if type(config) not in AutoModelForCausalLM._model_mapping:
-        raise RarelmError(f"{key}: {path} is a {config.model_type!r} model, not a causal LM "
+        raise RarelmError(f"{key}: {name} is a {config.model_type!r} model, not a causal LM "
                           "(AutoModelForCausalLM cannot load it)")
     try:
         theirs = AutoTokenizer.from_pretrained(path, local_files_only=True).get_vocab()
     except Exception as exc:
-        raise RarelmError(f"{key}: {path} has no loadable tokenizer ({_short(exc)}); the model's "
+        raise RarelmError(f"{key}: {name} has no loadable tokenizer ({_short(exc)}); the model's "
                           "tokenizer must be the one tokenize used") from None
     ours = AutoTokenizer.from_pretrained(data.tokenizer_dir, local_files_only=True).get_vocab()
     if theirs != ours:
         differ = sorted(set(theirs.items()) ^ set(ours.items()))[:1]
         raise RarelmError(
-            f"{key}: {path}'s tokenizer ({len(theirs)} tokens) is not the one tokenize used "
+            f"{key}: {name}'s tokenizer ({len(theirs)} tokens) is not the one tokenize used "
             f"({len(ours)} tokens, first difference {differ}); set tokenizer.name_or_path "
-            f"to {path} and re-run tokenize")
+            f"to {name} and re-run tokenize")
     try:
         model = AutoModelForCausalLM.from_pretrained(
             path, local_files_only=True, dtype=torch.float32, attn_implementation="sdpa")
@@ -77,24 +79,43 @@ def load_pretrained(params: ModelParams, data: TokenizedData):
         model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True,
                                                      dtype=torch.float32)
     except Exception as exc:
-        raise RarelmError(f"{key}: {path}: cannot load the model weights ({_short(exc)})") from None
+        raise RarelmError(f"{key}: {name}: cannot load the model weights ({_short(exc)})") from None
     rows = model.get_input_embeddings().num_embeddings
     if rows < data.vocab_size:
-        raise RarelmError(f"{key}: {path} has {rows} embedding rows, fewer than the "
+        raise RarelmError(f"{key}: {name} has {rows} embedding rows, fewer than the "
                           f"tokenizer's {data.vocab_size} tokens")
     positions = getattr(model.config, "max_position_embeddings", None) or getattr(
         model.config, "n_positions", None)
     if positions is not None and params.block_size > positions:
         raise RarelmError(f"params: model.block_size = {params.block_size} is not allowed "
-                          f"(must be <= {positions}, the positions {path} was trained with)")
+                          f"(must be <= {positions}, the positions {name} was trained with)")
     return model
+
+
+def pretrained(params: ModelParams) -> Pretrained:
+    """Where params.name_or_path's model is: a local folder or a snapshot in the hub cache."""
+    return resolve(params.name_or_path, KEY)
 
 
 def fingerprint_files(params: ModelParams) -> list[Path]:
     """Files whose content identifies the starting model (for the checkpoint key)."""
     if not params.name_or_path:
         return []
-    return sorted(p for p in Path(params.name_or_path).glob("*.json") if p.is_file())
+    return sorted(p for p in pretrained(params).path.glob("*.json") if p.is_file())
+
+
+def provenance(params: ModelParams, data: TokenizedData) -> dict[str, str]:
+    """The hub commits the run starts from, to record and to key checkpoints by; {} without hub ids.
+
+    {"model_commit": "<sha>", "tokenizer_commit": "<sha>"}: the model's from the cache now,
+    the tokenizer's as `tokenize` recorded it in meta.json.
+    """
+    pinned = {}
+    if params.name_or_path and (commit := pretrained(params).commit):
+        pinned["model_commit"] = commit
+    if commit := data.meta.get("tokenizer_commit"):
+        pinned["tokenizer_commit"] = commit
+    return pinned
 
 
 def _short(exc: BaseException) -> str:

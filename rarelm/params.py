@@ -57,9 +57,11 @@ class CorpusParams:
 
 @dataclasses.dataclass(frozen=True)
 class TokenizerParams:
-    """The tokenizer `tokenize` trains (byte-level BPE) or loads (a local folder)."""
+    """The tokenizer `tokenize` trains (byte-level BPE) or loads (a folder or cached hub id)."""
 
-    name_or_path: str = ""  # "" trains a BPE tokenizer on the train split
+    # "" trains a BPE tokenizer on the train split; else a local folder or a hub id org/name[@rev]
+    # already in the Hugging Face cache (rarelm/hub.py; never downloaded)
+    name_or_path: str = ""
     vocab_size: int = param(4096, ge=260, le=1_000_000)
     min_frequency: int = param(2, ge=1)
     batch_size: int = param(2000, ge=1)  # documents encoded per batch (bounds memory)
@@ -127,9 +129,9 @@ class LossParams:
 
 @dataclasses.dataclass(frozen=True)
 class ModelParams:
-    """A GPT-2-style model from scratch, or a local pretrained causal LM."""
+    """A GPT-2-style model from scratch, or a pretrained causal LM (folder or cached hub id)."""
 
-    name_or_path: str = ""  # "" builds a GPT-2-style model from the sizes below
+    name_or_path: str = ""  # "" builds a GPT-2-style model from the sizes below; else as tokenizer
     n_layer: int = param(4, ge=1)
     n_head: int = param(4, ge=1)
     n_embd: int = param(128, ge=8)

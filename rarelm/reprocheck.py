@@ -129,14 +129,19 @@ def apply_params(root: Path, overlay: str | Path) -> None:
 
 
 def _small_outputs(root: Path) -> list[str]:
-    """Metrics and plots files that dvc.yaml declares (compared by content, not only hash)."""
-    stages = (yaml.safe_load((root / "dvc.yaml").read_text(encoding="utf-8")) or {}).get("stages", {})
+    """Metrics and plots files that dvc.yaml declares (compared by content, not only hash): in a
+    stage's `metrics`/`plots`, or as data of a top-level plot (its id, or the files of its `y`)."""
+    dvcyaml = yaml.safe_load((root / "dvc.yaml").read_text(encoding="utf-8")) or {}
     paths = []
-    for stage in stages.values():
+    for stage in (dvcyaml.get("stages") or {}).values():
         for kind in ("metrics", "plots"):
             for entry in stage.get(kind) or []:
                 path = next(iter(entry)) if isinstance(entry, dict) else entry
                 paths.append(path)
+    for entry in dvcyaml.get("plots") or []:
+        name, spec = next(iter(entry.items())) if isinstance(entry, dict) else (entry, None)
+        y = (spec or {}).get("y")
+        paths.extend(y if isinstance(y, dict) else [name])
     return paths
 
 

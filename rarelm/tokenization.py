@@ -7,7 +7,9 @@ Layout of the output folder (read back with `rarelm.data.TokenizedData`):
     train.offsets.npy     int64, documents + 1 entries: document i is tokens[off[i]:off[i+1]],
                           its last token the end-of-text id
     val.*, test.*         the same for the other splits
-    meta.json             dtype, vocab_size, eot_id, token and document counts per split
+    meta.json             dtype, vocab_size, eot_id, tokenizer ("bpe", the folder, or a hub id as
+                          org/name@<commit>), tokenizer_commit (hub ids only), token and
+                          document counts per split
 
 Encoding goes batch by batch (`tokenizer.batch_size` documents), so memory is
 bounded by the batch, not the corpus.
@@ -66,22 +68,29 @@ def save_hf_tokenizer(tokenizer, out_dir: Path) -> None:
 
 
 def load_pretrained(name_or_path: str, out_dir: Path):
-    """Copy a local pretrained tokenizer into out_dir; return (backend tokenizer, eot id)."""
+    """Copy a pretrained tokenizer (a local folder or a cached hub id, see rarelm.hub) into out_dir.
+
+    Returns (backend tokenizer, end-of-text id, vocabulary size, rarelm.hub.Pretrained). The
+    end of a document is the eos token; a BERT-style vocabulary without one (the Chinese
+    GPT-2 models of uer/gpt2-chinese-*, trained on [CLS] text [SEP]) ends it with [SEP].
+    """
+    from rarelm.hub import resolve
+
+    key = "tokenizer.name_or_path"
+    pretrained = resolve(name_or_path, key)  # before transformers' import: a missing one fails fast
     from transformers import AutoTokenizer
 
-    path = Path(name_or_path)
-    if not path.is_dir():
-        raise RarelmError(f"tokenizer.name_or_path: no such folder: {path} (a local tokenizer folder)")
     try:
-        hf = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        hf = AutoTokenizer.from_pretrained(pretrained.path, local_files_only=True)
     except Exception as exc:  # transformers raises OSError/ValueError/... for a bad folder
-        raise RarelmError(f"tokenizer.name_or_path: {path} is not a loadable tokenizer ({exc})") from None
+        raise RarelmError(f"{key}: {name_or_path} is not a loadable tokenizer ({exc})") from None
     if not getattr(hf, "is_fast", False):
-        raise RarelmError(f"tokenizer.name_or_path: {path} has no fast (tokenizers) tokenizer")
-    if hf.eos_token_id is None:
-        raise RarelmError(f"tokenizer.name_or_path: {path} defines no end-of-text (eos) token")
+        raise RarelmError(f"{key}: {name_or_path} has no fast (tokenizers) tokenizer")
+    eot_id = hf.eos_token_id if hf.eos_token_id is not None else hf.sep_token_id
+    if eot_id is None:
+        raise RarelmError(f"{key}: {name_or_path} defines no end-of-text (eos or sep) token")
     hf.save_pretrained(out_dir)
-    return hf.backend_tokenizer, hf.eos_token_id, len(hf)
+    return hf.backend_tokenizer, eot_id, len(hf), pretrained
 
 
 def _batches(texts: Iterator[str], size: int) -> Iterator[list[str]]:
@@ -116,13 +125,15 @@ def tokenize(params: TokenizerParams, prepared_dir: Path, out_dir: Path, progres
     """Build or load the tokenizer and encode every split; returns meta.json's content."""
     tok_dir = out_dir / "tokenizer"
     if params.name_or_path:
-        tokenizer, eot_id, vocab_size = load_pretrained(params.name_or_path, tok_dir)
-        source = params.name_or_path
+        tokenizer, eot_id, vocab_size, pretrained = load_pretrained(params.name_or_path, tok_dir)
+        source = params.name_or_path if not pretrained.hub_id else str(pretrained)
+        pinned = {"tokenizer_commit": pretrained.commit} if pretrained.commit else {}
     else:
         tokenizer = train_bpe(read_split(prepared_dir, "train"), params.vocab_size,
                               params.min_frequency, params.cjk)
         save_hf_tokenizer(tokenizer, tok_dir)
         eot_id, vocab_size, source = tokenizer.token_to_id(EOT), tokenizer.get_vocab_size(), "bpe"
+        pinned = {}
     dtype = np.dtype("<u2") if vocab_size <= 2**16 else np.dtype("<u4")
     splits = {}
     for split in SPLITS:
@@ -134,4 +145,4 @@ def tokenize(params: TokenizerParams, prepared_dir: Path, out_dir: Path, progres
     if splits["train"]["tokens"] == splits["train"]["documents"]:
         raise RarelmError("tokenize: the train split encodes to no tokens")
     return {"dtype": dtype.name, "vocab_size": vocab_size, "eot_id": eot_id,
-            "tokenizer": source, "splits": splits}
+            "tokenizer": source, **pinned, "splits": splits}

@@ -6,10 +6,11 @@ even inside the temporary copies that queued experiments run in) or the
 current folder. `train` starts the run and leaves its id beside the model;
 `evaluate` re-opens it from there:
 
-    run = start_run(params, stage="train")        # a Run; inert if tracking is off
+    run = start_run(params, stage="train", inputs=["data/tokenized"])  # inert if tracking is off
     run.log_metrics({"train/loss": 2.5}, step=10)
     run.save("models/model/mlflow_run.json")
-    run.finish()                                  # or run.finish("FAILED")
+    run.log_model("models/model", params.tracking)  # transformers flavour, registered
+    run.finish()                                    # or run.finish("FAILED")
 
     run = open_run("models/model/mlflow_run.json", stage="evaluate")
     run.log_metrics({"eval/ppl": 12.3})
@@ -17,10 +18,20 @@ current folder. `train` starts the run and leaves its id beside the model;
 
 The run file is JSON: {"run_id": ..., "tracking_uri": ..., "experiment": ...}.
 
-Tags on every run: `stage` (the stage that started it), `stages` (every stage
-that logged into it, comma-separated: "train,evaluate"), `git_commit`,
-`DVC_EXP_NAME` (only under `dvc exp run`; also the run name) and MLflow's own
-`mlflow.source.git.commit`. Params: all of params.yaml, flattened (`train.lr`).
+Metric names, one prefix per family (the UI draws one chart section per prefix):
+`train/<k>` and `val/<k>` step curves, `final/<k>` metrics/train.json at the end,
+`upstream/<stage>/<k>` the earlier stages' metrics/<stage>.json, `eval/<k>`
+(`eval/<split>/<k>`) metrics/eval.json, `system/<k>` MLflow's system metrics.
+
+The run is named after the DVC experiment under `dvc exp run` ($DVC_EXP_NAME),
+else `<stage>-<short commit>`. Tags: `stage` (the stage that started it), `stages`
+(every stage that logged into it: "train,evaluate"), `git_commit`, `DVC_EXP_NAME`
+and `DVC_EXP_BASELINE_REV` (under `dvc exp run`), and MLflow's own
+`mlflow.source.{name,type,git.commit,git.branch,git.repoURL}` and `mlflow.user`.
+The experiment carries `mlflow.experimentKind` = custom_model_development, so
+the UI opens it as model training, not GenAI. Params: all of params.yaml,
+flattened (`train.lr`). Inputs: the data folders a stage read, as MLflow
+datasets whose digest is the md5 that dvc.lock records for them.
 
 Tracking never stops a stage: if the store cannot be reached, or fails later,
 one warning line goes to stderr and the Run turns inert. Network calls are
@@ -31,6 +42,7 @@ bounded (MLFLOW_HTTP_REQUEST_MAX_RETRIES / _TIMEOUT default to 1 retry and
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -39,8 +51,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rarelm.errors import RarelmError
 from rarelm.files import write_json
 
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}  # the UI's "Model training"
+UI = "http://127.0.0.1:5000"  # where `make ui` serves the store
+MODEL_LOG_LIMIT = 2 * 1024**3  # tracking.log_model: auto logs models with fewer bytes of weights
+TABLE_ROWS = 10_000  # term samples shown as a table in the UI; the full file is an artifact too
 _HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
                   "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
                   "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
@@ -56,17 +73,41 @@ def tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{repo_root() / 'mlflow.db'}"
 
 
-def git_commit(cwd: Path | None = None) -> str:
-    """The checked-out commit, or "" outside a git repo."""
+def _git(*args: str, cwd: Path | None = None) -> str:
+    """`git <args>`'s output, or "" outside a git repo (or without git)."""
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd or repo_root(),
+        out = subprocess.run(["git", *args], cwd=cwd or repo_root(),
                              capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return ""
     return out.stdout.strip() if out.returncode == 0 else ""
 
 
-def flatten(data: Any, prefix: str = "") -> dict[str, float]:
+def git_commit(cwd: Path | None = None) -> str:
+    """The checked-out commit, or "" outside a git repo."""
+    return _git("rev-parse", "HEAD", cwd=cwd)
+
+
+def run_name(stage: str, commit: str) -> str | None:
+    """The DVC experiment's name under `dvc exp run`, else "<stage>-<short commit>".
+
+    >>> run_name("train", "2c46d84f00aa")
+    'train-2c46d84'
+    """
+    return os.environ.get("DVC_EXP_NAME") or (f"{stage}-{commit[:7]}" if commit else None)
+
+
+def ui_url(experiment_id: str | None, base: str = UI) -> str:
+    """The MLflow UI's page for an experiment's runs, in its model-training (not GenAI) view.
+
+    >>> ui_url("1")
+    'http://127.0.0.1:5000/#/experiments/1?workflowType=machine_learning'
+    """
+    page = f"experiments/{experiment_id}" if experiment_id else "experiments"
+    return f"{base}/#/{page}?workflowType=machine_learning"
+
+
+def flatten(data: Any, prefix: str = "", sep: str = ".") -> dict[str, float]:
     """Numeric leaves of nested dicts as {"a.b": 1.0}; strings and lists are skipped.
 
     >>> flatten({"train": {"tokens": 10, "name": "x"}, "vocab": 5}, "tokenize.")
@@ -75,23 +116,73 @@ def flatten(data: Any, prefix: str = "") -> dict[str, float]:
     out: dict[str, float] = {}
     if isinstance(data, dict):
         for key, value in data.items():
-            out.update(flatten(value, f"{prefix}{key}."))
+            out.update(flatten(value, f"{prefix}{key}{sep}", sep))
     elif isinstance(data, (int, float)) and not isinstance(data, bool):
-        out[prefix.rstrip(".")] = float(data)
+        out[prefix.removesuffix(sep)] = float(data)
     return out
 
 
 def upstream_metrics(metrics_dir: str | Path, stages: list[str]) -> dict[str, float]:
-    """metrics/<stage>.json of every stage that has one, flattened as "<stage>.<key>"."""
+    """metrics/<stage>.json of every stage that has one, as "upstream/<stage>/<key>"."""
     out: dict[str, float] = {}
     for stage in stages:
         path = Path(metrics_dir) / f"{stage}.json"
         if path.is_file():
             try:
-                out.update(flatten(json.loads(path.read_text(encoding="utf-8")), f"{stage}."))
+                out.update(flatten(json.loads(path.read_text(encoding="utf-8")),
+                                   f"upstream/{stage}/", sep="/"))
             except (OSError, ValueError):
                 continue  # a broken metrics file is that stage's problem, not tracking's
     return out
+
+
+def dvc_hashes(paths: list[str | Path], lock: str | Path = "dvc.lock") -> dict[str, str]:
+    """{path as dvc.lock names it: md5} for each path that some stage of dvc.lock outputs.
+
+    A path whose files on disk differ in count or size from what dvc.lock records
+    (the lock is stale: a stage ran outside DVC) is left out rather than given a
+    hash that is not its own.
+    """
+    import yaml
+
+    lock = Path(lock)
+    try:
+        stages = (yaml.safe_load(lock.read_text(encoding="utf-8")) or {}).get("stages", {})
+    except (OSError, yaml.YAMLError, AttributeError):
+        return {}
+    outs = {o["path"]: o for stage in stages.values() if isinstance(stage, dict)
+            for o in stage.get("outs", []) if isinstance(o, dict) and "md5" in o}
+    found = {}
+    for path in map(Path, paths):
+        name = Path(os.path.relpath(path.resolve(), lock.parent.resolve())).as_posix()
+        out = outs.get(name)
+        if out is not None and _matches(path, out):
+            found[name] = out["md5"]
+    return found
+
+
+def _matches(path: Path, out: dict) -> bool:
+    if path.is_file():
+        return out.get("size") in (None, path.stat().st_size)
+    if not path.is_dir():
+        return False
+    files = [f for f in path.rglob("*") if f.is_file()]
+    return out.get("nfiles") in (None, len(files)) and \
+        out.get("size") in (None, sum(f.stat().st_size for f in files))
+
+
+def check_tensorboard(tracking) -> None:
+    """A one-line error when `tracking.tensorboard` is on and the tensorboard package is not."""
+    import importlib.util
+
+    if tracking.tensorboard and importlib.util.find_spec("tensorboard") is None:
+        raise RarelmError("params: tracking.tensorboard = true needs the tensorboard package "
+                          "(pip install -e '.[tensorboard]'), or set it to false")
+
+
+def _weights_bytes(model_dir: Path) -> int:
+    return sum(f.stat().st_size for f in model_dir.iterdir()
+               if f.suffix in (".safetensors", ".bin", ".pt", ".pth"))
 
 
 class Run:
@@ -102,13 +193,16 @@ class Run:
         self.stage, self.tracking_uri, self.experiment = stage, uri, experiment
         self.run_id = run_id
         self.system_metrics = system_metrics
+        self._tensorboard = None  # a SummaryWriter under runs/<run name>/ (tracking.tensorboard)
         self._client = None
         self._monitor = None
         self._warned = False
         self._thread = None  # connecting in the background (start_run(background=True))
 
     def _join(self) -> None:
-        if self._thread is not None:
+        import threading
+
+        if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
             self._thread = None
 
@@ -128,8 +222,13 @@ class Run:
         self._stop_monitor()
         self._client = None
 
+    def _note(self, what: str, exc: BaseException) -> None:
+        """One warning line for a part that failed while the store answers; the run goes on."""
+        print(f"rarelm {self.stage}: warning: {what} not logged to MLflow ({type(exc).__name__}: "
+              f"{' '.join(str(exc).split())[:200]})", file=sys.stderr, flush=True)
+
     def _connect(self, params_flat: dict[str, Any] | None, tags: dict[str, str],
-                 resume: bool) -> None:
+                 resume: bool, inputs: tuple[tuple[list, str], ...] = ()) -> None:
         for key, value in _HTTP_DEFAULTS.items():
             os.environ.setdefault(key, value)
         import logging
@@ -145,17 +244,22 @@ class Run:
             experiment = client.get_experiment_by_name(self.experiment)
             if experiment is None:
                 try:
-                    experiment_id = client.create_experiment(self.experiment)
+                    experiment_id = client.create_experiment(self.experiment, tags=EXPERIMENT_KIND)
                 except mlflow.exceptions.MlflowException:  # created meanwhile by a parallel run
                     experiment_id = client.get_experiment_by_name(self.experiment).experiment_id
             else:
                 experiment_id = experiment.experiment_id
-            run = client.create_run(experiment_id, run_name=tags.get("DVC_EXP_NAME") or None)
+                for key, value in EXPERIMENT_KIND.items():  # a store from before the tag
+                    if key not in experiment.tags:
+                        client.set_experiment_tag(experiment_id, key, value)
+            run = client.create_run(experiment_id, run_name=tags.get("mlflow.runName") or None)
             self.run_id = run.info.run_id
         params = [Param(k, _param_str(v)) for k, v in (params_flat or {}).items()]
         client.log_batch(self.run_id, params=params,
-                         tags=[RunTag(k, v) for k, v in tags.items() if v])
+                         tags=[RunTag(k, v) for k, v in tags.items() if v and k != "mlflow.runName"])
         self._client = client
+        for paths, context in inputs:
+            self.log_datasets(paths, context)
         if self.system_metrics:
             from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
@@ -164,6 +268,10 @@ class Run:
             self._monitor.start()
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        if self._tensorboard is not None and step is not None:  # the step curves, tracked or not
+            for key, value in metrics.items():
+                if key.startswith(("train/", "val/")):
+                    self._tensorboard.add_scalar(key, value, step)
         if not self.active or not metrics:
             return
         from mlflow.entities import Metric
@@ -184,6 +292,120 @@ class Run:
         except Exception as exc:
             self._fail(exc)
 
+    def log_datasets(self, paths: list[str | Path], context: str) -> None:
+        """Log the paths dvc.lock (in the current folder) knows as MLflow dataset inputs.
+
+        Each becomes a dataset named after its path, with DVC's md5 as its digest and
+        `context` ("training", "evaluation") as its role: the runs table's Dataset column.
+        """
+        if not self.active:
+            return
+        try:
+            import warnings
+
+            from mlflow.data.dataset_source_registry import resolve_dataset_source
+            from mlflow.data.meta_dataset import MetaDataset
+            from mlflow.entities import DatasetInput, InputTag
+            from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+
+            datasets = []
+            for path, md5 in dvc_hashes(paths).items():
+                with warnings.catch_warnings():  # "can be interpreted in multiple ways": local
+                    warnings.simplefilter("ignore")
+                    source = resolve_dataset_source(path)
+                dataset = MetaDataset(source, name=path, digest=md5)
+                datasets.append(DatasetInput(dataset._to_mlflow_entity(),
+                                             [InputTag(MLFLOW_DATASET_CONTEXT, context)]))
+            if datasets:
+                self._client.log_inputs(self.run_id, datasets=datasets)
+        except Exception as exc:
+            self._note("datasets", exc)
+
+    def log_table(self, rows: list[dict], artifact_file: str) -> None:
+        """Rows as an MLflow table (the UI shows it in the run's artifacts), replacing any earlier one.
+
+        MlflowClient.log_table appends to an existing table, so an evaluation re-run
+        into the same run would double its rows; this writes the same format instead.
+        """
+        if not self.active or not rows:
+            return
+        try:
+            import tempfile
+
+            import pandas as pd
+            from mlflow.utils.mlflow_tags import MLFLOW_LOGGED_ARTIFACTS
+
+            with tempfile.TemporaryDirectory() as tmp:
+                local = Path(tmp) / Path(artifact_file).name
+                pd.DataFrame(rows[:TABLE_ROWS]).to_json(local, orient="split", index=False)
+                self._client.log_artifact(self.run_id, str(local),
+                                          artifact_path=str(Path(artifact_file).parent))
+            tag = json.loads(self._client.get_run(self.run_id).data.tags.get(MLFLOW_LOGGED_ARTIFACTS, "[]"))
+            if {"path": artifact_file, "type": "table"} not in tag:
+                tag.append({"path": artifact_file, "type": "table"})
+                self._client.set_tag(self.run_id, MLFLOW_LOGGED_ARTIFACTS, json.dumps(tag))
+        except Exception as exc:
+            self._note(f"table {artifact_file}", exc)
+
+    def log_model(self, model_dir: str | Path, tracking) -> str | None:
+        """Log a saved causal LM folder (model + tokenizer) as a text-generation model.
+
+        `tracking` is params.tracking: `log_model` auto (weights under 2 GB) / true /
+        false, `registered_model` the registry name ("" = log, not register). Returns
+        the model's URI (`models:/<name>/<version>` when registered), or None. A failure
+        is one warning line; the run goes on. Serve it with
+        `mlflow models serve -m models:/rarelm/<version> --env-manager local`.
+        """
+        model_dir = Path(model_dir).resolve()  # a path, not a hub id: MLflow looks nothing up online
+        if not self.active or tracking.log_model == "false" or \
+                (tracking.log_model == "auto" and _weights_bytes(model_dir) >= MODEL_LOG_LIMIT):
+            return None
+        import logging
+
+        t0 = time.perf_counter()
+        quiet = logging.getLogger("mlflow.transformers"), logging.getLogger("mlflow.models")
+        levels = [logger.level for logger in quiet]
+        try:
+            import mlflow
+            import mlflow.transformers
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+            from transformers.utils import logging as hf_logging
+
+            for logger in quiet:  # no "license not found" / model card notes for a local model
+                logger.setLevel(logging.ERROR)
+            hf_logging.disable_progress_bar()
+            mlflow.set_tracking_uri(self.tracking_uri)  # Model.log's own client
+            components = {"model": AutoModelForCausalLM.from_pretrained(model_dir),
+                          "tokenizer": AutoTokenizer.from_pretrained(model_dir)}
+            info = mlflow.transformers.log_model(
+                components, name="model", task="text-generation", run_id=self.run_id,
+                signature=_generation_signature(), pip_requirements=_requirements())
+            uri = info.model_uri
+            if tracking.registered_model:
+                version = self._register(tracking.registered_model, info)
+                uri = f"models:/{tracking.registered_model}/{version}"
+        except Exception as exc:  # the flavour or the registry failed: a note, not a failed run
+            self._note("model", exc)
+            return None
+        finally:
+            for logger, level in zip(quiet, levels, strict=True):
+                logger.setLevel(level)
+        print(f"rarelm {self.stage}: model logged to MLflow as {uri} "
+              f"({time.perf_counter() - t0:.1f} s)", file=sys.stderr, flush=True)
+        return uri
+
+    def _register(self, name: str, info) -> str:
+        """A new version of registered model `name` (created if new); MlflowClient, so no prints."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            self._client.create_registered_model(name)
+        except MlflowException as exc:
+            if exc.error_code != "RESOURCE_ALREADY_EXISTS":  # else: made earlier or by a parallel run
+                raise
+        return self._client.create_model_version(name, source=info.model_uri, run_id=self.run_id,
+                                                 model_id=info.model_id).version
+
     def save(self, path: str | Path) -> None:
         """Write the run file (run_id, tracking_uri, experiment); nothing if inert."""
         if self.active:
@@ -200,6 +422,9 @@ class Run:
 
     def finish(self, status: str = "FINISHED") -> None:
         """End the run as FINISHED, FAILED or KILLED; the Run is inert afterwards."""
+        if self._tensorboard is not None:
+            self._tensorboard.close()
+            self._tensorboard = None
         if not self.active:
             return
         self._stop_monitor()
@@ -214,36 +439,79 @@ def _param_str(value: Any) -> str:
     return json.dumps(value) if isinstance(value, (list, dict)) else str(value)
 
 
+def _generation_signature():
+    """str in, str out, with generation settings a request may pass (`params`)."""
+    from mlflow.models import ModelSignature
+    from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
+
+    return ModelSignature(Schema([ColSpec("string")]), Schema([ColSpec("string")]), params=ParamSchema([
+        ParamSpec("max_new_tokens", "long", 32), ParamSpec("do_sample", "boolean", False),
+        ParamSpec("temperature", "double", 1.0), ParamSpec("top_p", "double", 1.0)]))
+
+
+def _requirements() -> list[str]:
+    """Pinned to what is installed here, so MLflow need not infer them (a subprocess, ~10 s)."""
+    from importlib.metadata import version
+
+    return [f"{name}=={version(name).split('+')[0]}"  # torch 2.13.0+cpu -> torch==2.13.0
+            for name in ("mlflow", "transformers", "tokenizers", "torch", "safetensors")]
+
+
 def run_tags(stage: str) -> dict[str, str]:
-    commit = git_commit()
-    return {"stage": stage, "stages": stage, "git_commit": commit, "mlflow.source.git.commit": commit,
-            "DVC_EXP_NAME": os.environ.get("DVC_EXP_NAME", "")}
+    """The run's name (`mlflow.runName`) and tags; see the module docstring."""
+    import getpass
+
+    commit = os.environ.get("DVC_EXP_BASELINE_REV") or git_commit()
+    branch = _git("rev-parse", "--abbrev-ref", "HEAD")
+    try:
+        user = getpass.getuser()
+    except (OSError, KeyError):  # no name for this uid (a container)
+        user = ""
+    return {"mlflow.runName": run_name(stage, commit) or "",
+            "stage": stage, "stages": stage, "git_commit": commit,
+            "DVC_EXP_NAME": os.environ.get("DVC_EXP_NAME", ""),
+            "DVC_EXP_BASELINE_REV": os.environ.get("DVC_EXP_BASELINE_REV", ""),
+            "mlflow.source.name": f"stages/{stage}.py", "mlflow.source.type": "LOCAL",
+            "mlflow.source.git.commit": commit,
+            "mlflow.source.git.branch": "" if branch == "HEAD" else branch,
+            "mlflow.source.git.repoURL": _git("remote", "get-url", "origin"),
+            "mlflow.user": user}
 
 
-def start_run(params, stage: str, run_id: str | None = None, background: bool = False) -> Run:
+def start_run(params, stage: str, run_id: str | None = None, background: bool = False,
+              inputs: list[str | Path] = ()) -> Run:
     """Start a run for `params` (a rarelm.params.Params), or resume `run_id` if given.
 
-    Logs every param flattened and the tags above; starts MLflow's system-metrics
-    thread when `params.tracking.system_metrics` is on. Never raises: an
-    unreachable store gives an inert Run and one warning line. With `background`,
-    connecting (seconds: `import mlflow`, the SQLite store's schema check) overlaps
-    with the caller's work; the Run's first use waits for it.
+    Logs every param flattened, the tags above and `inputs` as "training" datasets;
+    starts MLflow's system-metrics thread when `params.tracking.system_metrics` is
+    on, a TensorBoard writer when `params.tracking.tensorboard` is. Never raises for
+    the store: an unreachable one gives an inert Run and one warning line. With
+    `background`, connecting (seconds: `import mlflow`, the SQLite store's schema
+    check) overlaps with the caller's work; the Run's first use waits for it.
     """
     import threading
 
     run = Run(stage, tracking_uri(), params.tracking.experiment, run_id,
               system_metrics=params.tracking.system_metrics)
+    tags = run_tags(stage)
+    if params.tracking.tensorboard:
+        check_tensorboard(params.tracking)
+        from torch.utils.tensorboard import SummaryWriter
+
+        name = tags["mlflow.runName"] or time.strftime(f"{stage}-%Y%m%d-%H%M%S")
+        run._tensorboard = SummaryWriter(str(repo_root() / "runs" / name))
+    datasets = ((list(inputs), "training"),) if inputs else ()
 
     def connect() -> None:
         try:
-            run._connect(params.flat(), run_tags(stage), resume=run_id is not None)
+            run._connect(params.flat(), dict(tags), resume=run_id is not None, inputs=datasets)
             return
         except Exception as exc:  # unreachable store, bad URI, read-only file, run deleted...
             error = exc
         if run_id is not None:  # the run to resume is gone (store wiped?): start a new one
             run.run_id = None
             try:
-                run._connect(params.flat(), run_tags(stage), resume=False)
+                run._connect(params.flat(), dict(tags), resume=False, inputs=datasets)
                 return
             except Exception as exc:
                 error = exc
@@ -271,9 +539,80 @@ def open_run(run_file: str | Path, stage: str, system_metrics: bool = False) -> 
     run = Run(stage, info["tracking_uri"], info.get("experiment", ""), info["run_id"],
               system_metrics=system_metrics)
     try:
+        if _model_of_another_experiment(info):
+            run.run_id = None
+            from rarelm.params import load_params
+
+            run._connect(load_params("params.yaml").flat(),
+                         run_tags(stage) | {"rarelm.model_run_id": info["run_id"]}, resume=False)
+            return run
         run._connect(None, {}, resume=True)
         stages = run._client.get_run(run.run_id).data.tags.get("stages", "")
         run.set_tags({"stages": ",".join(filter(None, [stages, stage]))})
     except Exception as exc:
         run._fail(exc)
     return run
+
+
+def _model_of_another_experiment(info: dict) -> bool:
+    """Whether this `dvc exp run` re-uses a model trained by another run (DVC's run cache restored it).
+
+    A DVC experiment that changes only `evaluate`'s params (say `eval.logit_adjust_tau`) gets the
+    trained model of the experiment that trained it; logging into that run would overwrite its
+    evaluation, so such an evaluation gets a run of its own, tagged `rarelm.model_run_id`.
+    """
+    name = os.environ.get("DVC_EXP_NAME", "")
+    if not name:
+        return False
+    import mlflow
+
+    tags = mlflow.MlflowClient(info["tracking_uri"]).get_run(info["run_id"]).data.tags
+    return tags.get("DVC_EXP_NAME", "") != name
+
+
+def experiment_id(uri: str, name: str) -> str | None:
+    """The id of experiment `name` in the store, or None (no such experiment, no store yet).
+
+    A SQLite store is read with sqlite3 (instant; `import mlflow` costs seconds) and
+    never created.
+    """
+    if uri.startswith("sqlite:///"):
+        import sqlite3
+
+        db = Path(uri.removeprefix("sqlite:///"))
+        if not db.is_file():
+            return None
+        try:
+            with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
+                row = con.execute("SELECT experiment_id FROM experiments WHERE name = ? "
+                                  "AND lifecycle_stage = 'active'", (name,)).fetchone()
+        except sqlite3.Error:
+            return None
+        return str(row[0]) if row else None
+    try:
+        import mlflow
+
+        experiment = mlflow.MlflowClient(uri).get_experiment_by_name(name)
+    except Exception:  # noqa: BLE001 - without an id the link opens the experiments list
+        return None
+    return experiment.experiment_id if experiment else None
+
+
+def main(argv: list[str]) -> int:
+    """`python -m rarelm.tracking ui-url [STORE]`: print the UI's link to the runs (`make ui`)."""
+    if len(argv) not in (1, 2) or argv[0] != "ui-url":
+        print("usage: python -m rarelm.tracking ui-url [TRACKING_URI]", file=sys.stderr)
+        return 2
+    from rarelm.params import load_params
+
+    try:
+        name = load_params("params.yaml").tracking.experiment
+    except RarelmError:
+        name = "rarelm"
+    uri = argv[1] if len(argv) == 2 else tracking_uri()
+    print(f"MLflow runs: {ui_url(experiment_id(uri, name))}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -20,7 +20,10 @@ with `weights.schedule: decay | grow` recomputed each epoch from
 data/weights/scores.npy at that epoch's alpha (`rarelm.weights.alpha_at`). The loss is
 `rarelm.loss.Objective`: cross-entropy weighted `1 + loss.rare_weight` on the targets
 `loss.targets` selects (the rare bucket of data/rare/buckets.npy, the tokens of term
-occurrences in data/rare/term_index.npy, or both).
+occurrences in data/rare/term_index.npy, or both), times a per-token weight from the
+train counts (TLAT, FACE), optionally focal, logit-adjusted, plus unlikelihood, and
+with AGG gating rare output-embedding gradients; the loop calls its `prepare_model`
+once, `step_end` after each optimizer step, and checkpoints its per-rank `state`.
 
 Determinism: `torch.use_deterministic_algorithms(True)`, the model initialised
 from `seed` on every rank, then per-rank RNG seeds derived from `seed`; every
@@ -378,20 +381,31 @@ def input_files(paths: Paths, params: Params) -> list[Path]:
     tokenizer = sorted(p for p in (paths.tokenized / "tokenizer").glob("*") if p.is_file())
     scores = [paths.weights / "scores.npy"] if params.weights.schedule != "constant" else []
     terms = [paths.rare / "term_index.npy"] if params.loss.targets != "rare_bucket" else []
+    counts = [paths.rare / "counts.npy"] if _needs_counts(params) else []
     return [paths.tokenized / "meta.json", paths.tokenized / "train.tokens",
             paths.tokenized / "val.tokens", *tokenizer, paths.rare / "buckets.npy",
-            paths.weights / "weights.npy", *scores, *terms]
+            paths.weights / "weights.npy", *scores, *terms, *counts]
+
+
+def _needs_counts(params: Params) -> bool:
+    from rarelm.loss import needs_counts
+
+    return needs_counts(params.loss)
 
 
 def load_inputs(params: Params, paths: Paths):
-    """(TokenizedData, train Samples, val Samples, weights, log scores, buckets, term index), all checked.
+    """(TokenizedData, train Samples, val Samples, weights, log scores, buckets, term index,
+    train token counts), all checked.
 
     The log scores (data/weights/scores.npy) are read only where `weights.schedule`
     varies alpha, which recomputes the weights from them each epoch; the term index
-    (data/rare/term_index.npy) only where `loss.targets` weighs term tokens; else None.
+    (data/rare/term_index.npy) only where `loss.targets` weighs term tokens; the counts
+    (data/rare/counts.npy) only where a `loss.*` objective reads them; else None.
     """
     from rarelm.data import Samples, TokenizedData
+    from rarelm.tracking import check_tensorboard
 
+    check_tensorboard(params.tracking)  # before any worker starts
     data = TokenizedData.open(paths.tokenized)
     block = params.model.block_size
     train_samples = Samples(data.tokens("train"), block)
@@ -415,7 +429,12 @@ def load_inputs(params: Params, paths: Paths):
         from rarelm.rare import TermIndex
 
         term_index = TermIndex.open(paths.rare, data)
-    return data, train_samples, val_samples, weights, scores, buckets, term_index
+    counts = None
+    if _needs_counts(params):
+        from rarelm.rare import load_counts
+
+        counts = load_counts(paths.rare, data.vocab_size)
+    return data, train_samples, val_samples, weights, scores, buckets, term_index, counts
 
 
 def epochs_to_train(tp: TrainParams, world_size: int, n_windows: int) -> int:
@@ -481,7 +500,7 @@ def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict
     from rarelm import checkpoint, tracking
     from rarelm.files import write_json
     from rarelm.loss import Objective, rare_mask
-    from rarelm.model import build_model, fingerprint_files
+    from rarelm.model import build_model, fingerprint_files, provenance
     from rarelm.sampler import WeightedDistributedSampler
 
     tp, block = params.train, params.model.block_size
@@ -501,7 +520,8 @@ def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict
     def autocast():
         return torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None)
 
-    data, train_samples, val_samples, weights, scores, buckets, term_index = load_inputs(params, paths)
+    data, train_samples, val_samples, weights, scores, buckets, term_index, counts = \
+        load_inputs(params, paths)
 
     # Resume: the newest intact checkpoint of exactly these params + data, if any.
     stage_params = {"seed": params.seed, "model": dataclasses.asdict(params.model),
@@ -510,7 +530,8 @@ def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict
                     "weights": {"schedule": params.weights.schedule,
                                 "clip_ratio": params.weights.clip_ratio,
                                 "shift_windows": params.weights.shift_windows}}
-    key = checkpoint.run_key(stage_params,
+    pinned = provenance(params.model, data)  # hub commits: a new revision is a new run
+    key = checkpoint.run_key(stage_params | pinned,
                              input_files(paths, params) + fingerprint_files(params.model))
     store = checkpoint.CheckpointStore(paths.cache, key)
     found = dist.broadcast(str(store.latest_valid() or "") if dist.main else None)
@@ -522,7 +543,8 @@ def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict
     # Tracking on rank 0 only; it connects in the background while the model is built.
     run = tracking.Run("train", "", "")  # inert on other ranks
     if dist.main:
-        run = tracking.start_run(params, stage="train", run_id=state["run_id"], background=True)
+        run = tracking.start_run(params, stage="train", run_id=state["run_id"], background=True,
+                                 inputs=[paths.tokenized, paths.rare, paths.weights])
         # torchrun stops the other workers with SIGTERM when one fails: end the run as FAILED.
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     bar = None
@@ -534,7 +556,11 @@ def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict
             model.activation_checkpointing_enable(  # transformers 5's name for it
                 activation_checkpointing_kwargs={"use_reentrant": False})
         is_rare = rare_mask(buckets, model.get_input_embeddings().num_embeddings).to(device)
-        objective = Objective(params.loss.targets, params.loss.rare_weight, is_rare, term_index)
+        per_rank = -(-len(train_samples) // dist.world_size)
+        steps_per_epoch = -(-per_rank // (tp.batch_size * tp.grad_accum))  # AGG's memory
+        objective = Objective.from_params(params.loss, buckets, len(is_rare), device, term_index,
+                                          counts, steps_per_epoch)
+        objective.prepare_model(raw_model)  # AGG: gate the output layer's gradient
         optimizer = configure_optimizer(model, tp, device)
         scaler = torch.amp.GradScaler(device.type, enabled=use_scaler)
         # Each epoch: windows shifted by an offset, drawn by systematic resampling, shuffled,
@@ -553,13 +579,12 @@ def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict
             mine = state.pop("ranks")[dist.rank]
             stream.restore(mine["stream"])
             set_rng_state(mine["rng"])
+            objective.load_state(mine.get("objective"))
         else:
             seed_everything(params.seed * 1000 + dist.rank)  # per-rank dropout, reproducibly
         start_step = state["step"]
         # Logged with the first step metrics, so that connecting has had time to finish.
-        first_metrics = {} if start_step else {
-            **tracking.upstream_metrics(paths.metrics_dir, UPSTREAM_STAGES),
-            "model.parameters": sum(q.numel() for q in raw_model.parameters())}
+        first_metrics = {} if start_step else tracking.upstream_metrics(paths.metrics_dir, UPSTREAM_STAGES)
 
         if tp.compile:
             model = torch.compile(model)
@@ -601,6 +626,7 @@ def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict
             scaler.update()
             optimizer.zero_grad(set_to_none=True)
             done = step + 1
+            objective.step_end(done, dist)  # FACE: counts summed over ranks; AGG: its window
             window_steps += 1
 
             row: dict[str, Any] = {}
@@ -638,7 +664,8 @@ def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict
                 state.update(step=done, run_id=run.run_id,
                              elapsed=state["elapsed"] + time.perf_counter() - session_t0)
                 session_t0 = time.perf_counter()
-                ranks = dist.gather({"stream": stream.state(), "rng": rng_state()})
+                ranks = dist.gather({"stream": stream.state(), "rng": rng_state(),
+                                     "objective": objective.state()})
                 if dist.main:
                     store.save(done, raw_model, {
                         **state, "optimizer": optimizer.state_dict(),
@@ -650,13 +677,14 @@ def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict
         if dist.main:
             metrics = {**_final_metrics(state, tp, tokens_per_step, elapsed, raw_model, stream,
                                         len(train_samples) / dist.world_size),
-                       "precision": precision}
+                       "precision": precision, **pinned}
             save_model(raw_model, data, paths, run)
             write_curves(paths.plots, state["curves"])
             write_json(paths.metrics, metrics)
-            run.log_metrics({f"train.{k}": v for k, v in metrics.items()
+            run.log_metrics({f"final/{k}": v for k, v in metrics.items()
                              if isinstance(v, (int, float))}, step=tp.max_steps)
-            run.set_tags({"precision": precision})
+            run.set_tags({"precision": precision, **pinned})
+            run.log_model(paths.model, params.tracking)  # as MLflow's transformers flavour, registered
             store.clear()  # finished: a later run with these params starts afresh
         dist.barrier()
         run.finish("FINISHED")

@@ -4,6 +4,8 @@
     rarelm demo                            # rebuild the demo corpora under data/raw/
     rarelm generate "The patient" --model models/model   # continue a prompt, streaming
     rarelm compare exp-a exp-b --baseline HEAD --out reports   # paired intervals, HTML report
+    rarelm headline                        # every remedy vs the baseline, queued DVC experiments (~90 min)
+    rarelm --version                       # the installed version (pyproject.toml's)
 """
 
 from pathlib import Path
@@ -13,6 +15,7 @@ import typer
 from stages.compare import compare
 from stages.evaluate import evaluate
 from stages.generate import generate
+from stages.headline import headline
 from stages.prepare import prepare
 from stages.rare_terms import rare_terms
 from stages.tokenize import tokenize
@@ -20,6 +23,23 @@ from stages.train import train
 from stages.weights import weights
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        print(f"rarelm {version('rarelm')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    _version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                  help="print the installed version and exit"),
+) -> None:
+    """Every stage as a subcommand, for use outside DVC."""
+
 app.command()(prepare)
 app.command()(tokenize)
 app.command(name="rare_terms")(rare_terms)
@@ -28,6 +48,7 @@ app.command()(train)
 app.command()(evaluate)
 app.command()(generate)
 app.command()(compare)
+app.command()(headline)
 
 
 @app.command()

@@ -53,11 +53,13 @@ def evaluate(
         from rarelm.data import TokenizedData
         from rarelm.files import atomic_file, write_json
         from rarelm.params import load_params
-        from rarelm.rare import load_buckets, load_tokenizer
+        from rarelm.rare import load_buckets, load_counts, load_tokenizer, log_prior
 
         params = load_params(params_file)
         data = TokenizedData.open(tokenized)
         buckets = load_buckets(rare, data.vocab_size).astype("int64")
+        tau = params.eval.logit_adjust_tau  # post-hoc logit adjustment needs the train prior
+        prior = log_prior(load_counts(rare, data.vocab_size)) if tau else None
         terms = term_search.load_terms(rare / "terms.jsonl")
         tokenizer = load_tokenizer(data.tokenizer_dir, data.vocab_size)
         model = _load(model_dir, data, params.eval.device, params.eval.threads)
@@ -74,7 +76,7 @@ def evaluate(
             for split in params.eval.splits:
                 documents = _documents(prepared, split)
                 results[split] = ev.evaluate_split(model, tokenizer, data, documents, split, buckets, terms,
-                                                   params.eval, params.seed, progress)
+                                                   params.eval, params.seed, progress, prior)
         out = ev.combine(results)
         first = results[params.eval.splits[0]]
         bucket_csv, band_csv = plots / "eval_buckets.csv", plots / "eval_term_bands.csv"
@@ -86,7 +88,9 @@ def evaluate(
             for result in results.values():
                 f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in result.occurrences))
         write_json(metrics, out)
-        ev.log_to_mlflow(model_dir / "mlflow_run.json", out, [metrics, occurrences, bucket_csv, band_csv])
+        # the training run's params are fixed at training time: the tau behind these metrics goes with them
+        ev.log_to_mlflow(model_dir / "mlflow_run.json", {**out, "logit_adjust_tau": tau},
+                         [metrics, occurrences, bucket_csv, band_csv], inputs=[prepared, tokenized, rare])
     seconds = time.perf_counter() - started
     m = out
     print(f"evaluate: {params.eval.splits[0]} ppl {_fmt(m['ppl'])} (frequent {_fmt(m['ppl_frequent'])}, "

@@ -2,6 +2,7 @@
 
     rarelm generate "The patient presented with" --max-tokens 40
     rarelm generate "Acute" --model path/to/any/causal-lm --greedy
+    rarelm generate "Acute" --greedy --logit-adjust 0.5 --counts data/rare/counts.npy
 
 Not a DVC stage: a tool to look at what a model writes (see rarelm/generate.py).
 """
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import typer
 
-from stages import MODEL
+from stages import MODEL, RARE
 
 app = typer.Typer(add_completion=False, help=__doc__)
 
@@ -26,6 +27,10 @@ def generate(
     top_p: float = typer.Option(0.95, help="nucleus: smallest set with this much probability (1 = all)"),
     seed: int = typer.Option(0, help="sampling seed: same seed, same text"),
     device: str = typer.Option("auto", help="auto | cpu | cuda"),
+    logit_adjust: float = typer.Option(0.0, "--logit-adjust", metavar="TAU",
+                                       help="logit adjustment: logits - TAU * log(train prior); 0 = off"),
+    counts: Path = typer.Option(f"{RARE}/counts.npy", help="train token counts for --logit-adjust "
+                                "(the rare_terms stage's, same tokenizer as the model)"),
 ) -> None:
     """Continue PROMPT with a model folder, greedy or sampled, printing tokens as they come."""
     from rarelm.errors import RarelmError, user_errors
@@ -36,8 +41,8 @@ def generate(
         if device not in ("auto", "cpu", "cuda"):
             raise RarelmError(f"--device = {device} is not allowed (must be one of auto, cpu, cuda)")
         sampling = Sampling(max_tokens=max_tokens, greedy=greedy, temperature=temperature,
-                            top_k=top_k, top_p=top_p, seed=seed)
-        run(model_dir, prompt, sampling, device)
+                            top_k=top_k, top_p=top_p, seed=seed, logit_adjust=logit_adjust)
+        run(model_dir, prompt, sampling, device, counts=counts)
 
 
 if __name__ == "__main__":

@@ -157,10 +157,31 @@ def compose() -> dict:
     return yaml.safe_load((REPO / "docker-compose.yml").read_text())
 
 
-def test_compose_training_service_has_all_gpus_shm_repo_and_tracking(compose, dockerfile):
-    train = compose["services"]["train"]
-    devices = train["deploy"]["resources"]["reservations"]["devices"]
+def _reserves_gpus(service: dict) -> bool:
+    devices = service.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices", [])
+    return bool(service.get("gpus") or service.get("runtime") == "nvidia"
+                or any("gpu" in d.get("capabilities", []) or d.get("driver") == "nvidia" for d in devices))
+
+
+def test_compose_runs_without_a_gpu_and_reserves_gpus_only_in_the_gpu_profile(compose):
+    """`docker compose up` / `run train` on a host without the NVIDIA runtime: no default service
+    asks for a GPU; `train-gpu` (profile `gpu`) is `train` plus every GPU."""
+    services = compose["services"]
+    default = {name for name, s in services.items() if not s.get("profiles")}
+    assert {"train", "mlflow"} <= default
+    assert not [name for name in default if _reserves_gpus(services[name])]
+    gpu = services["train-gpu"]
+    assert gpu["profiles"] == ["gpu"]
+    devices = gpu["deploy"]["resources"]["reservations"]["devices"]
     assert {"driver": "nvidia", "count": "all", "capabilities": ["gpu"]} in devices
+    assert {k: v for k, v in gpu.items() if k not in ("profiles", "deploy")} == services["train"]
+    readme = (REPO / "README.md").read_text()
+    assert re.search(r"docker compose run --rm train-gpu\b", readme)
+    assert re.search(r"docker compose run --rm train +#", readme)
+
+
+def test_compose_training_service_has_shm_repo_and_tracking(compose, dockerfile):
+    train = compose["services"]["train"]
     size = re.fullmatch(r"(\d+)([gm])b?", str(train["shm_size"]).lower())
     assert size and int(size.group(1)) * (1024 if size.group(2) == "g" else 1) >= 4096, "shm >= 4 GB"
     workdir = [a for w, a in dockerfile if w == "WORKDIR"][-1]
@@ -168,6 +189,17 @@ def test_compose_training_service_has_all_gpus_shm_repo_and_tracking(compose, do
     assert train["environment"]["MLFLOW_TRACKING_URI"] == "http://mlflow:5000"
     assert train["depends_on"]["mlflow"]["condition"] == "service_healthy"
     assert train["build"]["context"] == "."
+
+
+def test_compose_mlflow_service_is_the_small_official_image_at_the_pinned_version(compose, pyproject):
+    """Not the multi-GB CUDA image: MLflow's own image, the version pyproject.toml pins."""
+    mlflow = compose["services"]["mlflow"]
+    pin = next(d for d in pyproject["project"]["dependencies"] if d.startswith("mlflow=="))
+    assert mlflow["image"] == f"ghcr.io/mlflow/mlflow:v{pin.split('==')[1]}"
+    assert "build" not in mlflow
+    # its health check needs only the Python standard library of that image
+    assert mlflow["healthcheck"]["test"][:3] == ["CMD", "python3", "-c"]
+    assert "urllib.request" in mlflow["healthcheck"]["test"][3]
 
 
 def test_compose_mlflow_server_is_loopback_only_with_a_database_and_no_password(compose):

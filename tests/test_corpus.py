@@ -111,3 +111,44 @@ def test_unsupported_format_and_missing_field(tmp_path):
     (tmp_path / "d.jsonl").write_text('{"body": "x"}\n')
     with pytest.raises(RarelmError, match="line 1 has no field 'text'"):
         list(corpus.iter_documents(params(tmp_path / "d.jsonl")))
+
+
+DOCS = "".join(f"document number {i} with some words\n" for i in range(2000)).encode()
+GZ = gzip.compress(DOCS, mtime=0)
+
+
+def _flip(data: bytes, at: int) -> bytes:
+    return data[:at] + bytes([data[at] ^ 0xFF]) + data[at + 1:]
+
+
+@pytest.mark.parametrize(("name", "data", "message"), [
+    ("c.txt.gz", GZ[: len(GZ) // 2],
+     r"c\.txt\.gz: truncated gzip file after \d+ lines \(Compressed file ended"),
+    ("c.jsonl.gz", gzip.compress(b'{"text": "x"}\n' * 500, mtime=0)[:-12], "c.jsonl.gz: truncated gzip file"),
+    ("c.csv.gz", gzip.compress(b"text\n" + DOCS, mtime=0)[:200], "c.csv.gz: truncated gzip file"),
+    ("c.txt.gz", _flip(GZ, 40),
+     r"c\.txt\.gz: corrupt gzip file after 0 lines \(Error -3 while decompressing"),
+    ("c.txt.gz", _flip(GZ, len(GZ) - 8),
+     r"c\.txt\.gz: corrupt gzip file after 2000 lines \(CRC check failed"),
+])
+def test_truncated_or_corrupt_gzip_names_the_file_and_the_damage(tmp_path, name, data, message):
+    """gzip finds the damage while reading, not at open (EOFError, which Typer would print as
+    a bare `Aborted.`, zlib.error, BadGzipFile): each is one RarelmError naming the file."""
+    (tmp_path / name).write_bytes(data)
+    with pytest.raises(RarelmError, match=message) as info:
+        list(corpus.iter_documents(params(tmp_path / name)))
+    assert "\n" not in str(info.value)
+
+
+def test_corrupt_parquet_page_names_the_file(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "c.parquet"
+    texts = [f"document {i} " * 20 for i in range(3000)]
+    pq.write_table(pa.table({"text": texts}), path, compression="snappy", row_group_size=500)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2: len(data) // 2 + 64] = b"\xff" * 64
+    path.write_bytes(bytes(data))
+    with pytest.raises(RarelmError, match=r"c\.parquet: (corrupt parquet data|not a readable parquet)"):
+        list(corpus.iter_documents(params(path)))

@@ -21,11 +21,11 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from rarelm import evaluate as ev
 from rarelm import term_search
 from rarelm.errors import RarelmError
-from rarelm.lm import candidates_nll, continuation_nll, greedy_continue
+from rarelm.lm import candidates_nll, continuation_nll, greedy_continue, logit_adjustment
 from rarelm.params import EvalParams
 from rarelm.rare import load_buckets
 from rarelm.term_search import Occurrence, Term
-from tests.conftest import run, set_params, stage
+from tests.conftest import assert_user_error, run, set_params, stage
 
 LN2 = math.log(2)
 V = 8
@@ -141,6 +141,31 @@ def test_term_rows_are_exact():
     assert (m["term_exact_match_le15"], m["n_eval_terms_le15"]) == (1 / 5, 5)
     assert (m["term_exact_match_band_2-3"], m["term_exact_match_band_8-15"]) == (1.0, 0.0)
     assert (m["n_eval_term_types"], m["n_term_occurrences"], m["n_terms"]) == (5, 5, 6)
+
+
+def test_logit_adjustment_lifts_rare_tokens_in_scores_and_terms():
+    """tau 0.5 with log pi = -(1, 1, 1, 1, 1, 8, 8, 8) ln 2: tokens 5-7 gain 3.5 bits on the others."""
+    model = bigram()
+    bias = logit_adjustment(model, -LN2 * np.array([1, 1, 1, 1, 1, 8, 8, 8]), 0.5)
+    assert (bias / LN2).tolist() == pytest.approx([0.5] * 5 + [4.0] * 3)
+    plain = ev.score_tokens(model, TOKENS, BUCKETS, 100, 8).metrics()
+    m = ev.score_tokens(model, TOKENS, BUCKETS, 100, 8, logit_bias=bias).metrics()
+    table = model.table.detach().double().numpy() + bias.double().numpy()  # adjusted log-scores
+    nll = [np.logaddexp.reduce(table[a]) - table[a, b] for a, b in zip(TOKENS[:-1], TOKENS[1:], strict=True)]
+    assert m["ppl"] == pytest.approx(math.exp(np.mean(nll)), rel=1e-6)
+    # the frequent targets (0-3) lose, the rare one (6) gains
+    assert m["ppl_frequent"] > plain["ppl_frequent"] and m["ppl_rare"] < plain["ppl_rare"]
+
+    rows = ev.evaluate_terms(model, char_tokenizer(), DOCS, TOKENS, OFFSETS, TERMS, max_terms=100,
+                             context_tokens=2, batch_size=2, eot_id=0, logit_bias=bias)
+    got = {r["term"]: (r["output"], r["exact_match"]) for r in rows}
+    # after 3 the adjusted scores (bits) of 0..7 are -4.5 -5.5 -6.5 -6.5 -0.5 2 1 0: 5 now beats 4
+    assert got["五六"] == ("五六七", True)  # was 四五六
+    assert got["一二三"] == ("一五六七", False)  # after 1, 5 (-4 + 4 bits) beats 2 (-1 + 0.5)
+    after3 = np.array([-4.5, -5.5, -6.5, -6.5, -0.5, 2, 1, 0])  # P(5 | 3) = 2^2 / sum
+    after5 = np.array([-2.5, -3.5, -4.5, -5.5, -6.5, -3, 3, 2])  # P(6 | 5) = 2^3 / sum
+    want = (np.log2((2 ** after3).sum()) - 2 + np.log2((2 ** after5).sum()) - 3) / 2 * LN2
+    assert rows[0]["term"] == "五六" and rows[0]["nll"] == pytest.approx(want, rel=1e-6)
 
 
 def test_macro_average_weighs_terms_not_occurrences():
@@ -381,8 +406,11 @@ def workspace(tmp_path_factory, tiny_raw):
     return root
 
 
-def _hf_ppl(model_dir, tokens, block):
-    """Perplexity by torch's cross_entropy, window by window: an independent check of score_tokens."""
+def _hf_ppl(model_dir, tokens, block, bias=None):
+    """Perplexity by torch's cross_entropy, window by window: an independent check of score_tokens.
+
+    `bias`: a float64 numpy vector added to the logits (post-hoc logit adjustment).
+    """
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
@@ -391,6 +419,8 @@ def _hf_ppl(model_dir, tokens, block):
         for s in range(0, len(tokens) - 1, block):
             ids = torch.tensor(tokens[s:s + block + 1].astype(np.int64))[None]
             logits = model(input_ids=ids[:, :-1]).logits[0]
+            if bias is not None:
+                logits = logits.double() + torch.as_tensor(bias)
             total += torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="sum").item()
             n += ids.shape[1] - 1
     return math.exp(total / n), n
@@ -439,17 +469,45 @@ def test_stage_writes_metrics_plots_and_logs_into_the_training_run(workspace, tm
     assert logged.data.metrics["eval/ppl"] == pytest.approx(m["ppl"])
     assert logged.data.metrics["eval/n_eval_terms"] == m["n_eval_terms"]
     assert logged.data.metrics["eval/val/ppl"] == pytest.approx(m["val"]["ppl"])
+    assert logged.data.metrics["eval/logit_adjust_tau"] == 0.0 and "logit_adjust_tau" not in m
     assert "evaluate" in logged.data.tags["stages"]
     artifacts = {a.path for a in client.list_artifacts(run_id, "eval")}
     assert artifacts == {"eval/eval.json", "eval/eval_buckets.csv", "eval/eval_term_bands.csv",
-                         "eval/eval_occurrences.jsonl"}
+                         "eval/eval_occurrences.jsonl", "eval/term_samples.json"}  # + the MLflow table
     rows_file = client.download_artifacts(run_id, "eval/eval_occurrences.jsonl", str(tmp_path))
     rows = [json.loads(line) for line in open(rows_file, encoding="utf-8")]
+    table_file = client.download_artifacts(run_id, "eval/term_samples.json", str(tmp_path))
+    table = json.loads(open(table_file, encoding="utf-8").read())
+    assert [dict(zip(table["columns"], r, strict=True))["output"] for r in table["data"]] == \
+        [r["output"] for r in rows]
     assert rows == [json.loads(line) for line in (ws / "metrics/eval_occurrences.jsonl").open()]
     test_rows = [r for r in rows if r["split"] == "test"]
     assert len(test_rows) == m["n_eval_terms"] and len(rows) == m["n_eval_terms"] + m["val"]["n_eval_terms"]
     assert sum(r["exact_match"] for r in test_rows) == round(m["term_exact_match"] * m["n_eval_terms"])
     assert ev.term_metrics(test_rows, m["n_terms"], m["n_term_occurrences"]).items() <= m.items()
+
+
+def test_stage_with_logit_adjustment_scores_the_adjusted_model(workspace, tmp_path):
+    """eval.logit_adjust_tau > 0 reads data/rare/counts.npy; perplexity is that of logits - tau log pi."""
+    from rarelm.data import TokenizedData
+
+    ws = tmp_path / "ws"
+    shutil.copytree(workspace, ws)
+    set_params(ws, **{"eval.logit_adjust_tau": 0.5, "eval.splits": ["test"]})
+    counts_file = ws / "data/rare/counts.npy"
+    counts = np.load(counts_file)
+    counts_file.unlink()
+    missing = "data/rare/counts.npy: not found; run the rare_terms stage first"
+    assert_user_error(stage("evaluate", ws), missing, ws, "metrics", "plots", stage="evaluate")
+    np.save(counts_file, counts)
+    result = stage("evaluate", ws, env={"OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr
+    m = json.loads((ws / "metrics/eval.json").read_text())
+    log_pi = np.log(counts + 1.0) - np.log(counts.sum() + len(counts))  # add-one smoothed prior, by hand
+    test_tokens = np.asarray(TokenizedData.open(ws / "data/tokenized").tokens("test"))
+    ppl, n = _hf_ppl(ws / "models/model", test_tokens, block=64, bias=-0.5 * log_pi)
+    assert m["n_eval_tokens"] == n and m["ppl"] == pytest.approx(ppl, rel=1e-5)
+    assert m["ppl"] != pytest.approx(_hf_ppl(ws / "models/model", test_tokens, block=64)[0], rel=1e-3)
 
 
 def test_unreachable_store_is_one_warning_line(tmp_path, monkeypatch, capsys):

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import math
+from types import SimpleNamespace
+
+import numpy as np
 import pytest
 import torch
 
 from rarelm.errors import RarelmError
 from rarelm.generate import Sampling, generate
-from rarelm.lm import load_causal_lm, load_tokenizer
+from rarelm.lm import greedy_continue, load_causal_lm, load_tokenizer, logit_adjustment, logit_bias_processor
+from rarelm.rare import log_prior
 from tests.conftest import run
 
 TEXTS = ["the patient presented with acute myocardial infarction and chest pain",
@@ -33,12 +38,13 @@ def model_dir(tmp_path_factory):
     return out
 
 
-def argmax_loop(model, ids: list[int], n: int, eos: int) -> list[int]:
-    """Greedy decoding the slow, obvious way: full forward per token, no cache."""
+def argmax_loop(model, ids: list[int], n: int, eos: int | None, bias=None) -> list[int]:
+    """Greedy decoding the slow, obvious way: full forward per token, no cache; `bias` added to the logits."""
     out = []
     with torch.no_grad():
         for _ in range(n):
-            nxt = int(model(input_ids=torch.tensor([ids + out])).logits[0, -1].argmax())
+            logits = model(input_ids=torch.tensor([ids + out])).logits[0, -1]
+            nxt = int(logits.argmax() if bias is None else (logits + bias).argmax())
             out.append(nxt)
             if nxt == eos:
                 break
@@ -104,3 +110,80 @@ def test_bad_input_is_one_line(model_dir, args, message):
     result = run(["rarelm", "generate", "hello", *model_args, *args], model_dir)
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.count("\n") == 1 and message in result.stderr
+
+
+# ---------------------------------------------------------------- post-hoc logit adjustment
+
+
+def train_counts(model_dir) -> np.ndarray:
+    """Token counts of TEXTS, as the rare_terms stage writes them (int64 [vocabulary])."""
+    tok = load_tokenizer(model_dir)
+    ids = [i for text in TEXTS for i in tok(text).input_ids]
+    return np.bincount(ids, minlength=len(tok)).astype(np.int64)
+
+
+def test_a_prior_flips_the_argmax_by_hand():
+    model = SimpleNamespace(config=SimpleNamespace(vocab_size=3), device="cpu")  # logits wider than the prior
+    prior = log_prior(np.array([99, 0]))  # add-one: pi = (100, 1) / 101
+    assert logit_adjustment(model, prior, 0.0) is None  # tau 0: no adjustment at all
+    bias = logit_adjustment(model, prior, 0.5)
+    # -0.5 * log pi: +0.5 ln(101/100) for the frequent token, +0.5 ln 101 for the unseen one, 0 past the prior
+    assert bias.dtype == torch.float32
+    assert bias.tolist() == pytest.approx([0.5 * math.log(1.01), 0.5 * math.log(101), 0.0], rel=1e-6)
+    logits = torch.tensor([[2.0, 1.5, 1.9]])  # argmax 0; adjusted (2.005, 3.808, 1.9): argmax 1
+    assert int(logits.argmax()) == 0
+    adjusted = logit_bias_processor(bias)(torch.zeros((1, 1), dtype=torch.long), logits)
+    assert adjusted.tolist()[0] == pytest.approx([2.0 + 0.5 * math.log(1.01), 1.5 + 0.5 * math.log(101), 1.9])
+    assert int(adjusted.argmax()) == 1
+    with pytest.raises(RarelmError, match="prior covers 4 token ids, more than the model's vocabulary of 3"):
+        logit_adjustment(model, log_prior(np.zeros(4)), 1.0)
+
+
+def test_adjusted_greedy_decoding_is_the_argmax_of_adjusted_logits(model_dir):
+    model, tok = load_causal_lm(model_dir), load_tokenizer(model_dir)
+    prior = log_prior(train_counts(model_dir))
+    prompts = [tok("the patient presented").input_ids, tok("a rare case of").input_ids]
+    plain = greedy_continue(model, prompts, 10, pad_id=0)
+    assert torch.equal(greedy_continue(model, prompts, 10, 0, logit_adjustment(model, prior, 0.0)), plain)
+    bias = logit_adjustment(model, prior, 2.0)
+    adjusted = greedy_continue(model, prompts, 10, 0, bias)
+    assert not torch.equal(adjusted, plain)
+    for p, row in zip(prompts, adjusted.tolist(), strict=True):  # the batched, cached decode is exact
+        assert row == argmax_loop(model, p, 10, None, bias)
+    # tokens rare in train are written more often once lifted
+    counts = train_counts(model_dir)
+    assert np.median(counts[adjusted.flatten()]) <= np.median(counts[plain.flatten()])
+
+
+def test_cli_logit_adjust_streams_the_adjusted_argmax(model_dir, tmp_path):
+    counts = tmp_path / "counts.npy"
+    np.save(counts, train_counts(model_dir))
+    args = ["rarelm", "generate", "the patient presented", "--model", str(model_dir), "--greedy",
+            "--max-tokens", "12"]
+    result = run([*args, "--logit-adjust", "2", "--counts", str(counts)], model_dir,
+                 env={"OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr
+    model, tok = load_causal_lm(model_dir), load_tokenizer(model_dir)
+    prompt_ids = tok("the patient presented").input_ids
+    bias = logit_adjustment(model, log_prior(np.load(counts)), 2.0)
+    want = argmax_loop(model, prompt_ids, 12, tok.eos_token_id, bias)
+    assert want != argmax_loop(model, prompt_ids, 12, tok.eos_token_id)
+    assert result.stdout == "the patient presented" + tok.decode(want, skip_special_tokens=True) + "\n"
+    # sampling is adjusted before temperature and top-k: top-k 1 is the adjusted argmax
+    sampling = Sampling(max_tokens=12, top_k=1, logit_adjust=2.0)
+    sampled = generate(model, tok, "the patient presented", sampling, log_prior=log_prior(np.load(counts)))
+    assert sampled == want
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--logit-adjust", "-1"], "--logit-adjust = -1.0 is not allowed (must be >= 0 (0 = off))"),
+    (["--logit-adjust", "0.5", "--counts", "no/counts.npy"], "no/counts.npy: no such counts file"),
+    (["--logit-adjust", "0.5", "--counts", "short.npy"], "expected int64 [%d] for this model's tokenizer"),
+    (["--logit-adjust", "0.5"], "data/rare/counts.npy: no such counts file"),  # default: the pipeline's
+])
+def test_bad_logit_adjust_input_is_one_line(model_dir, tmp_path, args, message):
+    np.save(tmp_path / "short.npy", np.ones(7, dtype=np.int64))
+    result = run(["rarelm", "generate", "hello", "--model", str(model_dir), *args], tmp_path)
+    assert result.returncode == 2 and result.stdout == ""
+    size = len(load_tokenizer(model_dir))
+    assert result.stderr.count("\n") == 1 and message.replace("%d", str(size)) in result.stderr, result.stderr

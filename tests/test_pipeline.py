@@ -1,5 +1,6 @@
 """The prepare and tokenize stages through their real CLIs and through `dvc repro`."""
 
+import gzip
 import json
 
 import pytest
@@ -65,6 +66,8 @@ def test_chinese_demo_by_params_alone(repo):
     ({"corpus.path": "data/raw/bad.txt"}, b"fine\n\xc3\x28 broken\n", "line 2 (byte 5) is not valid UTF-8"),
     ({"corpus.path": "data/raw/c.jsonl"}, b'{"body": "x"}\n', "line 1 has no field 'text'"),
     ({"corpus.path": "data/raw/c.docx"}, b"x", "unsupported format 'c.docx'"),
+    ({"corpus.path": "data/raw/cut.txt.gz"}, gzip.compress(b"".join(b"%d\n" % i for i in range(999)))[:99],
+     "data/raw/cut.txt.gz: truncated gzip file"),  # was a bare `Aborted.`, exit 1
     ({"corpus.val_fraction": 1.5}, None, "corpus.val_fraction = 1.5 is not allowed (must be < 1)"),
 ])
 def test_prepare_bad_input_one_line_no_output(repo, params, raw, message):
@@ -97,3 +100,34 @@ def test_console_script_lists_stages(repo):
     result = run([str(BIN / "rarelm"), "--help"], repo, check=True)
     for name in ("prepare", "tokenize", "demo"):
         assert name in result.stdout
+
+
+def test_console_script_version_is_the_package_version(repo):
+    import tomllib
+
+    from tests.conftest import BIN, REPO
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    result = run([str(BIN / "rarelm"), "--version"], repo, check=True)
+    assert result.stdout == f"rarelm {version}\n" and result.stderr == ""
+
+
+def test_dvc_yaml_declares_the_model_artifact_and_one_training_curves_plot(repo):
+    """DVC's conventions: `artifacts:` names the model; the top-level plot draws train loss, val CE
+    and val rare CE of plots/train.csv together, with DVC's `linear` template plus a filter on
+    empty cells (checked against this DVC's own template, so an upgrade that changes it shows)."""
+    import yaml
+
+    from tests.conftest import REPO
+    dvcyaml = yaml.safe_load((REPO / "dvc.yaml").read_text())
+    train = dvcyaml["stages"]["train"]
+    model = dvcyaml["artifacts"]["rarelm"]
+    assert model["type"] == "model" and model["path"] in train["outs"] and model["desc"] and model["labels"]
+    assert {"plots/train.csv": {"cache": False}} in train["outs"] and "plots" not in train
+    (plot,) = [p["training_loss"] for p in dvcyaml["plots"] if "training_loss" in p]
+    columns = (REPO / "plots/train.csv").read_text().splitlines()[0].split(",")
+    assert plot["x"] == "step" and plot["y"] == {"plots/train.csv": ["loss", "val_ce", "val_rare_ce"]}
+    assert {plot["x"], *plot["y"]["plots/train.csv"]} <= set(columns)
+    ours = json.loads((REPO / ".dvc/plots" / f"{plot['template']}.json").read_text())
+    builtin = json.loads(run(["dvc", "plots", "templates", "linear"], repo, check=True).stdout)
+    assert ours.pop("transform") == [{"filter": {"not": {"field": "<DVC_METRIC_Y>", "equal": ""}}}]
+    assert ours.pop("description") and ours == builtin

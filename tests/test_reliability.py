@@ -403,3 +403,80 @@ def test_reliability_doc_names_only_tests_that_exist():
     assert len(cited) > 20
     for path, name in cited:
         assert re.search(rf"^def {name}\(", (REPO / path).read_text(), re.M), f"{path}::{name}"
+
+
+def readme_commands_after_make_repro() -> list[str]:
+    """The commands README's "Two commands" section shows after `source .venv/bin/activate`."""
+    section = (REPO / "README.md").read_text().split("## Two commands", 1)[1].split("\n## ", 1)[0]
+    shown = [line[4:].split("  #")[0].strip() for line in section.splitlines() if line.startswith("    ")]
+    return shown[shown.index("source .venv/bin/activate") + 1:]
+
+
+def venv_as_make_builds_it(root: Path) -> Path:
+    """root/.venv as `make` leaves it, without a download: a bare venv that borrows this
+    interpreter's packages, with the console scripts the README calls and make's markers saying
+    the packages are installed. Its PATH hook is left to the Makefile's own rule."""
+    import sysconfig
+
+    venv = root / ".venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    purelib = subprocess.run([venv / "bin/python", "-c",
+                              "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    borrowed = sysconfig.get_path("purelib")
+    Path(purelib, "borrowed.pth").write_text(f"import site; site.addsitedir({borrowed!r})\n")
+    for name in ("dvc", "rarelm"):
+        body = (BIN / name).read_text().split("\n", 1)[1]
+        (venv / "bin" / name).write_text(f"#!{venv}/bin/python\n{body}")
+        (venv / "bin" / name).chmod(0o755)
+    for marker in (".installed", ".installed-dev"):
+        (venv / marker).touch()
+    return venv
+
+
+def test_readme_commands_after_make_repro_with_and_without_activation(dag, tmp_path):
+    """A fresh clone after `make repro` (HEAD holds the run), in a shell whose PATH has no venv:
+    every README command after it works as written inside `source .venv/bin/activate`, and from
+    `.venv/bin/` without activation, where DVC's stages must still run the venv's python."""
+    if dag.error is not None:
+        pytest.skip(f"the baseline DAG failed: {dag.error}")
+    root = tmp_path / "repo"
+    shutil.copytree(dag.root, root, symlinks=True)
+    venv = venv_as_make_builds_it(root)
+    bare = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
+    bare["PATH"] = "/usr/local/bin:/usr/bin:/bin"
+
+    def sh(command: str, timeout: float = 600) -> subprocess.CompletedProcess:
+        result = subprocess.run(["bash", "-c", command], cwd=root, env=bare, capture_output=True,
+                                text=True, timeout=timeout)
+        assert result.returncode == 0, f"{command}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+        return result
+
+    assert "Data and pipelines are up to date" in sh("make repro").stdout
+    assert (venv / ".path-hook").is_file()  # the Makefile's rule installed the PATH hook
+    assert sh(".venv/bin/python -c 'import shutil; print(shutil.which(\"python\"))'").stdout.strip() \
+        == str(venv / "bin/python")
+    for cmd in (["git", "add", "-A"],
+                ["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "run"]):
+        subprocess.run(cmd, cwd=root, check=True, capture_output=True)
+
+    commands = readme_commands_after_make_repro()
+    assert commands[0] == "dvc exp run -S alpha=0.7" and "rarelm --version" in commands
+    for command in commands:  # not activated: called from .venv/bin/
+        result = sh(f".venv/bin/{command}")
+        if command.startswith("dvc exp run"):
+            for name in ("weights", "train", "evaluate"):
+                assert f"Running stage '{name}'" in result.stdout, result.stdout[-3000:]
+    for command in commands:  # activated, as written
+        sh(f"source .venv/bin/activate && {command}")
+    assert (root / "dvc_plots/index.html").is_file()
+
+    # `dvc plots diff`: the experiment beside HEAD, train loss, val CE and val rare CE in one plot
+    diff = json.loads(sh(".venv/bin/dvc plots diff --json --targets training_loss").stdout)
+    plot = diff["data"]["training_loss"][0]
+    assert sorted(plot["revisions"]) == ["HEAD", "workspace"]
+    values = plot["content"]["data"]["values"]
+    drawn = {(v["rev"], v["field"]) for v in values if v["dvc_inferred_y_value"] != ""}
+    assert drawn == {(rev, f) for rev in ("HEAD", "workspace") for f in ("loss", "val_ce", "val_rare_ce")}
+    # the empty val_* cells of steps without an evaluation are left out, not drawn as 0
+    assert {"filter": {"not": {"field": "dvc_inferred_y_value", "equal": ""}}} in plot["content"]["transform"]

@@ -2,19 +2,76 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
 from rarelm import tracking
-from rarelm.params import Params
+from rarelm.errors import RarelmError
+from rarelm.params import Params, TrackingParams
+
+FAMILIES = ("train/", "val/", "final/", "upstream/", "eval/", "system/")
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory) -> str:
     """One SQLite store for the module (creating its tables takes seconds)."""
     return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+
+
+@pytest.fixture
+def workspace(tmp_path, monkeypatch) -> Path:
+    """A git repo with one commit, DVC-tracked data as dvc.lock records it, as the current folder."""
+    (tmp_path / "data/tokenized").mkdir(parents=True)
+    (tmp_path / "data/tokenized/train.tokens").write_bytes(b"\0" * 40)
+    (tmp_path / "data/tokenized/meta.json").write_text("{}")
+    (tmp_path / "data/weights").mkdir()
+    (tmp_path / "data/weights/weights.npy").write_bytes(b"\1" * 24)
+    (tmp_path / "data/prepared").mkdir()
+    (tmp_path / "data/prepared/test.jsonl").write_text("{}\n")
+    (tmp_path / "data/rare").mkdir()
+    (tmp_path / "data/rare/terms.jsonl").write_text("changed since dvc.lock\n")
+    outs = {"prepare": [("data/prepared", "d" * 32 + ".dir", 3, 1)],
+            "tokenize": [("data/tokenized", "a" * 32 + ".dir", 42, 2)],
+            "weights": [("data/weights", "b" * 32 + ".dir", 24, 1)],
+            "rare_terms": [("data/rare", "c" * 32 + ".dir", 999, 1)]}  # stale: not its hash
+    lock = {"schema": "2.0", "stages": {stage: {"cmd": "python -m stages." + stage, "outs": [
+        {"path": path, "hash": "md5", "md5": md5, "size": size, "nfiles": n}
+        for path, md5, size, n in entries]} for stage, entries in outs.items()}}
+    (tmp_path / "dvc.lock").write_text(json.dumps(lock))  # JSON is YAML
+    for cmd in (["git", "init", "-q"], ["git", "add", "dvc.lock"],
+                ["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "init"]):
+        subprocess.run(cmd, cwd=tmp_path, check=True, capture_output=True)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("DVC_ROOT", raising=False)
+    monkeypatch.delenv("DVC_EXP_NAME", raising=False)
+    monkeypatch.delenv("DVC_EXP_BASELINE_REV", raising=False)
+    return tmp_path
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    """A 1-layer GPT-2 and its byte-level BPE tokenizer, saved as the train stage saves them."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+
+    folder = tmp_path_factory.mktemp("model") / "model"
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(["The patient has atypical encephaloectasia."] * 20, trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>")
+    tokenizer.save_pretrained(folder)
+    config = GPT2Config(vocab_size=len(tokenizer), n_positions=64, n_embd=16, n_layer=1, n_head=2,
+                        bos_token_id=0, eos_token_id=0)
+    GPT2LMHeadModel(config).save_pretrained(folder)
+    return folder
 
 
 def test_store_defaults_to_the_repo_root(monkeypatch, tmp_path):
@@ -33,7 +90,16 @@ def test_upstream_metrics_are_flattened_and_missing_or_broken_files_skipped(tmp_
         {"documents": 10, "language": "en", "train": {"documents": 8}}))
     (tmp_path / "weights.json").write_text("{not json")
     assert tracking.upstream_metrics(tmp_path, ["prepare", "tokenize", "weights"]) == {
-        "prepare.documents": 10.0, "prepare.train.documents": 8.0}
+        "upstream/prepare/documents": 10.0, "upstream/prepare/train/documents": 8.0}
+
+
+def test_one_prefix_per_metric_family():
+    from rarelm.evaluate import mlflow_metrics
+
+    assert set(mlflow_metrics({"ppl": 3.0, "val": {"ppl": 4.0}})) == {"eval/ppl", "eval/val/ppl"}
+    source = (Path(tracking.__file__).parent / "train.py").read_text()
+    assert 'f"final/{k}"' in source and 'f"train.{k}"' not in source  # metrics/train.json
+    assert 'f"train/{k}"' in source and 'f"val/{k[4:]}"' in source  # the step curves
 
 
 def test_a_run_from_start_to_evaluate(store, monkeypatch, tmp_path):
@@ -53,6 +119,7 @@ def test_a_run_from_start_to_evaluate(store, monkeypatch, tmp_path):
     assert info == {"run_id": run.run_id, "tracking_uri": store, "experiment": "rarelm"}
 
     again = tracking.open_run(tmp_path / "mlflow_run.json", stage="evaluate")
+    assert again.run_id == run.run_id
     again.log_metrics({"eval/ppl": 12.0})
     again.finish()
     client = mlflow.MlflowClient(store)
@@ -90,6 +157,9 @@ def test_unreachable_store_is_one_warning_and_an_inert_run(monkeypatch, capsys, 
     assert time.monotonic() - t0 < 30  # bounded retries and timeouts
     run.log_metrics({"train/loss": 1.0}, step=1)
     run.set_tags({"x": "y"})
+    run.log_datasets(["data/tokenized"], "training")
+    run.log_table([{"term": "x"}], "eval/term_samples.json")
+    assert run.log_model(tmp_path, TrackingParams()) is None
     run.save(tmp_path / "mlflow_run.json")
     run.finish("FAILED")
     lines = capsys.readouterr().err.strip().splitlines()
@@ -97,3 +167,177 @@ def test_unreachable_store_is_one_warning_and_an_inert_run(monkeypatch, capsys, 
     assert lines[0].startswith("rarelm train: warning: MLflow tracking store http://127.0.0.1:9 ")
     assert not run.active and not (tmp_path / "mlflow_run.json").exists()
     assert not tracking.open_run(tmp_path / "mlflow_run.json", stage="evaluate").active
+
+
+def test_an_evaluation_of_a_model_from_another_experiment_gets_its_own_run(store, workspace,
+                                                                         monkeypatch):
+    """`dvc exp run -S eval.logit_adjust_tau=0.5` restores another experiment's trained model from
+    DVC's run cache: its evaluation must not overwrite that experiment's run."""
+    import mlflow
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    monkeypatch.setenv("DVC_EXP_NAME", "base-s1")
+    trained = tracking.start_run(Params(), stage="train")
+    trained.save(workspace / "mlflow_run.json")
+    trained.finish()
+    (workspace / "params.yaml").write_text("eval:\n  logit_adjust_tau: 0.5\n")
+    monkeypatch.setenv("DVC_EXP_NAME", "tau05-s1")
+    run = tracking.open_run(workspace / "mlflow_run.json", stage="evaluate")
+    assert run.active and run.run_id != trained.run_id
+    run.log_metrics({"eval/ppl": 2.0})
+    run.finish()
+    client = mlflow.MlflowClient(store)
+    mlrun = client.get_run(run.run_id)
+    assert mlrun.info.run_name == "tau05-s1" and mlrun.data.params["eval.logit_adjust_tau"] == "0.5"
+    assert mlrun.data.tags["rarelm.model_run_id"] == trained.run_id
+    assert "eval/ppl" not in client.get_run(trained.run_id).data.metrics
+    monkeypatch.setenv("DVC_EXP_NAME", "base-s1")  # the experiment that trained it: the same run
+    same = tracking.open_run(workspace / "mlflow_run.json", stage="evaluate")
+    same.finish()
+    assert same.run_id == trained.run_id
+
+
+def test_experiment_kind_run_name_and_source_tags(store, workspace, monkeypatch):
+    import mlflow
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    params = Params(tracking=TrackingParams(experiment="kinds"))
+    commit = tracking.git_commit()
+    run = tracking.start_run(params, stage="train")  # as under `dvc repro`
+    run.finish()
+    client = mlflow.MlflowClient(store)
+    mlrun = client.get_run(run.run_id)
+    assert mlrun.info.run_name == f"train-{commit[:7]}"
+    tags = mlrun.data.tags
+    assert tags["mlflow.source.git.commit"] == tags["git_commit"] == commit
+    assert tags["mlflow.source.name"] == "stages/train.py" and tags["mlflow.source.type"] == "LOCAL"
+    assert tags["mlflow.source.git.branch"] == subprocess.run(
+        ["git", "branch", "--show-current"], capture_output=True, text=True).stdout.strip()
+    assert "DVC_EXP_NAME" not in tags and "mlflow.source.git.repoURL" not in tags  # no remote
+    experiment = client.get_experiment(mlrun.info.experiment_id)
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+
+    client.delete_experiment_tag(experiment.experiment_id, "mlflow.experimentKind")  # an older store
+    monkeypatch.setenv("DVC_EXP_NAME", "lumpy-gaur")  # as under `dvc exp run`
+    monkeypatch.setenv("DVC_EXP_BASELINE_REV", "f" * 40)
+    run = tracking.start_run(params, stage="train")
+    run.finish()
+    mlrun = client.get_run(run.run_id)
+    assert mlrun.info.run_name == mlrun.data.tags["DVC_EXP_NAME"] == "lumpy-gaur"
+    assert mlrun.data.tags["mlflow.source.git.commit"] == mlrun.data.tags["DVC_EXP_BASELINE_REV"]
+    assert client.get_experiment(experiment.experiment_id).tags["mlflow.experimentKind"] == \
+        "custom_model_development"
+    assert tracking.experiment_id(store, "kinds") == experiment.experiment_id
+    assert tracking.ui_url(experiment.experiment_id).endswith(
+        f"/#/experiments/{experiment.experiment_id}?workflowType=machine_learning")
+
+
+def test_ui_url_command_without_a_store_links_the_experiments_and_creates_none(tmp_path, capsys):
+    assert tracking.main(["ui-url", f"sqlite:///{tmp_path / 'none.db'}"]) == 0
+    out = capsys.readouterr().out
+    assert out == f"MLflow runs: {tracking.UI}/#/experiments?workflowType=machine_learning\n"
+    assert not (tmp_path / "none.db").exists()
+    assert tracking.main(["nonsense"]) == 2
+
+
+def test_data_inputs_carry_dvc_hashes_as_digests(store, workspace, monkeypatch):
+    import mlflow
+
+    from rarelm.evaluate import log_to_mlflow
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    assert tracking.dvc_hashes(["data/tokenized", workspace / "data/weights", "data/rare", "nope"]) == {
+        "data/tokenized": "a" * 32 + ".dir", "data/weights": "b" * 32 + ".dir"}  # data/rare is stale
+    run = tracking.start_run(Params(), stage="train", background=True,
+                             inputs=[Path("data/tokenized"), Path("data/weights"), Path("data/rare")])
+    run.save(workspace / "mlflow_run.json")
+    run.finish()
+    occurrences = workspace / "eval_occurrences.jsonl"
+    rows = [{"term": "atypical encephaloectasia", "expected": " atypical encephaloectasia",
+             "output": " start heparin", "exact_match": False, "nll": 2.5},
+            {"term": "bilateral pyelomyositis", "expected": " bilateral pyelomyositis",
+             "output": " bilateral pyelomyositis", "exact_match": True, "nll": 0.5}]
+    occurrences.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for _ in range(2):  # evaluate twice into the run: the table is replaced, not appended to
+        assert log_to_mlflow(workspace / "mlflow_run.json", {"ppl": 3.0}, [occurrences],
+                             inputs=["data/prepared", "data/tokenized"])
+    client = mlflow.MlflowClient(store)
+    mlrun = client.get_run(run.run_id)
+    inputs = {(d.dataset.name, d.dataset.digest, d.dataset.source_type,
+               {t.key: t.value for t in d.tags}["mlflow.data.context"])
+              for d in mlrun.inputs.dataset_inputs}
+    assert inputs == {("data/tokenized", "a" * 32 + ".dir", "local", "training"),
+                      ("data/weights", "b" * 32 + ".dir", "local", "training"),
+                      ("data/prepared", "d" * 32 + ".dir", "local", "evaluation")}  # listed once
+    table = client.load_table(mlrun.info.experiment_id, "eval/term_samples.json", run_ids=[run.run_id])
+    assert table.to_dict("records") == rows
+    assert {"path": "eval/term_samples.json", "type": "table"} in json.loads(
+        mlrun.data.tags["mlflow.loggedArtifacts"])
+    assert all(key.startswith(FAMILIES) for key in mlrun.data.metrics), mlrun.data.metrics
+
+
+def test_logged_model_is_registered_and_generates_through_pyfunc(store, tiny_model, monkeypatch, capsys):
+    import mlflow
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    params = Params(tracking=TrackingParams(experiment="models", registered_model="rarelm-test",
+                                            system_metrics=False))
+    run = tracking.start_run(params, stage="train")
+    t0 = time.monotonic()
+    uri = run.log_model(tiny_model, params.tracking)
+    seconds = time.monotonic() - t0
+    run.finish()
+    assert uri == "models:/rarelm-test/1", capsys.readouterr().err
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("rarelm train: model logged to MLflow as models:/rarelm-test/")
+    assert seconds < 60
+    client = mlflow.MlflowClient(store)
+    version = client.get_model_version("rarelm-test", "1")
+    assert version.run_id == run.run_id and version.status == "READY"
+    (output,) = client.get_run(run.run_id).outputs.model_outputs  # the runs table's Models column
+    assert version.source == f"models:/{output.model_id}"
+
+    model = mlflow.pyfunc.load_model(uri)  # MLflow's own scoring path, as `mlflow models serve` uses
+    out = model.predict(["The patient has"], params={"max_new_tokens": 4, "do_sample": False})
+    assert len(out) == 1 and out[0].startswith("The patient has") and len(out[0]) > len("The patient has")
+    assert model.predict(["The patient has"], params={"max_new_tokens": 4}) == out  # greedy: repeatable
+
+    off = dataclasses.replace(params.tracking, log_model="false")
+    unregistered = dataclasses.replace(params.tracking, log_model="true", registered_model="")
+    second = tracking.start_run(params, stage="train")
+    assert second.log_model(tiny_model, off) is None
+    monkeypatch.setattr(tracking, "MODEL_LOG_LIMIT", 1000)  # `auto` skips models this large
+    assert second.log_model(tiny_model, params.tracking) is None
+    assert second.log_model(tiny_model, unregistered).startswith("models:/m-")  # true: any size
+    second.finish()
+    assert len(client.search_model_versions("name = 'rarelm-test'")) == 1
+
+
+def test_tensorboard_writes_the_step_curves_under_runs(workspace, store, monkeypatch):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")  # written even without a store
+    params = Params(tracking=TrackingParams(tensorboard=True))
+    run = tracking.start_run(params, stage="train")
+    run.log_metrics({"train/loss": 3.0, "val/ce": 4.0}, step=10)
+    run.log_metrics({"train/loss": 2.0}, step=20)
+    run.log_metrics({"upstream/prepare/documents": 5.0}, step=0)
+    run.finish()
+    (folder,) = (workspace / "runs").iterdir()
+    assert folder.name == f"train-{tracking.git_commit()[:7]}"
+    events = EventAccumulator(str(folder))
+    events.Reload()
+    assert sorted(events.Tags()["scalars"]) == ["train/loss", "val/ce"]
+    assert [(e.step, e.value) for e in events.Scalars("train/loss")] == [(10, 3.0), (20, 2.0)]
+
+
+def test_tensorboard_on_without_the_package_is_a_one_line_error(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard"
+                        else real(name, *a))
+    with pytest.raises(RarelmError, match=r"tracking.tensorboard = true needs the tensorboard package"):
+        tracking.check_tensorboard(TrackingParams(tensorboard=True))
+    tracking.check_tensorboard(TrackingParams(tensorboard=False))

@@ -299,15 +299,21 @@ def test_mlflow_run_holds_params_step_metrics_tags_and_system_metrics(trained):
                             text=True).stdout.strip()
     assert tags["stage"] == "train" and tags["git_commit"] == commit
     trained_in = json.loads((root / "metrics/train.json").read_text())["precision"]
-    assert tags["precision"] == trained_in and "train.precision" not in mlrun.data.metrics
+    assert tags["precision"] == trained_in and "final/precision" not in mlrun.data.metrics
     assert "DVC_EXP_NAME" not in tags  # only under `dvc exp run`
     history = client.get_metric_history(info["run_id"], "train/loss")
     assert [m.step for m in history] == [50, 100, 150, 200, 250, 300]
     metrics = mlrun.data.metrics
     for key in ("train/ce", "train/rare_ce", "train/lr", "train/grad_norm", "train/tokens_per_s",
-                "val/ce", "val/rare_ce", "train.val_ppl", "tokenize.vocab_size",
-                "prepare.documents", "weights.alpha", "model.parameters"):
+                "val/ce", "val/rare_ce", "final/val_ppl", "final/parameters", "upstream/tokenize/vocab_size",
+                "upstream/prepare/documents", "upstream/weights/alpha"):
         assert key in metrics, key
+    assert all(k.startswith(("train/", "val/", "final/", "upstream/", "system/")) for k in metrics)
+    assert mlrun.info.run_name == f"train-{commit[:7]}"
+    assert {i.dataset.name for i in mlrun.inputs.dataset_inputs} == {
+        "data/tokenized", "data/rare", "data/weights"}  # digests from dvc.lock
+    (model,) = mlrun.outputs.model_outputs  # logged (tracking.log_model: auto) and registered
+    assert client.search_model_versions(f"name = 'rarelm' and run_id = '{info['run_id']}'")
     assert any(k.startswith("system/cpu_utilization") for k in metrics), sorted(metrics)
 
 
@@ -472,6 +478,46 @@ def test_alpha_schedule_run_resumes_bit_identical_mid_epoch(trained, tmp_path, m
     for name in ("resumed.csv", "resumed.json"):  # curves and metrics, wall clock aside
         same = reprocheck.without_wall_clock
         assert same(tmp_path / name) == same(tmp_path / name.replace("resumed", "whole")), name
+
+
+def test_face_agg_focal_run_resumes_bit_identical(trained, tmp_path, monkeypatch):
+    """FACE (refreshed from predictions every 3 steps) + AGG + focal: a run that crashes after
+    its step-4 checkpoint and is started again ends byte-identical to an uninterrupted one."""
+    from rarelm import train
+    from rarelm.params import load_params
+
+    root, _, _ = trained
+    monkeypatch.chdir(root)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")  # no store needed here
+    base = load_params(root / "params.yaml")
+    params = dataclasses.replace(
+        base, loss=dataclasses.replace(base.loss, token_weight="face", face_source="predictions",
+                                       face_refresh=3, agg=True, focal_gamma=1.0),
+        train=dataclasses.replace(base.train, nproc=1, max_steps=7, batch_size=8, log_every=1,
+                                  eval_every=7, checkpoint_every=4, precision="fp32"))
+    assert Path("data/rare/counts.npy") in train.input_files(train.Paths(), params)
+
+    def paths(name: str) -> train.Paths:
+        return train.Paths(model=tmp_path / name, metrics=tmp_path / f"{name}.json",
+                           plots=tmp_path / f"{name}.csv", cache=tmp_path / f"cache-{name}")
+
+    train.train(params, paths("whole"), progress=False)
+    real_lr_at = train.lr_at
+
+    def crash_at_step_6(step, tp):
+        if step == 6:
+            raise RuntimeError("crash")
+        return real_lr_at(step, tp)
+
+    monkeypatch.setattr(train, "lr_at", crash_at_step_6)
+    with pytest.raises(RuntimeError, match="crash"):
+        train.train(params, paths("resumed"), progress=False)
+    monkeypatch.setattr(train, "lr_at", real_lr_at)
+    train.train(params, paths("resumed"), progress=False)
+    whole, resumed = (tmp_path / n / "model.safetensors" for n in ("whole", "resumed"))
+    assert resumed.read_bytes() == whole.read_bytes()
+    rows = lambda name: [r["loss"] for r in csv.DictReader((tmp_path / f"{name}.csv").open())]  # noqa: E731
+    assert rows("resumed") == rows("whole")
 
 
 def test_pretrained_model_must_share_the_tokenizer(trained, tmp_path):
