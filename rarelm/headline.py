@@ -135,12 +135,23 @@ def existing(repo: Path) -> set[str]:
     return {name for name, _, _ in experiment_refs(repo)}
 
 
+def queued(repo: Path) -> set[str]:
+    """Names of the experiments `dvc queue status` shows as queued or running."""
+    return {line.split()[1] for line in _dvc(["queue", "status"], repo).splitlines()[1:]
+            if len(line.split()) > 2 and line.split()[-1] in ("Queued", "Running")}
+
+
 def run_batch(repo: Path, batch: list[tuple[str, list[str]]], log: Callable[[str], None],
               poll: float = 20) -> None:
-    """Queue (name, overrides) experiments that do not exist yet, run them one at a time, wait."""
-    done = existing(repo)
+    """Queue (name, overrides) experiments that do not exist yet, run them one at a time, wait.
+
+    One already queued or running (an earlier, interrupted command's) is waited for, not queued again.
+    """
+    done, pending = existing(repo), queued(repo)
     todo = [(name, sets) for name, sets in batch if name not in done]
     for name, sets in todo:
+        if name in pending:
+            continue
         log(f"queue {name}: {' '.join(sets)}")
         _dvc(["exp", "run", "--queue", "-q", "-n", name, *[x for s in sets for x in ("-S", s)]], repo)
     if not todo:
@@ -149,9 +160,7 @@ def run_batch(repo: Path, batch: list[tuple[str, list[str]]], log: Callable[[str
     names = {name for name, _ in todo}
     t0 = time.time()
     while True:
-        waiting = [line.split()[1] for line in _dvc(["queue", "status"], repo).splitlines()[1:]
-                   if len(line.split()) > 2 and line.split()[1] in names
-                   and line.split()[-1] in ("Queued", "Running")]
+        waiting = names & queued(repo)
         if not waiting:
             break
         log(f"{time.time() - t0:5.0f} s: {len(waiting)} of {len(todo)} queued or running")
