@@ -73,6 +73,25 @@ def tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{repo_root() / 'mlflow.db'}"
 
 
+def artifact_location(uri: str, experiment: str) -> str | None:
+    """Where a new experiment's artifacts go: beside a SQLite store, <its folder>/mlruns/<name>.
+
+    MLflow's default is ./mlruns of the process that creates the experiment, which under
+    `dvc exp run --queue` is DVC's temporary copy of the workspace, deleted after the run:
+    every later run's artifacts (model, reports) would point into a folder that is gone.
+    Other stores (a tracking server) choose for themselves: None.
+
+    >>> artifact_location("sqlite:////repo/mlflow.db", "rarelm")
+    '/repo/mlruns/rarelm'
+    >>> artifact_location("http://mlflow:5000", "rarelm") is None
+    True
+    """
+    if not uri.startswith("sqlite:///"):
+        return None
+    folder = Path(uri.removeprefix("sqlite:///")).parent
+    return str(folder / "mlruns" / experiment.replace("/", "_"))
+
+
 def _git(*args: str, cwd: Path | None = None) -> str:
     """`git <args>`'s output, or "" outside a git repo (or without git)."""
     try:
@@ -244,7 +263,10 @@ class Run:
             experiment = client.get_experiment_by_name(self.experiment)
             if experiment is None:
                 try:
-                    experiment_id = client.create_experiment(self.experiment, tags=EXPERIMENT_KIND)
+                    experiment_id = client.create_experiment(
+                        self.experiment, artifact_location=artifact_location(self.tracking_uri,
+                                                                             self.experiment),
+                        tags=EXPERIMENT_KIND)
                 except mlflow.exceptions.MlflowException:  # created meanwhile by a parallel run
                     experiment_id = client.get_experiment_by_name(self.experiment).experiment_id
             else:

@@ -341,3 +341,26 @@ def test_tensorboard_on_without_the_package_is_a_one_line_error(monkeypatch):
     with pytest.raises(RarelmError, match=r"tracking.tensorboard = true needs the tensorboard package"):
         tracking.check_tensorboard(TrackingParams(tensorboard=True))
     tracking.check_tensorboard(TrackingParams(tensorboard=False))
+
+
+def test_artifacts_go_beside_the_store_not_into_the_temporary_workspace(tmp_path, monkeypatch):
+    """Under `dvc exp run --queue` the first run starts in DVC's temporary copy of the workspace;
+    the experiment's artifacts must still land beside mlflow.db, which outlives that copy."""
+    import mlflow
+
+    store = tmp_path / "repo" / "mlflow.db"
+    store.parent.mkdir()
+    temporary = tmp_path / "repo" / ".dvc" / "tmp" / "exps" / "tmpabc"
+    temporary.mkdir(parents=True)
+    monkeypatch.chdir(temporary)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store}")
+    run = tracking.start_run(Params(tracking=TrackingParams(experiment="beside", system_metrics=False)),
+                             stage="train")
+    (temporary / "report.txt").write_text("kept")
+    run._client.log_artifact(run.run_id, str(temporary / "report.txt"), "eval")
+    run.finish()
+    experiment = mlflow.MlflowClient(f"sqlite:///{store}").get_experiment_by_name("beside")
+    assert experiment.artifact_location == str(store.parent / "mlruns" / "beside")
+    kept = list((store.parent / "mlruns" / "beside").rglob("report.txt"))
+    assert len(kept) == 1 and kept[0].read_text() == "kept"
+    assert not (temporary / "mlruns").exists()
