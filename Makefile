@@ -60,7 +60,7 @@ report: $(VENV)/.installed  ## compare the DVC experiments of HEAD with the comm
 
 # headline.yaml's configurations as queued DVC experiments in three rounds (screen on one seed,
 # combine the best two, replicate the best on every seed), compared with paired term-bootstrap
-# intervals: reports/headline/ and README's headline table. About 90 minutes on 2 CPU cores;
+# intervals: docs/headline/ and README's headline table. About 90 minutes on 2 CPU cores;
 # interrupted, it re-uses the experiments already finished.
-headline: $(VENV)/.installed  ## every rare-term remedy vs the baseline -> reports/headline, README table
+headline: $(VENV)/.installed  ## every rare-term remedy vs the baseline -> docs/headline, README table
 	rarelm headline

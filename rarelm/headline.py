@@ -1,7 +1,7 @@
 """The headline experiment: every rare-term remedy against the baseline, as DVC experiments.
 
     make headline                      # = rarelm headline: queue, run, compare, write the README table
-    rarelm headline --plan headline.yaml --readme README.md --out reports/headline
+    rarelm headline --plan headline.yaml --out docs/headline
 
 The plan (headline.yaml) lists configurations as `dvc exp run -S` overrides on top of
 `common`, and `decode` variants that change only `evaluate`'s params of a trained
@@ -19,15 +19,17 @@ times in train (the paired term bootstrap of `rarelm.compare`). An experiment th
 exists under its name is not run again, so an interrupted command picks up where it stopped.
 Then two comparisons (`rarelm.compare.compare`): the screening round (first seed, every
 configuration) and the final one (every seed, baseline and finalists), written to
-`<out>/screen/` and `<out>/final/` (index.html, report.md, report.json), the exact-match curve
-to `<out>/exact_match_by_train_count.svg`, and both tables with the rounds' durations into
-the README between `<!-- headline:start -->` and `<!-- headline:end -->`. No figure is typed by
+`<out>/screen/` and `<out>/final/` (index.html, report.md, report.json; `<out>` is
+docs/headline by default, kept in git), the exact-match curve to
+`<out>/exact_match_by_train_count.svg`, and both tables with the rounds' durations into the
+README between `<!-- headline:start -->` and `<!-- headline:end -->`. No figure is typed by
 hand.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import platform
 import subprocess
@@ -142,10 +144,11 @@ def queued(repo: Path) -> set[str]:
 
 
 def run_batch(repo: Path, batch: list[tuple[str, list[str]]], log: Callable[[str], None],
-              poll: float = 20) -> None:
+              poll: float = 20) -> int:
     """Queue (name, overrides) experiments that do not exist yet, run them one at a time, wait.
 
-    One already queued or running (an earlier, interrupted command's) is waited for, not queued again.
+    One already queued or running (an earlier, interrupted command's) is waited for, not queued
+    again. Returns how many experiments it ran or waited for.
     """
     done, pending = existing(repo), queued(repo)
     todo = [(name, sets) for name, sets in batch if name not in done]
@@ -155,7 +158,7 @@ def run_batch(repo: Path, batch: list[tuple[str, list[str]]], log: Callable[[str
         log(f"queue {name}: {' '.join(sets)}")
         _dvc(["exp", "run", "--queue", "-q", "-n", name, *[x for s in sets for x in ("-S", s)]], repo)
     if not todo:
-        return
+        return 0
     _dvc(["queue", "start", "-j", "1"], repo)
     names = {name for name, _ in todo}
     t0 = time.time()
@@ -168,6 +171,7 @@ def run_batch(repo: Path, batch: list[tuple[str, list[str]]], log: Callable[[str
     failed = sorted(names - existing(repo))
     if failed:
         raise RarelmError(f"experiments failed: {', '.join(failed)} (see `dvc queue logs NAME`)")
+    return len(todo)
 
 
 # ---------------------------------------------------------------- the rounds
@@ -215,27 +219,29 @@ def headline(repo: Path, plan: Plan, out: Path, readme: Path | None,
         return [(experiment(n, s), [*plan.common, f"seed={s}", *plan.overrides(n, extra)])
                 for s in seeds for n in names]
 
+    # A round that finds its experiments done (a re-run to rewrite the tables) keeps the time
+    # the earlier command measured for it.
+    previous = _read_json(out / "headline.json").get("rounds_s", {})
     rounds: dict[str, float] = {}
-    screened = [*plan.configurations, *plan.decode]
-    t0 = time.time()
-    run_batch(repo, batch(screened, [first]), log, poll)
-    rounds["screen"] = time.time() - t0
 
+    def timed(name: str, experiments: list[tuple[str, list[str]]]) -> None:
+        t0 = time.time()
+        ran = run_batch(repo, experiments, log, poll)
+        rounds[name] = time.time() - t0 if ran or name not in previous else previous[name]
+
+    screened = [*plan.configurations, *plan.decode]
+    timed("screen", batch(screened, [first]))
     ranked = ranking(repo, plan, screened[1:], first)
     trained = [n for n, _ in ranked if n in plan.configurations]
     if plan.combine >= 2:
         sets = combination(trained, lambda n: plan.overrides(n, extra), plan.combine)
         if sets and sets not in [plan.overrides(n, extra) for n in plan.configurations]:
             extra["combination"] = sets
-            t0 = time.time()
-            run_batch(repo, batch(["combination"], [first]), log, poll)
-            rounds["combine"] = time.time() - t0
+            timed("combine", batch(["combination"], [first]))
             screened.append("combination")
             ranked = ranking(repo, plan, screened[1:], first)
     finalists = [n for n, _ in ranked[:plan.finalists]]
-    t0 = time.time()
-    run_batch(repo, batch([plan.baseline, *finalists], others), log, poll)
-    rounds["replicate"] = time.time() - t0
+    timed("replicate", batch([plan.baseline, *finalists], others))
 
     screen = _compare(repo, plan, [plan.baseline], screened[1:], [first])
     final = _compare(repo, plan, [plan.baseline], finalists, plan.seeds)
@@ -247,6 +253,13 @@ def headline(repo: Path, plan: Plan, out: Path, readme: Path | None,
 
 
 # ---------------------------------------------------------------- outputs
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
 
 
 def cpu_name() -> str:

@@ -1,6 +1,6 @@
 """`rarelm headline` (`make headline`): every rare-term remedy against the baseline, as DVC experiments.
 
-    rarelm headline                                   # headline.yaml -> reports/headline/ + README table
+    rarelm headline                                   # headline.yaml -> docs/headline/ + README table
     rarelm headline --plan my_plan.yaml --no-readme   # another plan; leave README.md alone
 
 Queues the plan's configurations as `dvc exp run --queue` experiments, runs them with
@@ -20,7 +20,7 @@ app = typer.Typer(add_completion=False, help=__doc__)
 @app.command()
 def headline(
     plan: Path = typer.Option(Path("headline.yaml"), "--plan", help="configurations and seeds"),
-    out: Path = typer.Option(Path("reports/headline"), "--out", help="reports and the figure go here"),
+    out: Path = typer.Option(Path("docs/headline"), "--out", help="reports and the figure go here"),
     readme: bool = typer.Option(True, "--readme/--no-readme",
                                 help="rewrite README.md's table between the headline markers"),
 ) -> None:

@@ -122,10 +122,11 @@ def test_reports_and_readme_table(repo):
 def test_an_interrupted_headline_resumes_without_rerunning(repo):
     root = repo["root"]
     log: list[str] = []
-    again = hl.headline(root, hl.Plan.load(root / "plan.yaml"), root / "reports2", None,
+    again = hl.headline(root, hl.Plan.load(root / "plan.yaml"), root / "reports", None,
                         log=log.append, poll=1)
     assert not any(line.startswith("queue") for line in log)
     assert again["finalists"] == repo["result"]["finalists"]
+    assert again["rounds_s"] == repo["result"]["rounds_s"]  # the times measured when they ran
     assert len(repo["trained"].read_text().splitlines()) == 6
 
 
