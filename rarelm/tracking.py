@@ -397,6 +397,9 @@ class Run:
                 logger.setLevel(logging.ERROR)
             hf_logging.disable_progress_bar()
             mlflow.set_tracking_uri(self.tracking_uri)  # Model.log's own client
+            # and its experiment: MLflow files a logged model under the current fluent experiment
+            # (else Default), not under its run's, and the run's Models column stays empty
+            mlflow.set_experiment(experiment_id=self._client.get_run(self.run_id).info.experiment_id)
             components = {"model": AutoModelForCausalLM.from_pretrained(model_dir),
                           "tokenizer": AutoTokenizer.from_pretrained(model_dir)}
             info = mlflow.transformers.log_model(

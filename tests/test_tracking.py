@@ -296,6 +296,9 @@ def test_logged_model_is_registered_and_generates_through_pyfunc(store, tiny_mod
     assert version.run_id == run.run_id and version.status == "READY"
     (output,) = client.get_run(run.run_id).outputs.model_outputs  # the runs table's Models column
     assert version.source == f"models:/{output.model_id}"
+    # filed under the run's experiment (the UI's Models column), not under Default
+    assert client.get_logged_model(output.model_id).experiment_id == \
+        client.get_run(run.run_id).info.experiment_id != "0"
 
     model = mlflow.pyfunc.load_model(uri)  # MLflow's own scoring path, as `mlflow models serve` uses
     out = model.predict(["The patient has"], params={"max_new_tokens": 4, "do_sample": False})
