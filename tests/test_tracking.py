@@ -283,14 +283,11 @@ def test_logged_model_is_registered_and_generates_through_pyfunc(store, tiny_mod
     params = Params(tracking=TrackingParams(experiment="models", registered_model="rarelm-test",
                                             system_metrics=False))
     run = tracking.start_run(params, stage="train")
-    t0 = time.monotonic()
     uri = run.log_model(tiny_model, params.tracking)
-    seconds = time.monotonic() - t0
     run.finish()
     assert uri == "models:/rarelm-test/1", capsys.readouterr().err
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("rarelm train: model logged to MLflow as models:/rarelm-test/")
-    assert seconds < 60
     client = mlflow.MlflowClient(store)
     version = client.get_model_version("rarelm-test", "1")
     assert version.run_id == run.run_id and version.status == "READY"
