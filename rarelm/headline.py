@@ -15,8 +15,10 @@ configuration (DVC's run cache restores that configuration's trained model, so o
 3. replicate: the baseline and the `finalists` best configurations on every other seed.
 
 "Best" is the difference to the baseline in exact match on term occurrences seen at most 15
-times in train (the paired term bootstrap of `rarelm.compare`). An experiment that already
-exists under its name is not run again, so an interrupted command picks up where it stopped.
+times in train (the paired term bootstrap of `rarelm.compare`), among the configurations whose
+frequent-bucket perplexity stays within `ppl_frequent_tolerance` (2%) of the baseline's. An
+experiment that already exists under its name is not run again, so an interrupted command picks
+up where it stopped.
 Then two comparisons (`rarelm.compare.compare`): the screening round (first seed, every
 configuration) and the final one (every seed, baseline and finalists), written to
 `<out>/screen/` and `<out>/final/` (index.html, report.md, report.json; `<out>` is
@@ -59,6 +61,9 @@ class Plan:
     decode: dict[str, dict[str, Any]]  # name -> {"of": configuration, "set": overrides}
     finalists: int = 2
     combine: int = 2
+    # only configurations whose frequent-bucket perplexity is within this fraction of the
+    # baseline's are ranked: a remedy must not buy rare terms with the common text
+    ppl_frequent_tolerance: float = 0.02
 
     @classmethod
     def load(cls, path: str | Path) -> Plan:
@@ -74,7 +79,8 @@ class Plan:
                                        for k, v in raw["configurations"].items()},
                        decode={str(k): {"of": str(v["of"]), "set": [str(s) for s in v["set"]]}
                                for k, v in (raw.get("decode") or {}).items()},
-                       finalists=int(raw.get("finalists", 2)), combine=int(raw.get("combine", 2)))
+                       finalists=int(raw.get("finalists", 2)), combine=int(raw.get("combine", 2)),
+                       ppl_frequent_tolerance=float(raw.get("ppl_frequent_tolerance", 0.02)))
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise RarelmError(f"{path}: not a headline plan ({type(exc).__name__}: {exc}); "
                               "see rarelm/headline.py") from None
@@ -178,9 +184,20 @@ def run_batch(repo: Path, batch: list[tuple[str, list[str]]], log: Callable[[str
 
 
 def ranking(repo: Path, plan: Plan, names: list[str], seed: int) -> list[tuple[str, float]]:
-    """Screened configurations by their exact-match difference on terms seen <= 15 times, best first."""
+    """Screened configurations by their exact-match difference on terms seen <= 15 times, best first.
+
+    Those whose frequent-bucket perplexity exceeds the baseline's by more than
+    `ppl_frequent_tolerance` are left out (they stay in the screening table).
+    """
     report = _compare(repo, plan, [plan.baseline], names, [seed])
-    return sorted(((c, _diff(report, c)) for c in names), key=lambda x: -x[1])
+    summaries = {c["label"]: c["summary"] for c in report["configurations"]}
+    base = summaries[plan.baseline].get("ppl_frequent")
+
+    def within(name: str) -> bool:
+        ppl = summaries[name].get("ppl_frequent")
+        return base is None or ppl is None or ppl <= base * (1 + plan.ppl_frequent_tolerance)
+
+    return sorted(((c, _diff(report, c)) for c in names if within(c)), key=lambda x: -x[1])
 
 
 def _compare(repo: Path, plan: Plan, base: list[str], names: list[str], seeds: list[int]) -> dict:

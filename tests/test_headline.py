@@ -141,3 +141,15 @@ def test_bad_plans_are_one_line(tmp_path):
         path.write_text(text)
         with pytest.raises(RarelmError, match=message):
             hl.Plan.load(path)
+
+
+def test_ranking_leaves_out_configurations_that_cost_frequent_perplexity(monkeypatch):
+    plan = hl.Plan(common=[], seeds=[1], configurations={"baseline": [], "a": ["x=1"], "b": ["y=1"],
+                                                         "c": ["z=1"]}, decode={})
+    summaries = {"baseline": 1.25, "a": 1.27, "b": 1.30, "c": 1.2749}  # +1.6%, +4%, +1.99%
+    diffs = {"a": 0.1, "b": 0.3, "c": 0.2}
+    report = {"configurations": [{"label": k, "summary": {"ppl_frequent": v}} for k, v in summaries.items()],
+              "rows": [{"configuration": k, "slice": hl.RANK_SLICE, "aggregate": "occurrences",
+                        "metric": "exact_match", "diff": v} for k, v in diffs.items()]}
+    monkeypatch.setattr(hl, "_compare", lambda *args: report)
+    assert hl.ranking(Path("."), plan, ["a", "b", "c"], 1) == [("c", 0.2), ("a", 0.1)]
