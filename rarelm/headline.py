@@ -165,15 +165,18 @@ def run_batch(repo: Path, batch: list[tuple[str, list[str]]], log: Callable[[str
         _dvc(["exp", "run", "--queue", "-q", "-n", name, *[x for s in sets for x in ("-S", s)]], repo)
     if not todo:
         return 0
-    _dvc(["queue", "start", "-j", "1"], repo)
+    # `dvc queue start` returns at once when a worker runs, else it is the worker: in the background
+    worker = subprocess.Popen([sys.executable, "-m", "dvc", "queue", "start", "-j", "1"], cwd=repo,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     names = {name for name, _ in todo}
     t0 = time.time()
     while True:
+        time.sleep(poll)
         waiting = names & queued(repo)
         if not waiting:
             break
         log(f"{time.time() - t0:5.0f} s: {len(waiting)} of {len(todo)} queued or running")
-        time.sleep(poll)
+    worker.wait()
     failed = sorted(names - existing(repo))
     if failed:
         raise RarelmError(f"experiments failed: {', '.join(failed)} (see `dvc queue logs NAME`)")
