@@ -335,8 +335,10 @@ def readme_section(result: dict, figure: str) -> str:
         "",
         f"![exact match by train count]({figure})",
         "",
-        f"**Screening round** (seed {plan['seeds'][0]} only; ranked by the difference on terms "
-        "seen <= 15 times):",
+        f"**Screening round** (seed {plan['seeds'][0]} only; the finalists were the best "
+        f"{plan['finalists']} on terms seen <= 15 times among those within "
+        f"{plan['ppl_frequent_tolerance']:.0%} of the baseline's frequent-token perplexity: "
+        f"{', '.join(result['finalists'])}):",
         "",
         table(result["screen"]),
         END,
