@@ -301,6 +301,8 @@ def _check_value(key: str, value: Any, hint: Any, bounds: Any) -> Any:
     origin = typing.get_origin(hint)
     if origin is Literal:
         choices = typing.get_args(hint)
+        if isinstance(value, bool) and str(value).lower() in choices:
+            value = str(value).lower()  # YAML (and `dvc exp run -S k=false`) reads false as a bool
         if value not in choices:
             reject("one of " + ", ".join(map(str, choices)))
         return value

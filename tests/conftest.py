@@ -100,7 +100,8 @@ def repo(tmp_path: Path, tiny_raw: Path) -> Path:
             (root / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, root / rel)
     shutil.copytree(tiny_raw, root / "data" / "raw")
-    set_params(root, **{"tokenizer.vocab_size": 512})
+    # no model logged to MLflow after each tiny training (seconds each); tests of it turn it on
+    set_params(root, **{"tokenizer.vocab_size": 512, "tracking.log_model": False})
     for cmd in (["git", "init", "-q"], ["git", "add", "-A"],
                 ["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "init"]):
         subprocess.run(cmd, cwd=root, check=True, capture_output=True)

@@ -60,3 +60,11 @@ def test_load_params_file_errors(tmp_path):
     empty = tmp_path / "empty.yaml"
     empty.write_text("")
     assert load_params(empty) == Params()
+
+
+def test_true_and_false_choices_accept_yaml_booleans():
+    # `dvc exp run -S tracking.log_model=false` writes a YAML boolean, not the string "false"
+    from rarelm.params import Params
+
+    assert Params.from_dict({"tracking": {"log_model": False}}).tracking.log_model == "false"
+    assert Params.from_dict({"tracking": {"log_model": True}}).tracking.log_model == "true"

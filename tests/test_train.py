@@ -44,7 +44,7 @@ TINY_TRAIN = {
     "model.n_embd": 32, "model.dropout": 0.1, "loss.rare_weight": 1.0, "rare.top_k": 40,
     "train.nproc": 2, "train.max_steps": 300, "train.batch_size": 4, "train.warmup_steps": 10,
     "train.log_every": 50, "train.eval_every": 150, "train.eval_batches": 2,
-    "train.checkpoint_every": 50, "tracking.experiment": "test-train",
+    "train.checkpoint_every": 50, "tracking.experiment": "test-train", "tracking.log_model": "auto",
 }
 METRIC_KEYS = {"steps", "tokens", "wall_time_s", "tokens_per_s", "loss", "ce", "rare_ce",
                "val_ce", "val_rare_ce", "val_ppl", "epochs", "parameters", "precision"}
