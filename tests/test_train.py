@@ -436,6 +436,31 @@ def test_grad_accumulation_and_checkpointing_match_one_big_batch(trained, tmp_pa
         assert _distance(weights["accum"], weights["big"]) > 1e-4 * moved
 
 
+def _whole_then_crashed_and_resumed(params, tmp_path: Path, monkeypatch, crash_step: int) -> None:
+    """Train `params` uninterrupted into tmp_path/whole*, then into tmp_path/resumed*: crashed
+    at `crash_step` (an exception from the loop) and started again, resuming from its checkpoint."""
+    from rarelm import train
+
+    def paths(name: str) -> train.Paths:
+        return train.Paths(model=tmp_path / name, metrics=tmp_path / f"{name}.json",
+                           plots=tmp_path / f"{name}.csv", cache=tmp_path / f"cache-{name}")
+
+    train.train(params, paths("whole"), progress=False)
+    real_lr_at = train.lr_at
+
+    def crash(step, tp):
+        if step == crash_step:
+            raise RuntimeError("crash")
+        return real_lr_at(step, tp)
+
+    monkeypatch.setattr(train, "lr_at", crash)
+    with pytest.raises(RuntimeError, match="crash"):
+        train.train(params, paths("resumed"), progress=False)
+    monkeypatch.setattr(train, "lr_at", real_lr_at)
+    assert (tmp_path / "cache-resumed").exists()
+    train.train(params, paths("resumed"), progress=False)
+
+
 def test_alpha_schedule_run_resumes_bit_identical_mid_epoch(trained, tmp_path, monkeypatch):
     """weights.schedule decay (weights recomputed per epoch from scores.npy, windows shifted
     per epoch): a run that crashes after a checkpoint in the middle of its second epoch and is
@@ -455,24 +480,8 @@ def test_alpha_schedule_run_resumes_bit_identical_mid_epoch(trained, tmp_path, m
     assert train.epochs_to_train(params.train, 1, n_windows) == 2
     assert train.load_inputs(params, train.Paths())[4] is not None  # it reads scores.npy
 
-    def paths(name: str) -> train.Paths:
-        return train.Paths(model=tmp_path / name, metrics=tmp_path / f"{name}.json",
-                           plots=tmp_path / f"{name}.csv", cache=tmp_path / f"cache-{name}")
-
-    train.train(params, paths("whole"), progress=False)
-    real_lr_at = train.lr_at
-
-    def crash_at_step_9(step, tp):
-        if step == 9:  # after the step-8 checkpoint: epoch 1, 117 windows in
-            raise RuntimeError("crash")
-        return real_lr_at(step, tp)
-
-    monkeypatch.setattr(train, "lr_at", crash_at_step_9)
-    with pytest.raises(RuntimeError, match="crash"):
-        train.train(params, paths("resumed"), progress=False)
-    monkeypatch.setattr(train, "lr_at", real_lr_at)
-    assert (tmp_path / "cache-resumed").exists()
-    train.train(params, paths("resumed"), progress=False)
+    # crashed after the step-8 checkpoint: epoch 1, 117 windows in
+    _whole_then_crashed_and_resumed(params, tmp_path, monkeypatch, crash_step=9)
     for name in ("model.safetensors", "config.json"):
         assert (tmp_path / "resumed" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes()
     for name in ("resumed.csv", "resumed.json"):  # curves and metrics, wall clock aside
@@ -497,23 +506,7 @@ def test_face_agg_focal_run_resumes_bit_identical(trained, tmp_path, monkeypatch
                                   eval_every=7, checkpoint_every=4, precision="fp32"))
     assert Path("data/rare/counts.npy") in train.input_files(train.Paths(), params)
 
-    def paths(name: str) -> train.Paths:
-        return train.Paths(model=tmp_path / name, metrics=tmp_path / f"{name}.json",
-                           plots=tmp_path / f"{name}.csv", cache=tmp_path / f"cache-{name}")
-
-    train.train(params, paths("whole"), progress=False)
-    real_lr_at = train.lr_at
-
-    def crash_at_step_6(step, tp):
-        if step == 6:
-            raise RuntimeError("crash")
-        return real_lr_at(step, tp)
-
-    monkeypatch.setattr(train, "lr_at", crash_at_step_6)
-    with pytest.raises(RuntimeError, match="crash"):
-        train.train(params, paths("resumed"), progress=False)
-    monkeypatch.setattr(train, "lr_at", real_lr_at)
-    train.train(params, paths("resumed"), progress=False)
+    _whole_then_crashed_and_resumed(params, tmp_path, monkeypatch, crash_step=6)
     whole, resumed = (tmp_path / n / "model.safetensors" for n in ("whole", "resumed"))
     assert resumed.read_bytes() == whole.read_bytes()
     rows = lambda name: [r["loss"] for r in csv.DictReader((tmp_path / f"{name}.csv").open())]  # noqa: E731
