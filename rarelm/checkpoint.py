@@ -1,4 +1,4 @@
-"""Crash-safe training checkpoints, keyed by what the run depends on.
+"""Crash-safe sharded training checkpoints, keyed by what the run depends on.
 
 A run's checkpoints live in `<cache>/<key>/`, where the key hashes the stage's
 params and the content of its input files, so a changed param or new data never
@@ -6,19 +6,29 @@ resumes the wrong run. The folder sits outside the stage's DVC outputs, since
 DVC deletes those before it runs a stage. One checkpoint is a folder:
 
     .cache/train/3f2a9c0e1b7d4a65/step-00000100/
-        model.safetensors    the model's weights (safetensors, tied weights handled)
-        state.pt             step, optimizer, grad scaler, every rank's RNG and
-                             sampler position, curves so far (torch.load weights_only)
-        manifest.json        sha256 of both files; written last
+        dcp/                 model + optimizer (torch.distributed.checkpoint): each rank
+                             writes its own shard (`__<rank>_0.distcp`) and rank 0 the
+                             `.metadata` index; a replicated (DDP) tensor is written once
+        state.pt             step, grad scaler, every rank's RNG, sampler position and
+                             objective state, curves so far (torch.load weights_only)
+        manifest.json        sha256 of every file above and the world size; written last
 
-It is written under a temporary name and renamed into place, and verified
-against its manifest on load; a corrupt or partial one is skipped with a
-warning and the one before it used. The last `keep` checkpoints are kept.
+Every rank writes into a temporary folder; rank 0 then writes state.pt and the
+manifest and renames the folder into place, so a checkpoint is visible whole or not
+at all (multi-node runs need the cache folder on a shared file system). On load
+rank 0 verifies every file against the manifest; a corrupt or partial checkpoint
+is skipped with a warning and the one before it used. The last `keep` are kept.
+
+The same format serves both `train.strategy` values: DCP loads each rank's part of
+a tensor whatever the sharding it was saved with, so a run can resume at another
+world size (see `rarelm.train`). With LoRA only the trainable (adapter) weights and
+their optimizer state are saved; the frozen base model comes from its own files.
 
     store = CheckpointStore(".cache/train", run_key({"lr": 1e-3}, ["data/x.npy"]))
-    store.save(7, model, {"step": 7})
-    path = store.latest_valid()                     # .../step-00000007, or None
-    state = store.load(path, model)                 # weights into model; {"step": 7}
+    store.save(7, model, optimizer, {"step": 7}, dist)    # on every rank
+    path = store.latest_valid()                            # .../step-00000007, or None
+    state = store.load_state(path)                         # {"step": 7, ...}
+    store.load_weights(path, model, optimizer)             # on every rank
 """
 
 from __future__ import annotations
@@ -32,7 +42,8 @@ from pathlib import Path
 from typing import Any
 
 MANIFEST = "manifest.json"
-FILES = ("model.safetensors", "state.pt")
+STATE = "state.pt"
+DCP = "dcp"
 
 
 def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
@@ -75,41 +86,59 @@ class CheckpointStore:
                 continue  # a temporary folder of a checkpoint being written
         return sorted(found)
 
-    def save(self, step: int, model, state: dict[str, Any]) -> Path:
-        """Write checkpoint `step` atomically; drop all but the last `keep`."""
+    def save(self, step: int, model, optimizer, state: dict[str, Any], dist) -> Path:
+        """Write checkpoint `step` atomically; drop all but the last `keep`. Every rank calls it.
+
+        `dist` is the job (rarelm.train.Dist: `main`, `world_size`, `barrier`); `state` is
+        what rank 0 saves beside the weights (plain data and tensors).
+        """
         import torch
-        from safetensors.torch import save_model
+        import torch.distributed.checkpoint as dcp
 
         final = self.dir / f"step-{step:08d}"
-        tmp = self.dir / f".step-{step:08d}.tmp-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
+        tmp = self.dir / f".step-{step:08d}.tmp"
+        if dist.main:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        dist.barrier()
         try:
-            save_model(model, str(tmp / FILES[0]))
-            torch.save(state, tmp / FILES[1])
-            manifest = {"step": step, "sha256": {name: sha256_file(tmp / name) for name in FILES}}
-            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
-            for name in (*FILES, MANIFEST):  # on disk before the rename makes it visible
-                with open(tmp / name, "rb") as f:
+            dcp.save(_state_dicts(model, optimizer), checkpoint_id=tmp / DCP, no_dist=_one_process())
+            if dist.main:
+                torch.save(state, tmp / STATE)
+                files = sorted(p for p in tmp.rglob("*") if p.is_file())
+                for path in files:  # on disk before the rename makes them visible
+                    with open(path, "rb") as f:
+                        os.fsync(f.fileno())
+                manifest = {"step": step, "world_size": dist.world_size,
+                            "sha256": {p.relative_to(tmp).as_posix(): sha256_file(p) for p in files}}
+                (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+                with open(tmp / MANIFEST, "rb") as f:
                     os.fsync(f.fileno())
         except BaseException:  # e.g. a full disk: give the space of the partial one back
-            shutil.rmtree(tmp, ignore_errors=True)
+            if dist.main:
+                shutil.rmtree(tmp, ignore_errors=True)
             raise
-        shutil.rmtree(final, ignore_errors=True)
-        os.rename(tmp, final)
-        _fsync_dir(self.dir)
-        for _, old in self._steps()[:-self.keep]:
-            shutil.rmtree(old, ignore_errors=True)
+        if dist.main:
+            shutil.rmtree(final, ignore_errors=True)
+            os.rename(tmp, final)
+            _fsync_dir(self.dir)
+            for _, old in self._steps()[:-self.keep]:
+                shutil.rmtree(old, ignore_errors=True)
+        dist.barrier()  # nobody runs ahead of a checkpoint that may be needed
         return final
 
     def verify(self, path: Path) -> str | None:
         """None if the checkpoint at `path` is complete and intact, else why not."""
         try:
             manifest = json.loads((path / MANIFEST).read_text())
-            for name in FILES:
-                if sha256_file(path / name) != manifest["sha256"][name]:
+            sums = manifest["sha256"]
+            for name in (STATE, f"{DCP}/.metadata"):
+                if name not in sums:
+                    return f"its manifest lists no {name}"
+            for name, digest in sums.items():
+                if sha256_file(path / name) != digest:
                     return f"{name} does not match its checksum"
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             return f"{type(exc).__name__}: {exc}"
         return None
 
@@ -124,25 +153,51 @@ class CheckpointStore:
         return None
 
     def load_state(self, path: Path) -> dict[str, Any]:
-        """The state dict saved in checkpoint `path` (plain data and tensors only)."""
+        """The state dict saved in checkpoint `path`, with the world size it was written at."""
         import torch
 
-        return torch.load(path / FILES[1], weights_only=True, map_location="cpu")
+        state = torch.load(path / STATE, weights_only=True, map_location="cpu")
+        state["world_size"] = json.loads((path / MANIFEST).read_text())["world_size"]
+        return state
 
-    def load_weights(self, path: Path, model) -> None:
-        """Load checkpoint `path`'s weights into `model` (strict: every tensor must match)."""
-        from safetensors.torch import load_model
+    def load_weights(self, path: Path, model, optimizer) -> None:
+        """Checkpoint `path`'s model and optimizer state into this rank's `model` and `optimizer`
+        (each rank its own part, however the checkpoint was sharded). Every rank calls it."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import set_state_dict
 
-        load_model(model, str(path / FILES[0]))
-
-    def load(self, path: Path, model) -> dict[str, Any]:
-        """Both: weights into `model`, and the state dict returned."""
-        self.load_weights(path, model)
-        return self.load_state(path)
+        state = _state_dicts(model, optimizer)
+        # every key asked for must be in the checkpoint
+        dcp.load(state, checkpoint_id=path / DCP, no_dist=_one_process())
+        set_state_dict(model, optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optimizer"], options=_options())
 
     def clear(self) -> None:
         """Remove this run's checkpoints (after the run has finished)."""
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _one_process() -> bool:
+    """No process group (`train.nproc: 1`): DCP reads and writes without collectives."""
+    import torch.distributed as td
+
+    return not (td.is_available() and td.is_initialized())
+
+
+def _options():
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    # LoRA: frozen base weights are neither saved nor expected on load (they are the
+    # pretrained model's); strict=False lets set_state_dict leave them alone.
+    return StateDictOptions(ignore_frozen_params=True, strict=False)
+
+
+def _state_dicts(model, optimizer) -> dict[str, Any]:
+    """The model's and the optimizer's state, keyed by parameter names (DTensors under FSDP)."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optimizer_state = get_state_dict(model, optimizer, options=_options())
+    return {"model": model_state, "optimizer": optimizer_state}
 
 
 def _fsync_dir(path: Path) -> None:

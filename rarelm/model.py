@@ -39,12 +39,15 @@ def gpt2_config(params: ModelParams, vocab_size: int, eot_id: int):
 
 
 def build_model(params: ModelParams, data: TokenizedData):
-    """A float32 causal LM ready to train; random init uses torch's global RNG."""
+    """A float32 causal LM ready to train, with LoRA adapters if `model.lora.rank` (only they
+    train then); random init uses torch's global RNG."""
+    from rarelm import lora
+
     if not params.name_or_path:
         from transformers import GPT2LMHeadModel
 
         return GPT2LMHeadModel(gpt2_config(params, data.vocab_size, data.eot_id))
-    return load_pretrained(params, data)
+    return lora.apply(load_pretrained(params, data), params.lora)
 
 
 def load_pretrained(params: ModelParams, data: TokenizedData):
@@ -72,6 +75,9 @@ def load_pretrained(params: ModelParams, data: TokenizedData):
             f"{key}: {name}'s tokenizer ({len(theirs)} tokens) is not the one tokenize used "
             f"({len(ours)} tokens, first difference {differ}); set tokenizer.name_or_path "
             f"to {name} and re-run tokenize")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # no "Loading weights" bar per worker in the stage's log
     try:
         model = AutoModelForCausalLM.from_pretrained(
             path, local_files_only=True, dtype=torch.float32, attn_implementation="sdpa")

@@ -128,6 +128,17 @@ class LossParams:
 
 
 @dataclasses.dataclass(frozen=True)
+class LoraParams:
+    """LoRA adapters on a pretrained model (rarelm/lora.py, through `peft`); rank 0 = off."""
+
+    rank: int = param(0, ge=0)  # 0 = full fine-tuning; r of the low-rank update B A
+    alpha: float = param(16.0, gt=0.0)  # the update is scaled by alpha / rank
+    dropout: float = param(0.0, ge=0.0, lt=1.0)  # dropout on the adapters' input
+    # module names (suffixes) to adapt; [] = peft's default for the architecture (GPT-2: c_attn)
+    target_modules: list[str] = param([])
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelParams:
     """A GPT-2-style model from scratch, or a pretrained causal LM (folder or cached hub id)."""
 
@@ -137,6 +148,7 @@ class ModelParams:
     n_embd: int = param(128, ge=8)
     block_size: int = param(128, ge=8)
     dropout: float = param(0.0, ge=0.0, lt=1.0)
+    lora: LoraParams = dataclasses.field(default_factory=lambda: LoraParams())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,6 +156,9 @@ class TrainParams:
     """The training loop (`train`)."""
 
     nproc: int = param(2, ge=1)
+    # ddp: every rank holds the whole model and optimizer; fsdp: FSDP2 shards parameters,
+    # gradients and optimizer state over the ranks (needs >= 2 ranks; README "Model size")
+    strategy: Literal["ddp", "fsdp"] = "ddp"
     max_steps: int = param(150, ge=1)
     batch_size: int = param(16, ge=1)  # micro-batch per process
     grad_accum: int = param(1, ge=1)
@@ -230,6 +245,10 @@ class Params:
                 f"params: rare.frequent_share + rare.rare_share = "
                 f"{self.rare.frequent_share + self.rare.rare_share:g} is not allowed "
                 "(must be < 1, or the medium bucket is empty)")
+        if self.model.lora.rank and not self.model.name_or_path:
+            raise RarelmError(
+                f"params: model.lora.rank = {self.model.lora.rank} is not allowed without a "
+                "pretrained model (set model.name_or_path, or model.lora.rank: 0)")
         if self.model.n_embd % self.model.n_head:
             raise RarelmError(
                 f"params: model.n_embd = {self.model.n_embd} is not allowed "

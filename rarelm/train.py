@@ -32,7 +32,6 @@ piece of state that a later step depends on is in the checkpoint.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import os
@@ -46,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from rarelm import lora, sharding
 from rarelm.errors import RarelmError
 from rarelm.params import Params, TrainParams
 
@@ -254,8 +254,10 @@ def val_windows(n_windows: int, count: int) -> np.ndarray:
 def evaluate_split(model, samples, windows, batch_size, device, autocast, is_rare, dist):
     """(plain CE, rare-target CE) over `windows`, sharded across ranks and summed.
 
-    `model` is the bare model, not the DDP wrapper: ranks may get one batch more or
-    less than each other, and DDP's forward would wait for a matching collective.
+    `model` is the bare model, not the DDP wrapper (whose forward would wait for a
+    matching collective). Under FSDP every forward is collective (it all-gathers the
+    parameters), so every rank runs as many batches as rank 0, which has the most
+    windows; a rank out of windows scores its first one again and counts nothing.
     """
     import torch
 
@@ -264,18 +266,50 @@ def evaluate_split(model, samples, windows, batch_size, device, autocast, is_rar
     stats = torch.zeros(4, device=device)
     block = samples.block_size
     mine = windows[dist.rank::dist.world_size] * block  # the val windows' start positions
+    most = len(windows[0::dist.world_size])
     model.eval()
     with torch.no_grad():
-        for start in range(0, len(mine), batch_size):
-            x, y = to_batch(samples, mine[start:start + batch_size], block, device)
+        for start in range(0, most, batch_size):
+            batch, counts = mine[start:start + batch_size], 1.0
+            if len(batch) == 0:
+                batch, counts = windows[:1] * block, 0.0
+            x, y = to_batch(samples, batch, block, device)
             with autocast():
                 logits = model(input_ids=x, use_cache=False).logits
-            stats += rare_weighted_loss(logits, y, is_rare, 0.0)[1]
+            stats += counts * rare_weighted_loss(logits, y, is_rare, 0.0)[1]
     model.train()
     dist.all_reduce(stats)
     ce_sum, n, rare_sum, n_rare = stats.tolist()
     nan = float("nan")
     return (ce_sum / n if n else nan), (rare_sum / n_rare if n_rare else nan)
+
+
+def resume_ranks(ranks: list[dict[str, Any]], saved_world: int, step: int, seed: int, dist,
+                 stream: SampleStream, objective) -> None:
+    """Put this rank's sampler position, RNG and objective state back from a checkpoint.
+
+    At the world size it was written at, exactly (bit-identical resume). At another one
+    (FSDP or DDP: DCP has already resharded the model and optimizer), approximately, with a
+    warning: the epoch is kept and the position scaled so that as many windows have been
+    drawn over all ranks; the ranks' RNGs are seeded afresh from (seed, step, rank); the
+    objective's state (FACE counts, AGG memory) is taken from rank `rank % saved ranks`.
+    """
+    if saved_world == dist.world_size:
+        mine = ranks[dist.rank]
+        stream.restore(mine["stream"])
+        set_rng_state(mine["rng"])
+        objective.load_state(mine.get("objective"))
+        return
+    if dist.main:
+        print(f"rarelm train: warning: resuming a checkpoint written by {saved_world} processes "
+              f"with {dist.world_size}: the model and optimizer are resharded exactly, but the "
+              "sample order and random state are not, so the result is not bit-identical to an "
+              "uninterrupted run", file=sys.stderr, flush=True)
+    first = ranks[0]["stream"]
+    stream.restore({"epoch": first["epoch"],
+                    "position": first["position"] * saved_world // dist.world_size})
+    seed_everything(seed * 1000 + dist.rank + 7919 * step)
+    objective.load_state(ranks[dist.rank % saved_world].get("objective"))
 
 
 def die_with_parent() -> None:
@@ -483,7 +517,10 @@ def save_model(model, data, paths: Paths, run) -> None:
 
     hf_logging.disable_progress_bar()  # no "Writing model shards" bar in the stage's log
     with atomic_dir(paths.model) as tmp:
-        model.save_pretrained(tmp)
+        if lora.is_lora(model):
+            lora.save_merged(model, tmp)  # + the adapter in tmp/adapter
+        else:
+            model.save_pretrained(tmp)
         for path in sorted(data.tokenizer_dir.iterdir()):
             if path.is_file():
                 shutil.copy2(path, tmp / path.name)
@@ -495,7 +532,6 @@ def save_model(model, data, paths: Paths, run) -> None:
 def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict[str, Any] | None:
     """Train, write models/model, metrics and curves; the metrics on rank 0, None elsewhere."""
     import torch
-    from torch.nn.parallel import DistributedDataParallel as DDP
 
     from rarelm import checkpoint, tracking
     from rarelm.files import write_json
@@ -507,6 +543,7 @@ def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
     dist = Dist.setup()
     device = dist.device
+    sharding.check_world_size(tp.strategy, dist.world_size)
     # Bitwise reproducible on CPU; on CUDA some kernels (e.g. flash attention backward)
     # have no deterministic version, so there it warns instead of refusing to run.
     if tp.compile:
@@ -523,10 +560,12 @@ def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict
     data, train_samples, val_samples, weights, scores, buckets, term_index, counts = \
         load_inputs(params, paths)
 
-    # Resume: the newest intact checkpoint of exactly these params + data, if any.
+    # Resume: the newest intact checkpoint of exactly these params + data, if any. Not keyed
+    # by the number of processes: a run can go on at another world size (DCP reshards).
+    launch = ("nproc", "max_restarts")
     stage_params = {"seed": params.seed, "model": dataclasses.asdict(params.model),
-                    "train": dataclasses.asdict(tp), "loss": dataclasses.asdict(params.loss),
-                    "world_size": dist.world_size, "alpha": params.alpha,
+                    "train": {k: v for k, v in dataclasses.asdict(tp).items() if k not in launch},
+                    "loss": dataclasses.asdict(params.loss), "alpha": params.alpha,
                     "weights": {"schedule": params.weights.schedule,
                                 "clip_ratio": params.weights.clip_ratio,
                                 "shift_windows": params.weights.shift_windows}}
@@ -561,6 +600,9 @@ def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict
         objective = Objective.from_params(params.loss, buckets, len(is_rare), device, term_index,
                                           counts, steps_per_epoch)
         objective.prepare_model(raw_model)  # AGG: gate the output layer's gradient
+        # DDP wraps the model; FSDP2 shards it in place (so raw_model is sharded too), before
+        # the optimizer is built on its parameters: AdamW's state then exists per shard only.
+        model = sharding.wrap(model, tp.strategy, dist, amp_dtype)
         optimizer = configure_optimizer(model, tp, device)
         scaler = torch.amp.GradScaler(device.type, enabled=use_scaler)
         # Each epoch: windows shifted by an offset, drawn by systematic resampling, shuffled,
@@ -573,13 +615,10 @@ def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict
         stream = SampleStream(sampler)  # start positions of windows in the train tokens
         val_idx = val_windows(len(val_samples), tp.eval_batches * tp.batch_size)
         if found:
-            store.load_weights(Path(found), raw_model)
-            optimizer.load_state_dict(state.pop("optimizer"))
+            store.load_weights(Path(found), raw_model, optimizer)
             scaler.load_state_dict(state.pop("scaler"))
-            mine = state.pop("ranks")[dist.rank]
-            stream.restore(mine["stream"])
-            set_rng_state(mine["rng"])
-            objective.load_state(mine.get("objective"))
+            resume_ranks(state.pop("ranks"), state.pop("world_size"), state["step"], params.seed,
+                         dist, stream, objective)
         else:
             seed_everything(params.seed * 1000 + dist.rank)  # per-rank dropout, reproducibly
         start_step = state["step"]
@@ -588,8 +627,6 @@ def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict
 
         if tp.compile:
             model = torch.compile(model)
-        if dist.ddp:
-            model = DDP(model, device_ids=[dist.local_rank] if device.type == "cuda" else None)
 
         bar = _progress(dist.main and progress, tp.max_steps, start_step)
         if found and dist.main:
@@ -599,7 +636,7 @@ def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict
         model.train()
         window = torch.zeros(4, device=device)  # ce_sum, tokens, rare_ce_sum, rare_tokens
         window_loss, window_t0, window_steps = torch.zeros(2, device=device), time.perf_counter(), 0
-        session_t0, grad_norm = time.perf_counter(), torch.zeros(())
+        session_t0, grad_norm, state_bytes = time.perf_counter(), torch.zeros(()), 0
         for step in range(start_step, tp.max_steps):
             lr = lr_at(step, tp)
             for group in optimizer.param_groups:
@@ -610,8 +647,7 @@ def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict
                 starts = stream.take(tp.batch_size)  # where this micro-batch's windows begin
                 x, y = to_batch(train_samples, starts, block, device)
                 last = micro == tp.grad_accum - 1
-                sync = contextlib.nullcontext() if last or not dist.ddp else model.no_sync()
-                with sync:
+                with sharding.gradient_sync(model, last):
                     with autocast():
                         logits = model(input_ids=x, use_cache=False).logits
                     loss, stats = objective(logits, y, starts)
@@ -624,6 +660,8 @@ def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict
                 raw_model.parameters(), tp.grad_clip if tp.grad_clip > 0 else float("inf"))
             scaler.step(optimizer)  # skips the step if fp16 gradients overflowed
             scaler.update()
+            if step == start_step:  # gradients and AdamW state exist now: what this rank holds
+                state_bytes = max(dist.gather(sharding.state_bytes(raw_model, optimizer)) or [0])
             optimizer.zero_grad(set_to_none=True)
             done = step + 1
             objective.step_end(done, dist)  # FACE: counts summed over ranks; AGG: its window
@@ -637,7 +675,7 @@ def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict
                 elapsed = time.perf_counter() - window_t0
                 row = {"step": done, "loss": loss_sum / n_loss, "ce": ce_sum / n,
                        "rare_ce": rare_sum / n_rare if n_rare else float("nan"), "lr": lr,
-                       "grad_norm": float(grad_norm),
+                       "grad_norm": float(sharding.whole(grad_norm)),
                        "tokens_per_s": window_steps * tokens_per_step / elapsed}
                 window.zero_()
                 window_loss.zero_()
@@ -666,19 +704,23 @@ def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict
                 session_t0 = time.perf_counter()
                 ranks = dist.gather({"stream": stream.state(), "rng": rng_state(),
                                      "objective": objective.state()})
-                if dist.main:
-                    store.save(done, raw_model, {
-                        **state, "optimizer": optimizer.state_dict(),
-                        "scaler": scaler.state_dict(), "ranks": ranks})
-                dist.barrier()  # nobody runs ahead of a checkpoint that may be needed
+                store.save(done, raw_model, optimizer,
+                           {**state, "scaler": scaler.state_dict(), "ranks": ranks}, dist)
 
         elapsed = state["elapsed"] + time.perf_counter() - session_t0
+        final_model = raw_model
+        if tp.strategy == "fsdp":  # gathered whole on rank 0, into an unsharded model to save
+            full = sharding.full_state_dict(raw_model)
+            if dist.main:
+                final_model = build_model(params.model, data)
+                final_model.load_state_dict(full)
+                del full
         metrics = None
         if dist.main:
-            metrics = {**_final_metrics(state, tp, tokens_per_step, elapsed, raw_model, stream,
+            metrics = {**_final_metrics(state, tp, tokens_per_step, elapsed, final_model, stream,
                                         len(train_samples) / dist.world_size),
-                       "precision": precision, **pinned}
-            save_model(raw_model, data, paths, run)
+                       "state_bytes_per_rank": state_bytes, "precision": precision, **pinned}
+            save_model(final_model, data, paths, run)
             write_curves(paths.plots, state["curves"])
             write_json(paths.metrics, metrics)
             run.log_metrics({f"final/{k}": v for k, v in metrics.items()
@@ -709,6 +751,7 @@ def _final_metrics(state, tp, tokens_per_step, elapsed, model, stream, samples_p
         "val_ppl": math.exp(state["val"]["val_ce"]) if "val_ce" in state["val"] else None,
         "epochs": round(tp.max_steps * tp.batch_size * tp.grad_accum / samples_per_rank, 3),
         "parameters": sum(q.numel() for q in model.parameters()),
+        "trainable_parameters": lora.trainable_parameters(model),
     }
     # NaN (no rare target seen, no val split) is not JSON: None says "not measured".
     return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in metrics.items()}

@@ -65,11 +65,12 @@ def train(
     cache: Path = typer.Option(Path(".cache/train"), help="checkpoint folder (outside DVC outs)"),
     progress: bool = typer.Option(True, help="show the progress bar"),
 ) -> None:
-    """Train the model (DDP over train.nproc processes), resuming from a checkpoint if any."""
+    """Train the model (DDP or FSDP over train.nproc processes), resuming from a checkpoint if any."""
     import os
 
     from rarelm.errors import RarelmError, user_errors
     from rarelm.params import load_params
+    from rarelm.sharding import check_world_size
     from rarelm.train import Paths, load_inputs, summary
 
     paths = Paths(tokenized=tokenized, rare=rare, weights=weights, model=out, metrics=metrics,
@@ -77,6 +78,8 @@ def train(
     worker = "LOCAL_RANK" in os.environ
     with user_errors("train"):
         params = load_params(params_file)
+        if not worker:  # under torchrun, each worker checks the world size it is in
+            check_world_size(params.train.strategy, params.train.nproc)
         if not worker and params.train.nproc > 1:
             load_inputs(params, paths)  # bad inputs: one line from here, not one per worker
             argv = ["--params", str(params_file), "--tokenized", str(tokenized), "--rare", str(rare),

@@ -185,26 +185,41 @@ def test_epochs_to_train_rounds_up():
 
 
 def test_checkpoints_are_verified_and_only_the_last_two_kept(tmp_path, capsys):
+    from rarelm.train import Dist
+
     model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
     store = CheckpointStore(tmp_path, run_key({"a": 1}, []))
     for step in (1, 2, 3):
-        with torch.no_grad():
-            model.weight.fill_(step)
-        store.save(step, model, {"step": step, "rng": torch.get_rng_state(),
-                                 "python": (3, (1, 2), None)})
+        model(torch.ones(1, 3)).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        store.save(step, model, optimizer, {"step": step, "rng": torch.get_rng_state(),
+                                            "python": (3, (1, 2), None)}, Dist())
+        if step == 2:
+            weight_2 = model.weight.detach().clone()
+            moment_2 = optimizer.state[model.weight]["exp_avg"].clone()
     assert [p.name for p in sorted(store.dir.iterdir())] == ["step-00000002", "step-00000003"]
-    # a flipped byte in the newest one: skipped with one warning, the one before it is used
-    path = store.dir / "step-00000003" / "model.safetensors"
+    manifest = json.loads((store.dir / "step-00000003" / "manifest.json").read_text())
+    assert manifest["world_size"] == 1 and {"state.pt", "dcp/.metadata", "dcp/__0_0.distcp"} <= \
+        set(manifest["sha256"])
+    # a flipped byte in the newest one's shard: skipped with one warning, the one before it is used
+    path = store.dir / "step-00000003" / "dcp" / "__0_0.distcp"
     data = bytearray(path.read_bytes())
-    data[-1] ^= 0xFF
+    data[len(data) // 2] ^= 0xFF
     path.write_bytes(bytes(data))
     best = store.latest_valid()
     assert best is not None and best.name == "step-00000002"
     warning = capsys.readouterr().err.strip().splitlines()
     assert len(warning) == 1 and "skipping corrupt checkpoint" in warning[0]
+    assert "dcp/__0_0.distcp does not match its checksum" in warning[0]
     fresh = torch.nn.Linear(3, 2)
-    state = store.load(best, fresh)
-    assert state["step"] == 2 and torch.equal(fresh.weight, torch.full((2, 3), 2.0))
+    fresh_optimizer = torch.optim.AdamW(fresh.parameters(), lr=0.1)
+    state = store.load_state(best)
+    store.load_weights(best, fresh, fresh_optimizer)
+    assert state["step"] == 2 and state["world_size"] == 1
+    assert torch.equal(fresh.weight, weight_2)
+    assert torch.equal(fresh_optimizer.state[fresh.weight]["exp_avg"], moment_2)
     # a half-written one (no manifest yet) is skipped too
     shutil.rmtree(store.dir / "step-00000002")
     (store.dir / "step-00000003" / "manifest.json").unlink()
