@@ -33,11 +33,13 @@ their optimizer state are saved; the frozen base model comes from its own files.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -102,7 +104,8 @@ class CheckpointStore:
             tmp.mkdir(parents=True)
         dist.barrier()
         try:
-            dcp.save(_state_dicts(model, optimizer), checkpoint_id=tmp / DCP, no_dist=_one_process())
+            with _one_process_is_fine(), _os_errors_as_such():
+                dcp.save(_state_dicts(model, optimizer), checkpoint_id=tmp / DCP)
             if dist.main:
                 torch.save(state, tmp / STATE)
                 files = sorted(p for p in tmp.rglob("*") if p.is_file())
@@ -168,7 +171,8 @@ class CheckpointStore:
 
         state = _state_dicts(model, optimizer)
         # every key asked for must be in the checkpoint
-        dcp.load(state, checkpoint_id=path / DCP, no_dist=_one_process())
+        with _one_process_is_fine():
+            dcp.load(state, checkpoint_id=path / DCP)
         set_state_dict(model, optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optimizer"], options=_options())
 
@@ -177,11 +181,32 @@ class CheckpointStore:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def _one_process() -> bool:
-    """No process group (`train.nproc: 1`): DCP reads and writes without collectives."""
-    import torch.distributed as td
+@contextlib.contextmanager
+def _one_process_is_fine():
+    """Without a process group (`train.nproc: 1`) DCP reads and writes alone, as meant here;
+    it would say so in a warning at every checkpoint."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
 
-    return not (td.is_available() and td.is_initialized())
+
+@contextlib.contextmanager
+def _os_errors_as_such():
+    """DCP reports the ranks' failures as one CheckpointException; where a rank's was a full
+    disk or a file size limit, raise that, so the stage says what happened in one line."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from rarelm.errors import disk_error
+
+    try:
+        yield
+    except CheckpointException as exc:
+        for failure, _ in exc.failures.values():
+            while failure is not None and disk_error(failure) is None:
+                failure = failure.__cause__ or failure.__context__
+            if failure is not None:
+                raise failure from None
+        raise
 
 
 def _options():
@@ -197,6 +222,9 @@ def _state_dicts(model, optimizer) -> dict[str, Any]:
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     model_state, optimizer_state = get_state_dict(model, optimizer, options=_options())
+    # ignore_frozen_params keeps a frozen weight under its second name (a tied output layer)
+    frozen = {name for name, q in model.named_parameters(remove_duplicate=False) if not q.requires_grad}
+    model_state = {k: v for k, v in model_state.items() if k not in frozen}
     return {"model": model_state, "optimizer": optimizer_state}
 
 

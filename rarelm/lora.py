@@ -20,7 +20,7 @@ import warnings
 from pathlib import Path
 
 from rarelm.errors import RarelmError
-from rarelm.params import LoraParams
+from rarelm.params import LoraParams, ModelParams
 
 ADAPTER = "adapter"  # the adapter's folder inside the saved model's
 
@@ -31,28 +31,55 @@ def apply(model, lp: LoraParams):
     if not lp.rank:
         return model
     from peft import LoraConfig, get_peft_model
-    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as DEFAULTS
 
-    kind = model.config.model_type
-    targets = list(lp.target_modules) or DEFAULTS.get(kind)
-    if not targets:
-        raise RarelmError(f"params: model.lora.target_modules = [] is not allowed for a {kind!r} "
-                          "model (peft has no default for it: name the linear layers to adapt, "
-                          "e.g. the attention projections)")
-    names = [name for name, _ in model.named_modules()]
-    missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
-    if missing:
-        linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules()
-                         if type(m).__name__ in ("Linear", "Conv1D")})
-        raise RarelmError(f"params: model.lora.target_modules = {targets!r} is not allowed: this "
-                          f"{kind!r} model has no module named {missing[0]!r} "
-                          f"(its linear layers: {', '.join(linear)})")
     config = LoraConfig(r=lp.rank, lora_alpha=lp.alpha, lora_dropout=lp.dropout,
-                        target_modules=targets, task_type="CAUSAL_LM")
+                        target_modules=targets(model, lp), task_type="CAUSAL_LM")
     with warnings.catch_warnings():  # GPT-2's Conv1D: peft sets fan_in_fan_out itself and says so
         warnings.filterwarnings("ignore", message=".*fan_in_fan_out.*")
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")  # peft on transformers 5
         return get_peft_model(model, config)
+
+
+def check(params: ModelParams) -> None:
+    """`targets` on the pretrained model's architecture built on the meta device (no weights
+    loaded, so instant at any size): the stage says a bad `target_modules` before it starts
+    its workers. A model folder that does not load is left to the workers to report."""
+    if not params.lora.rank or not params.name_or_path:
+        return
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rarelm.model import pretrained
+
+    try:
+        config = AutoConfig.from_pretrained(pretrained(params).path, local_files_only=True)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+    except Exception:  # rarelm.model.load_pretrained says what is wrong with it, in the workers
+        return
+    targets(model, params.lora)
+
+
+def targets(model, lp: LoraParams) -> list[str]:
+    """The module names to adapt: lp.target_modules, else peft's default for the architecture;
+    a name that the model lacks, or no default, is a RarelmError."""
+    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as DEFAULTS
+
+    kind = model.config.model_type
+    names = list(lp.target_modules) or DEFAULTS.get(kind)
+    if not names:
+        raise RarelmError(f"params: model.lora.target_modules = [] is not allowed for a {kind!r} "
+                          "model (peft has no default for it: name the linear layers to adapt, "
+                          "e.g. the attention projections)")
+    modules = [name for name, _ in model.named_modules()]
+    missing = [t for t in names if not any(m == t or m.endswith("." + t) for m in modules)]
+    if missing:
+        linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules()
+                         if type(m).__name__ in ("Linear", "Conv1D")})
+        raise RarelmError(f"params: model.lora.target_modules = {names!r} is not allowed: this "
+                          f"{kind!r} model has no module named {missing[0]!r} "
+                          f"(its linear layers: {', '.join(linear)})")
+    return names
 
 
 def is_lora(model) -> bool:

@@ -249,6 +249,9 @@ class Params:
             raise RarelmError(
                 f"params: model.lora.rank = {self.model.lora.rank} is not allowed without a "
                 "pretrained model (set model.name_or_path, or model.lora.rank: 0)")
+        if self.model.lora.rank and self.loss.agg:
+            raise RarelmError("params: loss.agg = true is not allowed with model.lora (AGG gates "
+                              "the output layer's gradient, and LoRA freezes that layer)")
         if self.model.n_embd % self.model.n_head:
             raise RarelmError(
                 f"params: model.n_embd = {self.model.n_embd} is not allowed "

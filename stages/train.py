@@ -68,7 +68,8 @@ def train(
     """Train the model (DDP or FSDP over train.nproc processes), resuming from a checkpoint if any."""
     import os
 
-    from rarelm.errors import RarelmError, user_errors
+    from rarelm import lora
+    from rarelm.errors import RarelmError, disk_error, user_errors
     from rarelm.params import load_params
     from rarelm.sharding import check_world_size
     from rarelm.train import Paths, load_inputs, summary
@@ -80,6 +81,7 @@ def train(
         params = load_params(params_file)
         if not worker:  # under torchrun, each worker checks the world size it is in
             check_world_size(params.train.strategy, params.train.nproc)
+            lora.check(params.model)  # before the workers: one line, not a race of them
         if not worker and params.train.nproc > 1:
             load_inputs(params, paths)  # bad inputs: one line from here, not one per worker
             argv = ["--params", str(params_file), "--tokenized", str(tokenized), "--rare", str(rare),
@@ -91,8 +93,9 @@ def train(
             from rarelm.train import train as run_training
 
             result = run_training(params, paths, progress=progress)
-        except RarelmError:
-            if int(os.environ.get("RANK", "0")) != 0:  # rank 0 says it once for everyone
+        except Exception as exc:  # a bad input or a full disk: rank 0 says it once for everyone
+            if int(os.environ.get("RANK", "0")) != 0 and (isinstance(exc, RarelmError)
+                                                         or disk_error(exc) is not None):
                 raise typer.Exit(2) from None
             raise
     if result is not None:

@@ -47,7 +47,8 @@ TINY_TRAIN = {
     "train.checkpoint_every": 50, "tracking.experiment": "test-train", "tracking.log_model": "auto",
 }
 METRIC_KEYS = {"steps", "tokens", "wall_time_s", "tokens_per_s", "loss", "ce", "rare_ce",
-               "val_ce", "val_rare_ce", "val_ppl", "epochs", "parameters", "precision"}
+               "val_ce", "val_rare_ce", "val_ppl", "epochs", "parameters", "trainable_parameters",
+               "state_bytes_per_rank", "precision"}
 
 
 def sha256(path: Path) -> str:
@@ -563,6 +564,113 @@ def test_pretrained_model_must_share_the_tokenizer(trained, tmp_path):
         load_pretrained(ModelParams(name_or_path=str(encoder), block_size=32), data)
     with pytest.raises(RarelmError, match="no such folder"):
         load_pretrained(ModelParams(name_or_path=str(tmp_path / "nope"), block_size=32), data)
+
+
+# --------------------------------------------------------------------------- FSDP and LoRA
+
+def _stage_run(root: Path, tmp_path: Path, name: str, **overrides) -> subprocess.CompletedProcess:
+    """The train stage with params.yaml + overrides, its outputs and checkpoints under tmp_path."""
+    folder = tmp_path / name
+    folder.mkdir()
+    shutil.copy(root / "params.yaml", folder / "params.yaml")
+    set_params(folder, **overrides)
+    return run([sys.executable, "-m", "stages.train", "--params", str(folder / "params.yaml"),
+                "--out", str(folder / "model"), "--metrics", str(folder / "train.json"),
+                "--plots", str(folder / "train.csv"), "--cache", str(folder / "cache"),
+                "--no-progress"], root, env={"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'm.db'}"})
+
+
+def test_fsdp_trains_as_ddp_does_with_half_the_state_per_rank(trained, tmp_path):
+    """The same params under DDP and FSDP2 (2 ranks, fp32), with the rare-aware objectives and
+    the weighted sampler on: the same loss curve and weights within float rounding, and FSDP
+    holds about half the parameter + gradient + AdamW bytes per rank."""
+    from safetensors.torch import load_file
+
+    root, _, _ = trained
+    common = {"train.max_steps": 8, "train.log_every": 1, "train.eval_every": 8,
+              "train.checkpoint_every": 100, "train.precision": "fp32", "loss.targets": "both",
+              "loss.token_weight": "face", "loss.face_source": "predictions", "loss.face_refresh": 2,
+              "loss.agg": True, "loss.focal_gamma": 1.0, "tracking.log_model": False}
+    metrics, losses, weights = {}, {}, {}
+    for strategy in ("ddp", "fsdp"):
+        result = _stage_run(root, tmp_path, strategy, **common, **{"train.strategy": strategy})
+        assert result.returncode == 0, result.stderr[-3000:]
+        metrics[strategy] = json.loads((tmp_path / strategy / "train.json").read_text())
+        rows = csv.DictReader((tmp_path / strategy / "train.csv").open())
+        losses[strategy] = [float(r["loss"]) for r in rows]
+        weights[strategy] = load_file(tmp_path / strategy / "model" / "model.safetensors")
+    assert len(losses["fsdp"]) == 8 and losses["fsdp"][-1] < losses["fsdp"][0]
+    assert losses["fsdp"] == pytest.approx(losses["ddp"], rel=1e-5)
+    for key, tensor in weights["ddp"].items():
+        assert torch.allclose(weights["fsdp"][key], tensor, atol=1e-5), key
+    assert metrics["fsdp"]["parameters"] == metrics["ddp"]["parameters"]
+    ratio = metrics["fsdp"]["state_bytes_per_rank"] / metrics["ddp"]["state_bytes_per_rank"]
+    assert 0.45 < ratio <= 0.55, ratio
+
+
+def _tiny_pretrained(root: Path, folder: Path) -> Path:
+    """The model the `trained` fixture trained, as a "pretrained" folder (tokenizer included)."""
+    shutil.copytree(root / "models/model", folder, ignore=shutil.ignore_patterns("mlflow_run.json"))
+    return folder
+
+
+def test_lora_fine_tune_trains_and_checkpoints_only_adapters_and_saves_a_merged_model(
+        trained, tmp_path):
+    import mlflow
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    root, _, _ = trained
+    base = _tiny_pretrained(root, tmp_path / "base")
+    lora = {"model.name_or_path": str(base), "model.lora.rank": 4, "model.lora.alpha": 8.0,
+            "train.max_steps": 6, "train.log_every": 1, "train.eval_every": 6,
+            "train.checkpoint_every": 3, "train.lr": 0.01, "tracking.log_model": False}
+    result = _stage_run(root, tmp_path, "lora", **lora)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = tmp_path / "lora" / "model"
+    metrics = json.loads((tmp_path / "lora" / "train.json").read_text())
+    # GPT-2's c_attn (32 -> 96) in 1 layer: A 4 x 32 + B 96 x 4 = 512 adapter weights
+    assert metrics["trainable_parameters"] == 512
+    before = load_file(base / "model.safetensors")
+    assert metrics["parameters"] == sum(t.numel() for k, t in before.items() if k != "lm_head.weight") + 512
+    # the merged model: only the adapted weights changed, and it loads as a plain causal LM
+    after = load_file(out / "model.safetensors")
+    changed = sorted(k for k in before if not torch.equal(before[k], after[k]))
+    assert changed == ["transformer.h.0.attn.c_attn.weight"]
+    merged = AutoModelForCausalLM.from_pretrained(out).eval()
+    adapted = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base),
+                                        out / "adapter").eval()
+    ids = torch.randint(0, merged.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.allclose(merged(ids).logits, adapted(ids).logits, atol=1e-5)
+    # MLflow records what trained against the whole model
+    info = json.loads((out / "mlflow_run.json").read_text())
+    logged = mlflow.MlflowClient(info["tracking_uri"]).get_run(info["run_id"]).data
+    assert logged.metrics["final/trainable_parameters"] == 512
+    assert logged.params["model.lora.rank"] == "4"
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"train.strategy": "fsdp", "train.nproc": 1},
+     "train.strategy = 'fsdp' is not allowed with 1 process"),
+    ({"train.strategy": "zero3"}, "train.strategy = 'zero3' is not allowed (must be one of ddp, fsdp)"),
+    ({"model.lora.rank": 4}, "model.lora.rank = 4 is not allowed without a pretrained model"),
+    ({"model.lora.rank": 4, "model.lora.target_modules": ["q_proj", "v_proj"], "model.name_or_path": "BASE"},
+     "this 'gpt2' model has no module named 'q_proj' (its linear layers: c_attn, c_fc, c_proj, lm_head)"),
+    ({"model.lora.rank": 4, "loss.agg": True, "model.name_or_path": "BASE"},
+     "loss.agg = true is not allowed with model.lora"),
+])
+def test_bad_strategy_and_lora_params_are_one_line_errors(trained, tmp_path, overrides, message):
+    root, _, _ = trained
+    if overrides.get("model.name_or_path") == "BASE":
+        overrides["model.name_or_path"] = str(_tiny_pretrained(root, tmp_path / "base"))
+    result = _stage_run(root, tmp_path, "bad", **overrides)
+    assert result.returncode == 2, result.stderr[-3000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert lines[0].startswith("rarelm train: error: params: ") and message in lines[0], lines[0]
+    assert not (tmp_path / "bad" / "model").exists()
 
 
 # --------------------------------------------------------------------------- GPU check
