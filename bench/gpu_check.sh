@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# The training loop on one GPU, checked end to end in a few minutes (under 8):
+# The training loop on GPUs, checked end to end in a few minutes (under 10):
 #
 #   1. bf16 autocast      the real train stage, precision bf16, under torchrun (NCCL, 1-process DDP)
 #   2. fp16 + GradScaler  the same with precision fp16 (the scaler's scale must stay finite)
 #   3. throughput         a GPT-2-124M-sized model (12 x 768, block 1024, vocab 50257), bf16,
 #                         through the real stage
-#   4. pinned memory      rarelm.train.to_batch gives CUDA tensors copied from pinned host memory;
+#   4. FSDP               train.strategy fsdp over every GPU (NCCL, at most 8; needs >= 2), bf16,
+#                         the model of run 1: its loss and the bytes each rank holds
+#   5. LoRA               model.lora rank 8 on run 1's model as the pretrained one (1 GPU), bf16:
+#                         only the adapters train, the merged model is saved
+#   6. pinned memory      rarelm.train.to_batch gives CUDA tensors copied from pinned host memory;
 #      and MFU            model FLOPs/s of run 3 over the bf16 matmul peak measured on the same
 #                         GPU (8192^3 matmuls), not a datasheet figure
 #
@@ -13,8 +17,9 @@
 #
 # Runs on synthetic token data in a temporary folder (nothing under data/ or models/ is
 # touched) with its own MLflow store there. Without a CUDA device it falls back to the
-# same steps on CPU with a tiny model (gloo instead of NCCL; no fp16, no pinned memory;
-# run 1 stands in for run 3) so the script itself stays tested. The last line is one JSON object.
+# same steps on CPU with a tiny model (gloo instead of NCCL, FSDP over 2 processes; no fp16, no
+# pinned memory; run 1 stands in for run 3) so the script itself stays tested. The last line is
+# one JSON object.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python}
@@ -24,6 +29,7 @@ export MLFLOW_TRACKING_URI="sqlite:///$WORK/mlflow.db"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
 DEVICE=$("$PYTHON" -c 'import torch; print("cuda" if torch.cuda.is_available() else "cpu")')
+GPUS=$("$PYTHON" -c 'import torch; print(torch.cuda.device_count())')
 if [ "$DEVICE" = cpu ]; then
     echo "gpu_check: no CUDA device here: running the CPU fallback (tiny model, gloo)"
 fi
@@ -73,7 +79,7 @@ from rarelm.data import Samples, TokenizedData
 
 work, name, overrides = Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
 p = yaml.safe_load(Path("params.yaml").read_text())
-p["tracking"]["experiment"] = "gpu-check"
+p["tracking"].update(experiment="gpu-check", log_model=False)
 for item in overrides:
     key, value = item.split("=", 1)
     section, leaf = key.split(".")
@@ -85,10 +91,10 @@ np.save(work / f"weights-{name}" / "weights.npy", np.ones(len(Samples(tokens, p[
 EOF
 }
 
-# One run of the real stage under torchrun with one process (a process group + DDP: NCCL on CUDA).
+# One run of the real stage under torchrun with $2 processes, default 1 (a process group: NCCL on CUDA).
 train() {
     local name=$1
-    "$PYTHON" -m torch.distributed.run --standalone --nproc-per-node 1 -m stages.train \
+    "$PYTHON" -m torch.distributed.run --standalone --nproc-per-node "${2:-1}" -m stages.train \
         --params "$WORK/$name.yaml" --tokenized "$WORK/tokenized" --rare "$WORK/rare" \
         --weights "$WORK/weights-$name" --out "$WORK/models/$name" --metrics "$WORK/metrics/$name.json" \
         --plots "$WORK/plots/$name.csv" --cache "$WORK/cache" --no-progress | tail -n 1
@@ -103,18 +109,18 @@ else
 fi
 COMMON="train.nproc=1 train.log_every=5 train.eval_every=1000 train.eval_batches=2 train.checkpoint_every=1000"
 
-echo "gpu_check: 1/4 bf16 autocast through the train stage"
+echo "gpu_check: 1/6 bf16 autocast through the train stage"
 params bf16 $SMALL $COMMON train.max_steps=30 train.precision=bf16 train.warmup_steps=5
 train bf16
 if [ "$DEVICE" = cuda ]; then
-    echo "gpu_check: 2/4 fp16 with GradScaler through the train stage"
+    echo "gpu_check: 2/6 fp16 with GradScaler through the train stage"
     params fp16 $SMALL $COMMON train.max_steps=30 train.precision=fp16 train.warmup_steps=5
     train fp16
 else
-    echo "gpu_check: 2/4 skipped: fp16 with a GradScaler needs CUDA"
+    echo "gpu_check: 2/6 skipped: fp16 with a GradScaler needs CUDA"
 fi
 if [ "$DEVICE" = cuda ]; then
-    echo "gpu_check: 3/4 throughput of the GPT-2-124M-sized model"
+    echo "gpu_check: 3/6 throughput of the GPT-2-124M-sized model"
     params big $BIG $COMMON train.max_steps=40 train.precision=bf16 train.warmup_steps=5
     train big
 else  # the tiny model again would add nothing: run 1 stands in for it
@@ -122,7 +128,22 @@ else  # the tiny model again would add nothing: run 1 stands in for it
     cp "$WORK/metrics/bf16.json" "$WORK/metrics/big.json"; cp "$WORK/plots/bf16.csv" "$WORK/plots/big.csv"
 fi
 
-echo "gpu_check: 4/4 pinned memory, and the bf16 matmul peak for MFU"
+FSDP_RANKS=$(( GPUS > 8 ? 8 : GPUS ))
+[ "$DEVICE" = cpu ] && FSDP_RANKS=2
+if [ "$FSDP_RANKS" -ge 2 ]; then
+    echo "gpu_check: 4/6 FSDP over $FSDP_RANKS processes through the train stage"
+    params fsdp $SMALL $COMMON train.max_steps=30 train.precision=bf16 train.warmup_steps=5 \
+        train.strategy=fsdp train.nproc=$FSDP_RANKS
+    train fsdp "$FSDP_RANKS"
+else
+    echo "gpu_check: 4/6 skipped: FSDP needs 2 GPUs, this machine has $GPUS"
+fi
+echo "gpu_check: 5/6 LoRA on run 1's model through the train stage"
+params lora $SMALL $COMMON train.max_steps=30 train.precision=bf16 train.warmup_steps=5 train.lr=0.002 \
+    "model.name_or_path=$WORK/models/bf16" "model.lora={rank: 8, alpha: 16.0}"
+train lora
+
+echo "gpu_check: 6/6 pinned memory, and the bf16 matmul peak for MFU"
 "$PYTHON" - "$WORK" "$DEVICE" <<'EOF'
 import csv
 import json
@@ -165,13 +186,19 @@ peak = peak_tflops(8192, torch.bfloat16) if device.type == "cuda" else peak_tflo
 result = {"gpu": device.type == "cuda", "torch": torch.__version__, "cuda": torch.version.cuda, "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
           "pinned_memory": pinned, "peak_matmul_tflops": round(peak, 2),
           "peak_dtype": "bf16" if device.type == "cuda" else "fp32"}
-for name in ("bf16", "fp16", "big"):
+for name in ("bf16", "fp16", "big", "fsdp", "lora"):
     if not (work / "metrics" / f"{name}.json").is_file():
-        result[f"{name}_loss_first_last"] = None  # not run (fp16 on CPU)
+        result[f"{name}_loss_first_last"] = None  # not run (fp16 on CPU, FSDP on one GPU)
         continue
     rows = [r for r in csv.DictReader((work / "plots" / f"{name}.csv").open()) if r["tokens_per_s"]]
     assert all(np.isfinite(float(r["loss"])) for r in rows), f"{name}: non-finite loss"
     result[f"{name}_loss_first_last"] = [round(float(rows[0]["loss"]), 3), round(float(rows[-1]["loss"]), 3)]
+    metrics = json.loads((work / "metrics" / f"{name}.json").read_text())
+    if name in ("bf16", "fsdp", "lora"):
+        result[f"{name}_state_bytes_per_rank"] = metrics["state_bytes_per_rank"]
+lora_metrics = json.loads((work / "metrics" / "lora.json").read_text())
+result["lora_trainable_parameters"] = lora_metrics["trainable_parameters"]
+assert (work / "models" / "lora" / "adapter" / "adapter_config.json").is_file(), "no adapter saved"
 config = json.loads((work / "models" / "big" / "config.json").read_text())
 rows = [r for r in csv.DictReader((work / "plots" / "big.csv").open()) if r["tokens_per_s"]][1:]
 tokens_per_s = float(np.mean([float(r["tokens_per_s"]) for r in rows]))  # after the first window

@@ -5,7 +5,7 @@
 Needs the demo pipeline's data (data/tokenized, data/rare, data/weights: `make repro`
 or `dvc repro weights`). Each run is the real stage, `python -m stages.train`, with
 params.yaml's settings except: a model of `--n-layer` x `--n-embd` (default 8 x 256,
-7.4M parameters with the demo's 4096-token vocabulary: 5.6x the demo model),
+6.8M parameters with the demo's 4096-token vocabulary: 6.8x the demo model),
 `train.max_steps = --steps`, no checkpoint, validation only at the end, no model
 logged to MLflow (a throw-away SQLite store). Its outputs go to a temporary folder.
 

@@ -315,6 +315,60 @@ def test_corrupt_checkpoint_is_skipped_with_a_warning(dag, killed, tmp_path):
     assert_same_training_result(root, dag.root)
 
 
+@pytest.fixture(scope="module")
+def fsdp(dag, tmp_path_factory):
+    """train.strategy: fsdp on the DAG's params: `dvc repro train` uninterrupted, and the same
+    SIGKILLed (dvc, torchrun, both workers) after two sharded checkpoints."""
+    folder = tmp_path_factory.mktemp("fsdp")
+    whole = clone(dag, folder / "whole")
+    set_params(whole, **{"train.strategy": "fsdp"})
+    killed = folder / "killed"
+    shutil.copytree(whole, killed, symlinks=True)
+    run(["dvc", "repro", "train"], whole, check=True, timeout=900)
+    log = folder / "killed.log"
+    proc = start(["dvc", "repro", "train"], killed, log)
+    try:
+        wait_for_checkpoints(killed, proc, 2, log)
+    finally:
+        kill_tree(proc)
+    return SimpleNamespace(whole=whole, killed=killed)
+
+
+def test_fsdp_training_sigkilled_then_dvc_repro_resumes_bit_identical(fsdp, tmp_path):
+    root = tmp_path / "repo"
+    shutil.copytree(fsdp.killed, root, symlinks=True)
+    last = checkpoints(root)[-1]
+    shards = sorted(p.name for p in (last / "dcp").iterdir())
+    assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp"]  # each rank wrote its own
+    result = run(["dvc", "repro", "train"], root, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert f"train: resuming from {last.relative_to(root)} (step {int(last.name[5:])})" in result.stderr
+    assert_same_training_result(root, fsdp.whole)
+    assert checkpoints(root) == []
+
+
+def test_fsdp_checkpoint_resumes_at_another_world_size(fsdp, tmp_path):
+    """Written by 2 ranks, resumed by 3: DCP reshards, a warning says it is not bit-identical."""
+    root = tmp_path / "repo"
+    shutil.copytree(fsdp.killed, root, symlinks=True)
+    last = checkpoints(root)[-1]
+    set_params(root, **{"train.nproc": 3})
+    result = run([sys.executable, "-m", "stages.train", "--no-progress"], root, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    warnings = [line for line in result.stderr.splitlines() if ": warning:" in line]
+    assert warnings == ["rarelm train: warning: resuming a checkpoint written by 2 processes with 3: "
+                        "the model and optimizer are resharded exactly, but the sample order and "
+                        "random state are not, so the result is not bit-identical to an "
+                        "uninterrupted run"]
+    assert f"train: resuming from {last.relative_to(root)} (step {int(last.name[5:])})" in result.stderr
+    resumed = json.loads((root / "metrics/train.json").read_text())
+    whole = json.loads((fsdp.whole / "metrics/train.json").read_text())
+    assert resumed["steps"] == whole["steps"] and resumed["parameters"] == whole["parameters"]
+    assert abs(resumed["val_ce"] - whole["val_ce"]) < 0.1 * whole["val_ce"]  # the same run, nearly
+    # 3 ranks hold a third each (rounded up per tensor) instead of a half
+    assert resumed["state_bytes_per_rank"] < 0.75 * whole["state_bytes_per_rank"]
+
+
 def test_one_ddp_worker_killed_torchrun_restarts_and_resumes(dag, tmp_path):
     root = clone(dag, tmp_path / "repo")
     set_params(root, **{"train.max_restarts": 1})
