@@ -1,11 +1,12 @@
 """The training loop: one process per device under torchrun, read top to bottom.
 
 In the spirit of nanoGPT's train.py, everything a training run does is visible
-in `train()` below: process group and device, model, AdamW with warmup and
-cosine decay, mixed precision (bf16 autocast, or fp16 with a GradScaler),
-gradient accumulation that synchronises DDP gradients only on the last
-micro-step, clipping, logging, periodic validation, and checkpoints that let a
-killed run resume bit-identically.
+in `train()` below: process group and device, model (optionally with LoRA
+adapters, rarelm.lora), DDP or FSDP2 (`train.strategy`, rarelm.sharding), AdamW
+with warmup and cosine decay, mixed precision (bf16 autocast, or fp16 with a
+GradScaler), gradient accumulation that reduces gradients over the ranks only on
+the last micro-step, clipping, logging, periodic validation, and sharded
+checkpoints (rarelm.checkpoint) that let a killed run resume bit-identically.
 
     torchrun --standalone --nproc-per-node 2 -m stages.train     # what dvc.yaml runs
     python -m stages.train                                        # the same (it launches torchrun)
