@@ -148,7 +148,7 @@ class ModelParams:
     n_embd: int = param(128, ge=8)
     block_size: int = param(128, ge=8)
     dropout: float = param(0.0, ge=0.0, lt=1.0)
-    lora: LoraParams = dataclasses.field(default_factory=lambda: LoraParams())
+    lora: LoraParams = dataclasses.field(default_factory=LoraParams)
 
 
 @dataclasses.dataclass(frozen=True)
