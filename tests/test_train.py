@@ -614,8 +614,7 @@ def _tiny_pretrained(root: Path, folder: Path) -> Path:
     return folder
 
 
-def test_lora_fine_tune_trains_and_checkpoints_only_adapters_and_saves_a_merged_model(
-        trained, tmp_path):
+def test_lora_fine_tune_under_fsdp_saves_a_merged_model_and_records_what_trained(trained, tmp_path):
     import mlflow
     from peft import PeftModel
     from safetensors.torch import load_file
@@ -623,8 +622,10 @@ def test_lora_fine_tune_trains_and_checkpoints_only_adapters_and_saves_a_merged_
 
     root, _, _ = trained
     base = _tiny_pretrained(root, tmp_path / "base")
+    # under FSDP (LoRA in one process: tests/test_lora.py; under torchrun's DDP: the CPU run of
+    # bench/gpu_check.sh): the adapters are sharded like any weight, then gathered and merged
     lora = {"model.name_or_path": str(base), "model.lora.rank": 4, "model.lora.alpha": 8.0,
-            "train.max_steps": 6, "train.log_every": 1, "train.eval_every": 6,
+            "train.strategy": "fsdp", "train.max_steps": 6, "train.log_every": 1, "train.eval_every": 6,
             "train.checkpoint_every": 3, "train.lr": 0.01, "tracking.log_model": False}
     result = _stage_run(root, tmp_path, "lora", **lora)
     assert result.returncode == 0, result.stderr[-3000:]
