@@ -581,16 +581,18 @@ def _stage_run(root: Path, tmp_path: Path, name: str, **overrides) -> subprocess
 
 
 def test_fsdp_trains_as_ddp_does_with_half_the_state_per_rank(trained, tmp_path):
-    """The same params under DDP and FSDP2 (2 ranks, fp32), with the rare-aware objectives and
-    the weighted sampler on: the same loss curve and weights within float rounding, and FSDP
-    holds about half the parameter + gradient + AdamW bytes per rank."""
+    """The same params under DDP and FSDP2 (2 ranks, fp32), with the rare-aware objectives, the
+    weighted sampler, gradient accumulation and activation checkpointing on: the same loss curve
+    and weights within float rounding, and FSDP holds about half the parameter + gradient +
+    AdamW bytes per rank."""
     from safetensors.torch import load_file
 
     root, _, _ = trained
     common = {"train.max_steps": 8, "train.log_every": 1, "train.eval_every": 8,
               "train.checkpoint_every": 100, "train.precision": "fp32", "loss.targets": "both",
               "loss.token_weight": "face", "loss.face_source": "predictions", "loss.face_refresh": 2,
-              "loss.agg": True, "loss.focal_gamma": 1.0, "tracking.log_model": False}
+              "loss.agg": True, "loss.focal_gamma": 1.0, "train.grad_accum": 2,
+              "train.gradient_checkpointing": True, "tracking.log_model": False}
     metrics, losses, weights = {}, {}, {}
     for strategy in ("ddp", "fsdp"):
         result = _stage_run(root, tmp_path, strategy, **common, **{"train.strategy": strategy})
