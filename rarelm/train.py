@@ -575,7 +575,7 @@ def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict
                              input_files(paths, params) + fingerprint_files(params.model))
     store = checkpoint.CheckpointStore(paths.cache, key)
     found = dist.broadcast(str(store.latest_valid() or "") if dist.main else None)
-    state: dict[str, Any] = {"step": 0, "curves": [], "elapsed": 0.0, "run_id": None,
+    state: dict[str, Any] = {"step": 0, "curves": [], "elapsed": 0.0, "tokens": 0, "run_id": None,
                              "val": {}}
     if found:
         state = store.load_state(Path(found))
@@ -638,6 +638,7 @@ def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict
         window = torch.zeros(4, device=device)  # ce_sum, tokens, rare_ce_sum, rare_tokens
         window_loss, window_t0, window_steps = torch.zeros(2, device=device), time.perf_counter(), 0
         session_t0, grad_norm, state_bytes = time.perf_counter(), torch.zeros(()), 0
+        session_step = start_step  # tokens trained = those before this session + this one's
         for step in range(start_step, tp.max_steps):
             lr = lr_at(step, tp)
             for group in optimizer.param_groups:
@@ -701,14 +702,16 @@ def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict
 
             if done % tp.checkpoint_every == 0 and done < tp.max_steps:
                 state.update(step=done, run_id=run.run_id,
-                             elapsed=state["elapsed"] + time.perf_counter() - session_t0)
-                session_t0 = time.perf_counter()
+                             elapsed=state["elapsed"] + time.perf_counter() - session_t0,
+                             tokens=state["tokens"] + (done - session_step) * tokens_per_step)
+                session_t0, session_step = time.perf_counter(), done
                 ranks = dist.gather({"stream": stream.state(), "rng": rng_state(),
                                      "objective": objective.state()})
                 store.save(done, raw_model, optimizer,
                            {**state, "scaler": scaler.state_dict(), "ranks": ranks}, dist)
 
         elapsed = state["elapsed"] + time.perf_counter() - session_t0
+        tokens = state["tokens"] + (tp.max_steps - session_step) * tokens_per_step
         final_model = raw_model
         if tp.strategy == "fsdp":  # gathered whole on rank 0, into an unsharded model to save
             full = sharding.full_state_dict(raw_model)
@@ -718,8 +721,8 @@ def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict
                 del full
         metrics = None
         if dist.main:
-            metrics = {**_final_metrics(state, tp, tokens_per_step, elapsed, final_model, stream,
-                                        len(train_samples) / dist.world_size),
+            metrics = {**_final_metrics(state, tp, tokens, elapsed, final_model,
+                                        len(train_samples) * block),
                        "state_bytes_per_rank": state_bytes, "precision": precision, **pinned}
             save_model(final_model, data, paths, run)
             write_curves(paths.plots, state["curves"])
@@ -741,16 +744,17 @@ def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict
         dist.close()
 
 
-def _final_metrics(state, tp, tokens_per_step, elapsed, model, stream, samples_per_rank):
+def _final_metrics(state, tp, tokens, elapsed, model, epoch_tokens):
+    """metrics/train.json; `tokens` trained in all (the world size may have changed on a resume),
+    `epoch_tokens` in one pass over the train windows."""
     last = next((r for r in reversed(state["curves"]) if "loss" in r), {})
-    tokens = tp.max_steps * tokens_per_step
     metrics = {
         "steps": tp.max_steps, "tokens": tokens, "wall_time_s": round(elapsed, 3),
         "tokens_per_s": round(tokens / elapsed, 1) if elapsed > 0 else 0.0,
         "loss": last.get("loss"), "ce": last.get("ce"), "rare_ce": last.get("rare_ce"),
         "val_ce": state["val"].get("val_ce"), "val_rare_ce": state["val"].get("val_rare_ce"),
         "val_ppl": math.exp(state["val"]["val_ce"]) if "val_ce" in state["val"] else None,
-        "epochs": round(tp.max_steps * tp.batch_size * tp.grad_accum / samples_per_rank, 3),
+        "epochs": round(tokens / epoch_tokens, 3),
         "parameters": sum(q.numel() for q in model.parameters()),
         "trainable_parameters": lora.trainable_parameters(model),
     }

@@ -364,6 +364,8 @@ def test_fsdp_checkpoint_resumes_at_another_world_size(fsdp, tmp_path):
     resumed = json.loads((root / "metrics/train.json").read_text())
     whole = json.loads((fsdp.whole / "metrics/train.json").read_text())
     assert resumed["steps"] == whole["steps"] and resumed["parameters"] == whole["parameters"]
+    step, per_rank = int(last.name[5:]), 4 * 64  # batch_size x block_size tokens per rank and step
+    assert resumed["tokens"] == step * 2 * per_rank + (40 - step) * 3 * per_rank
     assert abs(resumed["val_ce"] - whole["val_ce"]) < 0.1 * whole["val_ce"]  # the same run, nearly
     # 3 ranks hold a third each (rounded up per tensor) instead of a half
     assert resumed["state_bytes_per_rank"] < 0.75 * whole["state_bytes_per_rank"]
