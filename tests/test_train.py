@@ -690,4 +690,9 @@ def test_gpu_check_falls_back_to_cpu_without_a_gpu(tmp_path):
     first, last = summary["bf16_loss_first_last"]
     assert math.isfinite(first) and last < first  # it trained
     assert summary["fp16_loss_first_last"] is None  # fp16 + GradScaler: CUDA only
+    assert summary["fsdp_loss_first_last"] is None  # the suite runs FSDP over gloo itself
+    # LoRA (rank 8 on c_attn of run 1's 1-layer, width-32 model): A 8 x 32 + B 96 x 8
+    assert summary["lora_trainable_parameters"] == 8 * 32 + 96 * 8
+    assert summary["lora_state_bytes_per_rank"] < summary["bf16_state_bytes_per_rank"] / 2
+    assert all(map(math.isfinite, summary["lora_loss_first_last"]))
     assert not list(tmp_path.glob("gpu_check.*"))  # its work folder is cleaned up
