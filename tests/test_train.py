@@ -666,8 +666,8 @@ def test_lora_fine_tune_under_fsdp_saves_a_merged_model_and_records_what_trained
 ])
 def test_bad_strategy_and_lora_params_are_one_line_errors(trained, tmp_path, overrides, message):
     root, _, _ = trained
-    if overrides.get("model.name_or_path") == "BASE":
-        overrides["model.name_or_path"] = str(_tiny_pretrained(root, tmp_path / "base"))
+    if overrides.get("model.name_or_path") == "BASE":  # a copy: the parametrized dict stays as is
+        overrides = {**overrides, "model.name_or_path": str(_tiny_pretrained(root, tmp_path / "base"))}
     result = _stage_run(root, tmp_path, "bad", **overrides)
     assert result.returncode == 2, result.stderr[-3000:]
     lines = result.stderr.strip().splitlines()
