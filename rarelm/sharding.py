@@ -39,10 +39,7 @@ def check_world_size(strategy: str, world_size: int) -> None:
 
 def transformer_blocks(model) -> list[Any]:
     """The model's transformer blocks: modules whose class transformers marks as not to split."""
-    names = set(getattr(model, "_no_split_modules", None) or [])
-    base = getattr(model, "get_base_model", None)  # a peft model: ask the model it wraps
-    if not names and base is not None:
-        names = set(getattr(base(), "_no_split_modules", None) or [])
+    names = set(getattr(model, "_no_split_modules", None) or [])  # a peft model passes it on
     blocks = [m for m in model.modules() if type(m).__name__ in names]
     if not blocks:
         raise RarelmError(f"train.strategy = 'fsdp': {type(model).__name__} names no transformer "

@@ -359,7 +359,7 @@ class Dist:
             device = torch.device("cuda", local)
         else:
             device = torch.device("cpu")
-        # Under torchrun always a process group and DDP, even for one process: the same
+        # Under torchrun always a process group (and DDP or FSDP), even for one process: the same
         # code path (NCCL or gloo) whatever the world size.
         if "LOCAL_RANK" in os.environ:
             td.init_process_group("nccl" if device.type == "cuda" else "gloo",
