@@ -7,8 +7,10 @@
 
 Greedy (`--greedy`) always gives the same text; sampling (temperature, top-k,
 top-p) gives the same text for the same `--seed`. Generation stops at the
-model's end-of-text token or after `--max-tokens`. Any local causal LM folder
-with its tokenizer works; a bad folder or option is one line on stderr.
+model's end-of-text token or after `--max-tokens`. A prompt that does not fit in
+the model's context beside `--max-tokens` new tokens keeps its last tokens (one
+warning line). Any local causal LM folder with its tokenizer works; a bad folder
+or option is one line on stderr.
 
 `--logit-adjust TAU` decodes with post-hoc logit adjustment, `logits - TAU * log pi`
 (pi: the train unigram prior from the rare_terms stage's counts.npy, `--counts`),
@@ -95,10 +97,7 @@ def generate(model, tokenizer, prompt: str, sampling: Sampling, out: TextIO | No
         if start is None:
             raise RarelmError("the prompt is empty and the tokenizer has no bos/eos token to start from")
         ids = torch.tensor([[start]])
-    limit = context_length(model)
-    if limit and ids.shape[1] + sampling.max_tokens > limit:
-        raise RarelmError(f"the prompt ({ids.shape[1]} tokens) plus --max-tokens {sampling.max_tokens} "
-                          f"exceeds the model's context of {limit} tokens")
+    ids = fit_context(ids, sampling.max_tokens, context_length(model))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     if sampling.greedy:
         config = GenerationConfig(do_sample=False, max_new_tokens=sampling.max_tokens, pad_token_id=pad)
@@ -114,10 +113,39 @@ def generate(model, tokenizer, prompt: str, sampling: Sampling, out: TextIO | No
         extra["logits_processor"] = logit_bias_processor(bias)
     torch.manual_seed(sampling.seed)
     ids = ids.to(model.device)
-    with torch.no_grad():
-        output = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config,
-                                streamer=_streamer(tokenizer, out) if out is not None else None, **extra)
+    # generate() fills unset fields from the folder's generation_config.json (sampling on):
+    # a blank one, so that these options alone decide
+    shipped, model.generation_config = model.generation_config, GenerationConfig()
+    try:
+        with torch.no_grad():
+            output = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config,
+                                    streamer=_streamer(tokenizer, out) if out is not None else None,
+                                    **extra)
+    finally:
+        model.generation_config = shipped
     return output[0, ids.shape[1]:].tolist()
+
+
+def fit_context(ids, max_tokens: int, limit: int | None, err: TextIO | None = None):
+    """The prompt ids [1, n] cut from the left to fit the context beside `max_tokens` new ones.
+
+    A cut prints one warning line; `max_tokens` alone filling the context is an error.
+    A context of 8 with 3 new tokens keeps the prompt's last 5 ids:
+
+    >>> import io, torch
+    >>> fit_context(torch.arange(7)[None], 3, 8, err=io.StringIO()).tolist()
+    [[2, 3, 4, 5, 6]]
+    """
+    if not limit or ids.shape[1] + max_tokens <= limit:
+        return ids
+    if max_tokens >= limit:
+        raise RarelmError(f"--max-tokens {max_tokens} leaves no room for the prompt in the model's "
+                          f"context of {limit} tokens (must be < {limit})")
+    keep = limit - max_tokens
+    print(f"rarelm generate: warning: the prompt ({ids.shape[1]} tokens) plus --max-tokens {max_tokens} "
+          f"exceeds the model's context of {limit} tokens: keeping the prompt's last {keep} tokens",
+          file=err or sys.stderr, flush=True)
+    return ids[:, -keep:]
 
 
 def run(model_dir: str | Path, prompt: str, sampling: Sampling, device: str = "auto",

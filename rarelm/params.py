@@ -211,10 +211,11 @@ class TrackingParams:
 
     experiment: str = "rarelm"
     system_metrics: bool = True
-    # log the trained model (transformers flavour, text generation) and register it:
+    # log the trained model (a text-generation pyfunc, rarelm/serving.py):
     # auto = only models under 2 GB of weights; true / false = always / never
     log_model: Literal["auto", "true", "false"] = "auto"
-    registered_model: str = "rarelm"  # registry name for the logged model ("" = log, not register)
+    registered_model: str = "rarelm"  # registry name for `rarelm register` (and for `register`)
+    register: bool = False  # register every trained model; false: only by `rarelm register`
     tensorboard: bool = False  # also write TensorBoard event files (runs/<run name>/)
 
 

@@ -9,7 +9,7 @@ current folder. `train` starts the run and leaves its id beside the model;
     run = start_run(params, stage="train", inputs=["data/tokenized"])  # inert if tracking is off
     run.log_metrics({"train/loss": 2.5}, step=10)
     run.save("models/model/mlflow_run.json")
-    run.log_model("models/model", params.tracking)  # transformers flavour, registered
+    run.log_model("models/model", params.tracking)  # a pyfunc (rarelm/serving.py)
     run.finish()                                    # or run.finish("FAILED")
 
     run = open_run("models/model/mlflow_run.json", stage="evaluate")
@@ -57,10 +57,15 @@ from rarelm.files import write_json
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}  # the UI's "Model training"
 UI = "http://127.0.0.1:5000"  # where `make ui` serves the store
 MODEL_LOG_LIMIT = 2 * 1024**3  # tracking.log_model: auto logs models with fewer bytes of weights
+# what the MLflow model is called with: rarelm/serving.py's params and defaults
+SERVING_DEFAULTS = {"max_new_tokens": 32, "do_sample": True, "temperature": 0.8, "top_k": 50,
+                    "top_p": 0.95, "seed": 0}
+INPUT_EXAMPLE = (["The patient was"], SERVING_DEFAULTS)  # shown in the UI, checked at logging
 TABLE_ROWS = 10_000  # term samples shown as a table in the UI; the full file is an artifact too
 _HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
                   "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
-                  "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
+                  "MLFLOW_HTTP_REQUEST_TIMEOUT": "5",
+                  "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}  # no bar in a stage's log
 
 
 def repo_root() -> Path:
@@ -370,13 +375,15 @@ class Run:
             self._note(f"table {artifact_file}", exc)
 
     def log_model(self, model_dir: str | Path, tracking) -> str | None:
-        """Log a saved causal LM folder (model + tokenizer) as a text-generation model.
+        """Log a saved causal LM folder (model + tokenizer + model card) as a text-generation model.
 
         `tracking` is params.tracking: `log_model` auto (weights under 2 GB) / true /
-        false, `registered_model` the registry name ("" = log, not register). Returns
-        the model's URI (`models:/<name>/<version>` when registered), or None. A failure
-        is one warning line; the run goes on. Serve it with
-        `mlflow models serve -m models:/rarelm/<version> --env-manager local`.
+        false; with `register` true also a new version of `registered_model` (see
+        rarelm.registry for registering later, by command). Returns the model's URI
+        (`models:/<name>/<version>` when registered), or None. A failure is one warning
+        line; the run goes on. The MLflow model is rarelm/serving.py (a pyfunc) with the
+        folder as its artifact "model"; serve it with
+        `mlflow models serve -m models:/rarelm@champion --env-manager local`.
         """
         model_dir = Path(model_dir).resolve()  # a path, not a hub id: MLflow looks nothing up online
         if not self.active or tracking.log_model == "false" or \
@@ -385,29 +392,29 @@ class Run:
         import logging
 
         t0 = time.perf_counter()
-        quiet = logging.getLogger("mlflow.transformers"), logging.getLogger("mlflow.models")
+        quiet = logging.getLogger("mlflow.models"), logging.getLogger("mlflow.pyfunc")
         levels = [logger.level for logger in quiet]
         try:
             import mlflow
-            import mlflow.transformers
-            from transformers import AutoModelForCausalLM, AutoTokenizer
-            from transformers.utils import logging as hf_logging
 
-            for logger in quiet:  # no "license not found" / model card notes for a local model
+            for logger in quiet:  # no notes on the input example's validation
                 logger.setLevel(logging.ERROR)
-            hf_logging.disable_progress_bar()
             mlflow.set_tracking_uri(self.tracking_uri)  # Model.log's own client
             # and its experiment: MLflow files a logged model under the current fluent experiment
             # (else Default), not under its run's, and the run's Models column stays empty
             mlflow.set_experiment(experiment_id=self._client.get_run(self.run_id).info.experiment_id)
-            components = {"model": AutoModelForCausalLM.from_pretrained(model_dir),
-                          "tokenizer": AutoTokenizer.from_pretrained(model_dir)}
-            info = mlflow.transformers.log_model(
-                components, name="model", task="text-generation", run_id=self.run_id,
-                signature=_generation_signature(), pip_requirements=_requirements())
+            # mlflow.pyfunc.log_model itself, but into this run (it logs into the active run only)
+            info = mlflow.models.Model.log(
+                artifact_path=None, name="model", flavor=mlflow.pyfunc, run_id=self.run_id,
+                flavor_name="pyfunc.ModelFromCode",
+                python_model=str(Path(__file__).with_name("serving.py")),
+                artifacts={"model": str(model_dir)}, signature=_generation_signature(),
+                input_example=INPUT_EXAMPLE, pip_requirements=_requirements())
             uri = info.model_uri
-            if tracking.registered_model:
-                version = self._register(tracking.registered_model, info)
+            if tracking.register and tracking.registered_model:
+                from rarelm import registry
+
+                version = registry.register(self._client, tracking.registered_model, self.run_id)
                 uri = f"models:/{tracking.registered_model}/{version}"
         except Exception as exc:  # the flavour or the registry failed: a note, not a failed run
             self._note("model", exc)
@@ -418,18 +425,6 @@ class Run:
         print(f"rarelm {self.stage}: model logged to MLflow as {uri} "
               f"({time.perf_counter() - t0:.1f} s)", file=sys.stderr, flush=True)
         return uri
-
-    def _register(self, name: str, info) -> str:
-        """A new version of registered model `name` (created if new); MlflowClient, so no prints."""
-        from mlflow.exceptions import MlflowException
-
-        try:
-            self._client.create_registered_model(name)
-        except MlflowException as exc:
-            if exc.error_code != "RESOURCE_ALREADY_EXISTS":  # else: made earlier or by a parallel run
-                raise
-        return self._client.create_model_version(name, source=info.model_uri, run_id=self.run_id,
-                                                 model_id=info.model_id).version
 
     def save(self, path: str | Path) -> None:
         """Write the run file (run_id, tracking_uri, experiment); nothing if inert."""
@@ -465,13 +460,14 @@ def _param_str(value: Any) -> str:
 
 
 def _generation_signature():
-    """str in, str out, with generation settings a request may pass (`params`)."""
+    """str in, str out, with generation settings a request may pass (`params`, defaults those of
+    `rarelm generate`: rarelm.serving.DEFAULTS)."""
     from mlflow.models import ModelSignature
     from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
 
+    types = {int: "long", bool: "boolean", float: "double"}
     return ModelSignature(Schema([ColSpec("string")]), Schema([ColSpec("string")]), params=ParamSchema([
-        ParamSpec("max_new_tokens", "long", 32), ParamSpec("do_sample", "boolean", False),
-        ParamSpec("temperature", "double", 1.0), ParamSpec("top_p", "double", 1.0)]))
+        ParamSpec(name, types[type(value)], value) for name, value in SERVING_DEFAULTS.items()]))
 
 
 def _requirements() -> list[str]:

@@ -510,10 +510,12 @@ def _fmt(value: Any) -> str:
     return str(value) if isinstance(value, int) else f"{value:.6g}"
 
 
-def save_model(model, data, paths: Paths, run) -> None:
-    """models/model: save_pretrained (safetensors, config) + the tokenizer + the run file."""
+def save_model(model, data, paths: Paths, run, card: str = "") -> None:
+    """models/model: save_pretrained (safetensors, config) + the tokenizer + the run file, made a
+    complete Hugging Face folder (rarelm.export: context length, generation defaults, model card)."""
     from transformers.utils import logging as hf_logging
 
+    from rarelm import export
     from rarelm.files import atomic_dir
 
     hf_logging.disable_progress_bar()  # no "Writing model shards" bar in the stage's log
@@ -525,6 +527,7 @@ def save_model(model, data, paths: Paths, run) -> None:
         for path in sorted(data.tokenizer_dir.iterdir()):
             if path.is_file():
                 shutil.copy2(path, tmp / path.name)
+        export.complete(tmp, card)
         run.save(tmp / "mlflow_run.json")
 
 
@@ -534,7 +537,7 @@ def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict
     """Train, write models/model, metrics and curves; the metrics on rank 0, None elsewhere."""
     import torch
 
-    from rarelm import checkpoint, tracking
+    from rarelm import checkpoint, export, tracking
     from rarelm.files import write_json
     from rarelm.loss import Objective, rare_mask
     from rarelm.model import build_model, fingerprint_files, provenance
@@ -724,7 +727,9 @@ def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict
             metrics = {**_final_metrics(state, tp, tokens, elapsed, final_model,
                                         len(train_samples) * block),
                        "state_bytes_per_rank": state_bytes, "precision": precision, **pinned}
-            save_model(final_model, data, paths, run)
+            card = export.model_card(params, metrics, tracking.dvc_hashes(
+                [paths.tokenized, paths.rare, paths.weights]))
+            save_model(final_model, data, paths, run, card)
             write_curves(paths.plots, state["curves"])
             write_json(paths.metrics, metrics)
             run.log_metrics({f"final/{k}": v for k, v in metrics.items()

@@ -5,6 +5,8 @@
     rarelm generate "The patient" --model models/model   # continue a prompt, streaming
     rarelm compare exp-a exp-b --baseline HEAD --out reports   # paired intervals, HTML report
     rarelm headline                        # every remedy vs the baseline, queued DVC experiments (~90 min)
+    rarelm register exp-name --champion    # register a run's model in MLflow, mark it to serve
+    rarelm champion 2                      # move the `champion` alias (roll back)
     rarelm --version                       # the installed version (pyproject.toml's)
 """
 
@@ -18,6 +20,7 @@ from stages.generate import generate
 from stages.headline import headline
 from stages.prepare import prepare
 from stages.rare_terms import rare_terms
+from stages.register import champion, register
 from stages.tokenize import tokenize
 from stages.train import train
 from stages.weights import weights
@@ -49,6 +52,8 @@ app.command()(evaluate)
 app.command()(generate)
 app.command()(compare)
 app.command()(headline)
+app.command()(register)
+app.command()(champion)
 
 
 @app.command()

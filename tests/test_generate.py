@@ -88,10 +88,16 @@ def test_streams_piece_by_piece_and_sampling_repeats_by_seed(model_dir):
     assert len(generate(model, tok, "", Sampling(max_tokens=3, greedy=True))) >= 1
 
 
-def test_prompt_too_long_for_the_context(model_dir):
+def test_a_prompt_too_long_for_the_context_keeps_its_end(model_dir, capsys):
     model, tok = load_causal_lm(model_dir), load_tokenizer(model_dir)
-    with pytest.raises(RarelmError, match="exceeds the model's context of 64 tokens"):
-        generate(model, tok, "the patient " * 40, Sampling(max_tokens=10))
+    prompt = "the patient presented with " * 20
+    assert len(tok(prompt).input_ids) > 64
+    ids = generate(model, tok, prompt, Sampling(max_tokens=10, greedy=True))
+    assert ids == argmax_loop(model, tok(prompt).input_ids[-54:], 10, tok.eos_token_id)
+    assert capsys.readouterr().err.strip().endswith(
+        "exceeds the model's context of 64 tokens: keeping the prompt's last 54 tokens")
+    with pytest.raises(RarelmError, match="--max-tokens 64 leaves no room for the prompt"):
+        generate(model, tok, "the", Sampling(max_tokens=64))
 
 
 def test_folder_without_tokenizer(tmp_path, model_dir):

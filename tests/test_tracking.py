@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rarelm import tracking
+from rarelm import export, tracking
 from rarelm.errors import RarelmError
 from rarelm.params import Params, TrackingParams
 
@@ -71,6 +71,7 @@ def tiny_model(tmp_path_factory) -> Path:
     config = GPT2Config(vocab_size=len(tokenizer), n_positions=64, n_embd=16, n_layer=1, n_head=2,
                         bos_token_id=0, eos_token_id=0)
     GPT2LMHeadModel(config).save_pretrained(folder)
+    export.complete(folder, export.model_card(Params(), {"parameters": 1, "val_ce": 2.5}, {}))
     return folder
 
 
@@ -276,7 +277,7 @@ def test_data_inputs_carry_dvc_hashes_as_digests(store, workspace, monkeypatch):
     assert all(key.startswith(FAMILIES) for key in mlrun.data.metrics), mlrun.data.metrics
 
 
-def test_logged_model_is_registered_and_generates_through_pyfunc(store, tiny_model, monkeypatch, capsys):
+def test_logged_model_serves_any_prompt_through_pyfunc(store, tiny_model, monkeypatch, capsys, caplog):
     import mlflow
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
@@ -285,32 +286,106 @@ def test_logged_model_is_registered_and_generates_through_pyfunc(store, tiny_mod
     run = tracking.start_run(params, stage="train")
     uri = run.log_model(tiny_model, params.tracking)
     run.finish()
-    assert uri == "models:/rarelm-test/1", capsys.readouterr().err
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("rarelm train: model logged to MLflow as models:/rarelm-test/")
+    assert uri.startswith("models:/m-") and len(err) == 1, err  # logged, not registered (register: false)
+    assert err[0].startswith(f"rarelm train: model logged to MLflow as {uri} (")
     client = mlflow.MlflowClient(store)
-    version = client.get_model_version("rarelm-test", "1")
-    assert version.run_id == run.run_id and version.status == "READY"
+    assert client.search_model_versions("name = 'rarelm-test'") == []
     (output,) = client.get_run(run.run_id).outputs.model_outputs  # the runs table's Models column
-    assert version.source == f"models:/{output.model_id}"
+    assert uri == f"models:/{output.model_id}"
     # filed under the run's experiment (the UI's Models column), not under Default
     assert client.get_logged_model(output.model_id).experiment_id == \
         client.get_run(run.run_id).info.experiment_id != "0"
+    info = mlflow.models.get_model_info(uri)
+    assert info.saved_input_example_info is not None  # the UI shows it; MLflow checked it at logging
+    assert {p.name: p.default for p in info.signature.params.params} == tracking.SERVING_DEFAULTS
+    folder = Path(mlflow.artifacts.download_artifacts(uri)) / "artifacts/model"
+    assert (folder / "README.md").read_text() == (tiny_model / "README.md").read_text()  # the model card
 
+    caplog.set_level("WARNING")
     model = mlflow.pyfunc.load_model(uri)  # MLflow's own scoring path, as `mlflow models serve` uses
-    out = model.predict(["The patient has"], params={"max_new_tokens": 4, "do_sample": False})
+    greedy = {"max_new_tokens": 4, "do_sample": False}
+    out = model.predict(["The patient has"], params=greedy)
     assert len(out) == 1 and out[0].startswith("The patient has") and len(out[0]) > len("The patient has")
-    assert model.predict(["The patient has"], params={"max_new_tokens": 4}) == out  # greedy: repeatable
+    assert model.predict(["The patient has"], params=greedy) == out  # greedy: repeatable
+    sampled = model.predict(["The patient has", "The"])  # the defaults: sampling, seed 0
+    assert model.predict(["The patient has", "The"]) == sampled and len(sampled) == 2
+    assert caplog.records == []  # no per-request warning (params override the saved config, ...)
+    long = "The patient has atypical encephaloectasia. " * 20  # more tokens than the 64 positions
+    (answer,) = model.predict([long], params=greedy)
+    assert answer.startswith(long) and len(answer) > len(long)
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert warning.endswith("exceeds the model's context of 64 tokens: keeping the prompt's last 60 tokens")
 
     off = dataclasses.replace(params.tracking, log_model="false")
-    unregistered = dataclasses.replace(params.tracking, log_model="true", registered_model="")
+    registered = dataclasses.replace(params.tracking, log_model="true", register=True)
     second = tracking.start_run(params, stage="train")
     assert second.log_model(tiny_model, off) is None
     monkeypatch.setattr(tracking, "MODEL_LOG_LIMIT", 1000)  # `auto` skips models this large
     assert second.log_model(tiny_model, params.tracking) is None
-    assert second.log_model(tiny_model, unregistered).startswith("models:/m-")  # true: any size
+    assert second.log_model(tiny_model, registered) == "models:/rarelm-test/1"  # true: any size
     second.finish()
-    assert len(client.search_model_versions("name = 'rarelm-test'")) == 1
+    version = client.get_model_version("rarelm-test", "1")
+    assert version.run_id == second.run_id and version.status == "READY"
+    assert client.get_registered_model("rarelm-test").aliases == {}  # no alias moves by itself
+
+
+def test_the_serving_defaults_are_rarelm_generates():
+    from rarelm import serving
+    from rarelm.generate import Sampling
+
+    assert serving.DEFAULTS == tracking.SERVING_DEFAULTS
+    assert {k: getattr(Sampling(), k) for k in ("temperature", "top_k", "top_p")} == \
+        {k: export.SAMPLING[k] for k in ("temperature", "top_k", "top_p")}
+
+
+def test_register_and_champion_through_the_cli(store, tiny_model, workspace, monkeypatch):
+    import mlflow
+    from typer.testing import CliRunner
+
+    from stages.cli import app
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    commit = tracking.git_commit()
+    (workspace / "params.yaml").write_text("tracking: {experiment: registry, registered_model: rarelm-cli, "
+                                          "system_metrics: false}\n")
+    params = Params(tracking=TrackingParams(experiment="registry", system_metrics=False))
+    ids = {}
+    for name, exact_match in (("exp-good", 0.75), ("exp-bad", 0.25)):
+        monkeypatch.setenv("DVC_EXP_NAME", name)
+        run = tracking.start_run(params, stage="train")
+        run.log_metrics({"summary/term_exact_match": exact_match, "eval/ppl": 3.0})
+        if name == "exp-good":  # exp-bad logs no model
+            run.log_model(tiny_model, params.tracking)
+        run.finish()
+        ids[name] = run.run_id
+    monkeypatch.delenv("DVC_EXP_NAME")
+    cli = CliRunner()
+
+    result = cli.invoke(app, ["register", "exp-good", "--champion"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == f"register: run {ids['exp-good']} (exp-good) -> models:/rarelm-cli/1, " \
+        "alias champion"
+    assert cli.invoke(app, ["register", ids["exp-good"]]).exit_code == 0  # by run id: version 2
+    client = mlflow.MlflowClient(store)
+    assert str(client.get_model_version_by_alias("rarelm-cli", "champion").version) == "1"  # not moved
+    first = client.get_model_version("rarelm-cli", "1")
+    assert len(commit) == 40 and first.description.splitlines() == [
+        "experiment: exp-good", f"commit: {commit}", f"run: {ids['exp-good']}",
+        "metrics: term_exact_match 0.75"]  # + one "data: ..." line per dataset input, here none
+    assert first.tags == {"experiment": "exp-good", "git_commit": commit, "summary/term_exact_match": "0.75"}
+
+    result = cli.invoke(app, ["champion", "2"])
+    assert result.exit_code == 0
+    assert result.stdout.strip() == "champion: models:/rarelm-cli@champion -> version 2"
+    assert str(client.get_model_version_by_alias("rarelm-cli", "champion").version) == "2"
+    for args, message in ((["champion", "9"], "registered model 'rarelm-cli' has no version 9"),
+                          (["register", "exp-bad"], f"run {ids['exp-bad']} (exp-bad) logged no model"),
+                          (["register", "exp-none"], "no run 'exp-none' in MLflow experiment 'registry'"),
+                          (["register"], "models/model/mlflow_run.json: no such run file")):
+        result = cli.invoke(app, args)
+        assert result.exit_code == 2 and result.stderr.strip().splitlines() == [
+            f"rarelm {args[0]}: error: {message}" + result.stderr.strip().split(message, 1)[1]], result.output
 
 
 def test_tensorboard_writes_the_step_curves_under_runs(workspace, store, monkeypatch):

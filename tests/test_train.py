@@ -328,8 +328,12 @@ def test_mlflow_run_holds_params_step_metrics_tags_and_system_metrics(trained):
     assert mlrun.info.run_name == f"train-{commit[:7]}"
     assert {i.dataset.name for i in mlrun.inputs.dataset_inputs} == {
         "data/tokenized", "data/rare", "data/weights"}  # digests from dvc.lock
-    (model,) = mlrun.outputs.model_outputs  # logged (tracking.log_model: auto) and registered
-    assert client.search_model_versions(f"name = 'rarelm' and run_id = '{info['run_id']}'")
+    (model,) = mlrun.outputs.model_outputs  # logged (tracking.log_model: auto), not registered
+    assert not client.search_model_versions(f"name = 'rarelm' and run_id = '{info['run_id']}'")
+    folder = root / "models/model"  # a complete Hugging Face folder (rarelm.export)
+    assert json.loads((folder / "tokenizer_config.json").read_text())["model_max_length"] == 32
+    assert json.loads((folder / "generation_config.json").read_text())["top_k"] == 50
+    assert "| `alpha` | `0.5` |" in (folder / "README.md").read_text()
     assert any(k.startswith("system/cpu_utilization") for k in metrics), sorted(metrics)
 
 
