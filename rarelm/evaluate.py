@@ -487,7 +487,7 @@ def log_to_mlflow(run_file: str | Path, metrics: dict, artifacts: list[Path],
     import json
     import sys
 
-    from rarelm.tracking import open_run
+    from rarelm.tracking import measured, open_run, summary_metrics
 
     if not Path(run_file).is_file():
         print(f"rarelm evaluate: warning: no {run_file} (the model was trained without tracking); "
@@ -496,7 +496,9 @@ def log_to_mlflow(run_file: str | Path, metrics: dict, artifacts: list[Path],
     run = open_run(run_file, stage="evaluate")
     if not run.active:
         return False  # open_run printed the warning line
-    run.log_metrics(mlflow_metrics(metrics))
+    run.log_metrics(summary_metrics(metrics) | measured(mlflow_metrics(metrics)))
+    if "logit_adjust_tau" in metrics:  # the setting behind these figures: a tag, not a metric
+        run.set_tags({"eval.logit_adjust_tau": str(metrics["logit_adjust_tau"])})
     run.log_datasets(list(inputs), context="evaluation")
     for path in artifacts:
         if Path(path).suffix == ".jsonl":

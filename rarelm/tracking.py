@@ -55,6 +55,22 @@ from rarelm.errors import RarelmError
 from rarelm.files import write_json
 
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}  # the UI's "Model training"
+EXPERIMENT_NOTE = (  # the experiment's description (mlflow.note.content), shown above its runs table
+    "One run per trained model (rarelm: rare domain terms). Read the `summary/` metrics first: "
+    "term NLL, term-token accuracy, term exact match (all terms, terms seen <= 15 times in train), "
+    "em50 (train occurrences for 50% exact match), overall and frequent-bucket perplexity, training "
+    "tokens/s. Step curves are under `train/` and `val/`; every evaluation figure under `eval/` and "
+    "in the artifact `eval/eval.json`; counts and constants in the artifacts (`upstream.json`, "
+    "`final/train.json`) and tags. Register a run's model with `rarelm register RUN`; "
+    "`models:/rarelm@champion` is the one chosen to serve (`rarelm champion VERSION`).")
+# summary/<name>: the metrics file key behind it; a short family that a person reads first
+SUMMARY = {"term_nll": "term_nll", "term_token_acc": "acc_term", "term_exact_match": "term_exact_match",
+           "term_exact_match_le15": "term_exact_match_le15", "false_insertion": "false_insertion_rate",
+           "ppl": "ppl", "ppl_frequent": "ppl_frequent", "em50_train_count": "em50_train_count",
+           "tokens_per_s": "tokens_per_s"}
+# metrics-file keys that count or restate settings: artifacts and tags, not MLflow metrics (`n_*` too)
+NOT_MEASURED = {"steps", "tokens", "epochs", "parameters", "trainable_parameters", "state_bytes_per_rank",
+                "gen_unique_tokens", "human_unique_tokens", "logit_adjust_tau"}
 UI = "http://127.0.0.1:5000"  # where `make ui` serves the store
 MODEL_LOG_LIMIT = 2 * 1024**3  # tracking.log_model: auto logs models with fewer bytes of weights
 # what the MLflow model is called with: rarelm/serving.py's params and defaults
@@ -158,6 +174,45 @@ def upstream_metrics(metrics_dir: str | Path, stages: list[str]) -> dict[str, fl
             except (OSError, ValueError):
                 continue  # a broken metrics file is that stage's problem, not tracking's
     return out
+
+
+def summary_metrics(metrics: dict[str, Any]) -> dict[str, float]:
+    """The `summary/` family from a metrics file's dict (eval.json or train.json): what exists of it.
+
+    >>> summary_metrics({"term_exact_match": 0.5, "acc_term": 0.8, "n_eval_terms": 9, "ppl": None})
+    {'summary/term_token_acc': 0.8, 'summary/term_exact_match': 0.5}
+    """
+    return {f"summary/{name}": float(metrics[key]) for name, key in SUMMARY.items()
+            if isinstance(metrics.get(key), (int, float)) and not isinstance(metrics[key], bool)}
+
+
+def measured(metrics: dict[str, float]) -> dict[str, float]:
+    """MLflow metrics without the counts and constants (NOT_MEASURED, `n_*`), whatever their prefix.
+
+    >>> measured({"eval/ppl": 2.0, "eval/n_eval_terms": 5.0, "final/steps": 9.0, "eval/val/n_x": 1.0})
+    {'eval/ppl': 2.0}
+    """
+    def counted(key: str) -> bool:
+        name = key.rsplit("/", 1)[-1]
+        return name.startswith("n_") or name in NOT_MEASURED
+
+    return {k: v for k, v in metrics.items() if not counted(k)}
+
+
+def run_note(params, tags: dict[str, str]) -> str:
+    """A run's description (mlflow.note.content): which experiment, from which commit, what changed.
+
+    >>> from rarelm.params import Params
+    >>> run_note(Params(), {"DVC_EXP_NAME": "exp-a", "git_commit": "2c46d84f00aa"})[:56]
+    'DVC experiment exp-a at commit 2c46d84: alpha 0, loss.ra'
+    """
+    name = tags.get("DVC_EXP_NAME") or tags.get("mlflow.runName") or "a run"
+    commit = tags.get("git_commit", "")[:7] or "unknown"
+    flat = params.flat()
+    shown = ", ".join(f"{k} {_param_str(flat[k]) if not isinstance(flat[k], float) else f'{flat[k]:g}'}"
+                      for k in ("alpha", "loss.rare_weight", "loss.targets", "seed", "train.max_steps"))
+    prefix = "DVC experiment " if tags.get("DVC_EXP_NAME") else ""
+    return f"{prefix}{name} at commit {commit}: {shown}. Read summary/ first."
 
 
 def dvc_hashes(paths: list[str | Path], lock: str | Path = "dvc.lock") -> dict[str, str]:
@@ -271,13 +326,13 @@ class Run:
                     experiment_id = client.create_experiment(
                         self.experiment, artifact_location=artifact_location(self.tracking_uri,
                                                                              self.experiment),
-                        tags=EXPERIMENT_KIND)
+                        tags=EXPERIMENT_KIND | {"mlflow.note.content": EXPERIMENT_NOTE})
                 except mlflow.exceptions.MlflowException:  # created meanwhile by a parallel run
                     experiment_id = client.get_experiment_by_name(self.experiment).experiment_id
             else:
                 experiment_id = experiment.experiment_id
-                for key, value in EXPERIMENT_KIND.items():  # a store from before the tag
-                    if key not in experiment.tags:
+                for key, value in (EXPERIMENT_KIND | {"mlflow.note.content": EXPERIMENT_NOTE}).items():
+                    if key not in experiment.tags:  # a store from before the tag
                         client.set_experiment_tag(experiment_id, key, value)
             run = client.create_run(experiment_id, run_name=tags.get("mlflow.runName") or None)
             self.run_id = run.info.run_id
@@ -309,6 +364,15 @@ class Run:
                 Metric(k, float(v), now, step or 0) for k, v in metrics.items()])
         except Exception as exc:  # tracking must never stop training
             self._fail(exc)
+
+    def log_json(self, data: dict, artifact_file: str) -> None:
+        """A dict as a JSON artifact of the run (counts and constants: not metrics)."""
+        if not self.active or not data:
+            return
+        try:
+            self._client.log_dict(self.run_id, data, artifact_file)
+        except Exception as exc:
+            self._note(artifact_file, exc)
 
     def set_tags(self, tags: dict[str, str]) -> None:
         if not self.active:
@@ -515,6 +579,8 @@ def start_run(params, stage: str, run_id: str | None = None, background: bool = 
     run = Run(stage, tracking_uri(), params.tracking.experiment, run_id,
               system_metrics=params.tracking.system_metrics)
     tags = run_tags(stage)
+    if run_id is None:
+        tags["mlflow.note.content"] = run_note(params, tags)
     if params.tracking.tensorboard:
         check_tensorboard(params.tracking)
         from torch.utils.tensorboard import SummaryWriter

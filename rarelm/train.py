@@ -693,8 +693,8 @@ def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict
                 window_t0 = time.perf_counter()  # validation time is not training throughput
             if row and dist.main:
                 state["curves"].append(row)
-                if first_metrics:
-                    run.log_metrics(first_metrics, step=0)
+                if first_metrics:  # counts and settings of the earlier stages: an artifact
+                    run.log_json(first_metrics, "upstream.json")
                     first_metrics = {}
                 run.log_metrics({f"train/{k}": v for k, v in row.items()
                                  if k != "step" and not k.startswith("val")}
@@ -732,8 +732,10 @@ def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict
             save_model(final_model, data, paths, run, card)
             write_curves(paths.plots, state["curves"])
             write_json(paths.metrics, metrics)
-            run.log_metrics({f"final/{k}": v for k, v in metrics.items()
-                             if isinstance(v, (int, float))}, step=tp.max_steps)
+            run.log_metrics(tracking.measured({f"final/{k}": v for k, v in metrics.items()
+                                               if isinstance(v, (int, float))})
+                            | tracking.summary_metrics(metrics), step=tp.max_steps)
+            run.log_json(metrics, "final/train.json")
             run.set_tags({"precision": precision, **pinned})
             run.log_model(paths.model, params.tracking)  # as MLflow's transformers flavour, registered
             store.clear()  # finished: a later run with these params starts afresh

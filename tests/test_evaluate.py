@@ -467,9 +467,10 @@ def test_stage_writes_metrics_plots_and_logs_into_the_training_run(workspace, tm
 
     logged = client.get_run(run_id)
     assert logged.data.metrics["eval/ppl"] == pytest.approx(m["ppl"])
-    assert logged.data.metrics["eval/n_eval_terms"] == m["n_eval_terms"]
+    assert logged.data.metrics["summary/term_exact_match"] == pytest.approx(m["term_exact_match"])
+    assert not any(k.rsplit("/", 1)[-1].startswith("n_") for k in logged.data.metrics)  # counts: eval.json
     assert logged.data.metrics["eval/val/ppl"] == pytest.approx(m["val"]["ppl"])
-    assert logged.data.metrics["eval/logit_adjust_tau"] == 0.0 and "logit_adjust_tau" not in m
+    assert logged.data.tags["eval.logit_adjust_tau"] == "0.0" and "logit_adjust_tau" not in m
     assert "evaluate" in logged.data.tags["stages"]
     artifacts = {a.path for a in client.list_artifacts(run_id, "eval")}
     assert artifacts == {"eval/eval.json", "eval/eval_buckets.csv", "eval/eval_term_bands.csv",

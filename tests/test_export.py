@@ -70,7 +70,8 @@ def test_model_card_holds_data_params_and_metrics_but_no_time_or_path(folder):
     assert "wall_time" not in text and "tokens_per_s" not in text and "tracking." not in text
     absolute = Params.from_dict({"corpus": {"path": "/somewhere/corpus.txt"}})
     assert "/somewhere" not in export.model_card(absolute, {}, {})
-    assert export.model_card(Params(), {"val_ce": 1.0}, {}) == export.model_card(Params(), {"val_ce": 1.0}, {})
+    same = {"val_ce": 1.0}
+    assert export.model_card(Params(), same, {}) == export.model_card(Params(), same, {})
 
 
 def test_no_room_for_a_prompt_is_an_error():

@@ -131,3 +131,21 @@ def test_dvc_yaml_declares_the_model_artifact_and_one_training_curves_plot(repo)
     builtin = json.loads(run(["dvc", "plots", "templates", "linear"], repo, check=True).stdout)
     assert ours.pop("transform") == [{"filter": {"not": {"field": "<DVC_METRIC_Y>", "equal": ""}}}]
     assert ours.pop("description") and ours == builtin
+
+
+def test_every_plot_has_a_title_and_bucket_perplexity_a_log_axis(repo):
+    """`dvc plots show` as DVC renders dvc.yaml: a title on each chart; the bucket chart on a log
+    x axis (.dvc/plots/bar_horizontal_log.json is DVC's bar_horizontal with only that changed), so
+    `unseen` (~10^5) does not flatten the other buckets."""
+    from tests.conftest import REPO
+
+    shown = json.loads(run(["dvc", "plots", "show", "--json"], REPO, check=True).stdout)["data"]
+    charts = {name: chart["content"] for name, charts in shown.items() for chart in charts}
+    assert set(charts) == {"training_loss", "plots/weights.csv", "plots/eval_buckets.csv",
+                           "plots/eval_term_bands.csv"}
+    assert all(chart["title"]["text"] for chart in charts.values())
+    assert charts["plots/eval_buckets.csv"]["encoding"]["x"]["scale"] == {"type": "log"}
+    ours = json.loads((REPO / ".dvc/plots/bar_horizontal_log.json").read_text())
+    builtin = json.loads(run(["dvc", "plots", "templates", "bar_horizontal"], repo, check=True).stdout)
+    assert ours.pop("description") and ours["encoding"]["x"].pop("scale") == {"type": "log"}
+    assert builtin["encoding"]["x"].pop("scale") == {"zero": False} and ours == builtin

@@ -14,7 +14,7 @@ from rarelm import export, tracking
 from rarelm.errors import RarelmError
 from rarelm.params import Params, TrackingParams
 
-FAMILIES = ("train/", "val/", "final/", "upstream/", "eval/", "system/")
+FAMILIES = ("summary/", "train/", "val/", "final/", "eval/", "system/")
 
 
 @pytest.fixture(scope="module")
@@ -217,6 +217,8 @@ def test_experiment_kind_run_name_and_source_tags(store, workspace, monkeypatch)
     assert "DVC_EXP_NAME" not in tags and "mlflow.source.git.repoURL" not in tags  # no remote
     experiment = client.get_experiment(mlrun.info.experiment_id)
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    assert experiment.tags["mlflow.note.content"] == tracking.EXPERIMENT_NOTE  # its description
+    assert tags["mlflow.note.content"].startswith(f"train-{commit[:7]} at commit {commit[:7]}: alpha 0,")
 
     client.delete_experiment_tag(experiment.experiment_id, "mlflow.experimentKind")  # an older store
     monkeypatch.setenv("DVC_EXP_NAME", "lumpy-gaur")  # as under `dvc exp run`
@@ -226,6 +228,7 @@ def test_experiment_kind_run_name_and_source_tags(store, workspace, monkeypatch)
     mlrun = client.get_run(run.run_id)
     assert mlrun.info.run_name == mlrun.data.tags["DVC_EXP_NAME"] == "lumpy-gaur"
     assert mlrun.data.tags["mlflow.source.git.commit"] == mlrun.data.tags["DVC_EXP_BASELINE_REV"]
+    assert mlrun.data.tags["mlflow.note.content"].startswith("DVC experiment lumpy-gaur at commit fffffff:")
     assert client.get_experiment(experiment.experiment_id).tags["mlflow.experimentKind"] == \
         "custom_model_development"
     assert tracking.experiment_id(store, "kinds") == experiment.experiment_id
