@@ -7,6 +7,7 @@
     rarelm headline                        # every remedy vs the baseline, queued DVC experiments (~90 min)
     rarelm register exp-name --champion    # register a run's model in MLflow, mark it to serve
     rarelm champion 2                      # move the `champion` alias (roll back)
+    rarelm release v1.0.0                  # git tag rarelm@v1.0.0: `dvc artifacts get . rarelm` finds it
     rarelm --version                       # the installed version (pyproject.toml's)
 """
 
@@ -21,6 +22,7 @@ from stages.headline import headline
 from stages.prepare import prepare
 from stages.rare_terms import rare_terms
 from stages.register import champion, register
+from stages.release import release
 from stages.tokenize import tokenize
 from stages.train import train
 from stages.weights import weights
@@ -54,6 +56,7 @@ app.command()(compare)
 app.command()(headline)
 app.command()(register)
 app.command()(champion)
+app.command()(release)
 
 
 @app.command()

@@ -1,0 +1,69 @@
+"""`rarelm release vX.Y.Z`: the git tag that makes `dvc artifacts get` find the model.
+
+dvc.yaml declares the model as the artifact `rarelm` (path models/model). DVC finds an
+artifact's versions by git tags in GTO's convention, `<artifact>@v<semver>` (annotated,
+as `gto register` makes them); without one `dvc artifacts get` says "Unable to find
+artifact". This command tags HEAD, after checking that the model's hashes (dvc.lock) are
+committed, so the tag names the model that is in the DVC remote after `dvc push`:
+
+    rarelm release v1.0.0          # git tag -a rarelm@v1.0.0 at HEAD
+    dvc push                       # the model's files to the default DVC remote
+    git push origin rarelm@v1.0.0  # where others clone from, if anywhere
+    dvc artifacts get <repo url or path> rarelm -o model       # newest version
+    dvc artifacts get <repo url or path> rarelm --rev v1.0.0   # DVC: --rev takes a version
+
+    >>> tag_name("rarelm", "1.2.0")
+    'rarelm@v1.2.0'
+"""
+
+from __future__ import annotations
+
+import configparser
+import re
+import subprocess
+from pathlib import Path
+
+from rarelm.errors import RarelmError
+
+SEMVER = re.compile(r"v?(\d+)\.(\d+)\.(\d+)")
+TRACKED = ("dvc.yaml", "dvc.lock")  # where the artifact and its output hashes are recorded
+
+
+def tag_name(artifact: str, version: str) -> str:
+    """GTO's tag for `version` (with or without its leading v) of `artifact`."""
+    if not SEMVER.fullmatch(version):
+        raise RarelmError(f"version {version!r} is not allowed (must be vMAJOR.MINOR.PATCH, e.g. v1.0.0)")
+    return f"{artifact}@v{version.removeprefix('v')}"
+
+
+def _git(root: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True)
+
+
+def default_remote(root: Path) -> str:
+    """The default DVC remote's name in .dvc/config (or config.local), or "" if none."""
+    name = ""
+    for file in (".dvc/config", ".dvc/config.local"):
+        config = configparser.ConfigParser()
+        config.read(root / file, encoding="utf-8")
+        name = config.get("core", "remote", fallback=name)
+    return name
+
+
+def release(version: str, artifact: str = "rarelm", root: str | Path = ".") -> str:
+    """Tag HEAD as `artifact@vX.Y.Z` (annotated); returns the tag. One-line errors for the rest."""
+    root = Path(root)
+    tag = tag_name(artifact, version)
+    if _git(root, "rev-parse", "--verify", "HEAD").returncode != 0:
+        raise RarelmError(f"{root.resolve().name}: not a git repository with a commit to tag")
+    if _git(root, "rev-parse", "--verify", f"refs/tags/{tag}").returncode == 0:
+        raise RarelmError(f"tag {tag} already exists (versions are immutable: release a new one)")
+    changed = [line[3:] for line in _git(root, "status", "--porcelain", "--", *TRACKED).stdout.splitlines()]
+    if changed:
+        raise RarelmError(f"{', '.join(changed)} has uncommitted "
+                          "changes: commit the model's hashes first, so the tag names this model")
+    message = f"Registering artifact {artifact} version v{version.removeprefix('v')}"
+    result = _git(root, "tag", "-a", tag, "-m", message)
+    if result.returncode != 0:
+        raise RarelmError(f"git tag {tag} failed: {' '.join(result.stderr.split())[:200]}")
+    return tag
