@@ -7,7 +7,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 
 # `make` alone lists the targets.
 .DEFAULT_GOAL := help
-.PHONY: help repro test lint ui demo report headline clean-venv
+.PHONY: help repro test lint ui demo report headline show clean-venv
 
 # dvc.yaml runs each stage as `python -m stages.<name>`, found on the PATH. This startup hook
 # (a .pth file in the venv's site-packages, run by its python at every start) puts the venv's
@@ -43,6 +43,13 @@ test: lint  ## lint (ruff), then the test suite
 
 lint: $(VENV)/.installed-dev  ## ruff on the code, tests and benchmarks
 	$(BIN)/ruff check rarelm stages tests bench
+
+# `dvc exp show` has ~300 columns; these <= 15 are the summary (MLflow's `summary/` family) and
+# the params that experiments vary. Column names that two files share carry the file (params.yaml:alpha).
+SHOW_METRICS := term_nll|acc_term|term_exact_match|term_exact_match_le15|false_insertion_rate|ppl|ppl_frequent|em50_train_count|tokens_per_s
+SHOW_PARAMS := params\.yaml:alpha|loss\.rare_weight|loss\.targets|seed|train\.max_steps
+show: $(VENV)/.installed  ## dvc exp show, the summary columns only (<= 15)
+	dvc exp show --no-pager --drop '.*' --keep '^(Experiment|$(SHOW_METRICS)|$(SHOW_PARAMS))$$'
 
 ui: $(VENV)/.installed  ## MLflow UI on the local store, loopback only
 	@python -m rarelm.tracking ui-url sqlite:///$(CURDIR)/mlflow.db  # the runs table, not the GenAI view
