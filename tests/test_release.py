@@ -45,6 +45,8 @@ def test_release_tags_the_model_that_dvc_artifacts_get_downloads(tmp_path, monke
     got = run(["dvc", "artifacts", "get", str(repo), "rarelm", "-o", "got"], tmp_path, check=True)
     assert "Downloaded 2 file(s)" in got.stdout + got.stderr
     assert (tmp_path / "got/model.safetensors").read_bytes() == b"weights"
+    run(["dvc", "artifacts", "get", str(repo), "rarelm", "--rev", "v1.0.0", "-o", "v1"], tmp_path, check=True)
+    assert (tmp_path / "v1/config.json").read_text() == '{"n_positions": 8}'
 
     (repo / "dvc.yaml").write_text((repo / "dvc.yaml").read_text() + "    desc: changed\n")
     for args, message in ((["release", "v1.0.0"], "tag rarelm@v1.0.0 already exists"),
