@@ -244,7 +244,10 @@ def headline(repo: Path, plan: Plan, out: Path, readme: Path | None,
     previous = _read_json(out / "headline.json").get("rounds_s", {})
     rounds: dict[str, float] = {}
 
+    swept: list[str] = []
+
     def timed(name: str, experiments: list[tuple[str, list[str]]]) -> None:
+        swept.extend(e for e, _ in experiments)
         t0 = time.time()
         ran = run_batch(repo, experiments, log, poll)
         rounds[name] = time.time() - t0 if ran or name not in previous else previous[name]
@@ -269,7 +272,21 @@ def headline(repo: Path, plan: Plan, out: Path, readme: Path | None,
               "combination": extra.get("combination", []), "finalists": finalists,
               "ranking": ranked, "screen": screen, "final": final}
     write_outputs(result, out, readme)
+    _log_sweep(repo, out, swept, finalists)
     return result
+
+
+def _log_sweep(repo: Path, out: Path, swept: list[str], finalists: list[str]) -> None:
+    """The sweep as a parent MLflow run over its experiments' runs, the reports as its artifacts."""
+    from rarelm import tracking
+    from rarelm.params import load_params
+
+    experiment = load_params(repo / "params.yaml").tracking.experiment
+    commit = tracking.git_commit(repo)[:7]
+    tracking.log_sweep(experiment, f"headline-{commit}", swept, out / "final", note=(
+        f"rarelm headline at commit {commit}: {len(swept)} experiments in three rounds; finalists "
+        f"{', '.join(finalists) or 'none'}. The final comparison (paired term bootstrap over seeds) "
+        "is in this run's artifacts; the screening round in docs/headline/screen."))
 
 
 # ---------------------------------------------------------------- outputs

@@ -31,6 +31,8 @@ def find_run(client, experiment: str, ref: str = "", run_file: str | Path = RUN_
         if not path.is_file():
             raise RarelmError(f"{path}: no such run file (train with tracking on, or name a run)")
         ref = json.loads(path.read_text(encoding="utf-8"))["run_id"]
+    if "'" in ref:
+        raise RarelmError(f"run {ref!r} is not allowed (run ids and names have no quote)")
     found = client.get_experiment_by_name(experiment)
     if found is not None:
         for query in (f"attributes.run_id = '{ref}'", f"tags.DVC_EXP_NAME = '{ref}'",

@@ -28,8 +28,12 @@ def _client_and_params(params_file: Path):
 
     from rarelm.tracking import tracking_uri
 
+    uri = tracking_uri()
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
+        raise RarelmError(f"no MLflow store at {uri} (train with tracking on first, or set "
+                          "MLFLOW_TRACKING_URI)")  # MlflowClient would create an empty one
     logging.getLogger("mlflow").setLevel(logging.WARNING)
-    return mlflow.MlflowClient(tracking_uri()), params
+    return mlflow.MlflowClient(uri), params
 
 
 def register(

@@ -354,6 +354,11 @@ def test_register_and_champion_through_the_cli(store, tiny_model, workspace, mon
                                           "system_metrics: false}\n")
     params = Params(tracking=TrackingParams(experiment="registry", system_metrics=False))
     ids = {}
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{workspace / 'none.db'}")
+    result = CliRunner().invoke(app, ["champion", "1"])
+    assert result.exit_code == 2 and "rarelm champion: error: no MLflow store at sqlite:///" in result.stderr
+    assert not (workspace / "none.db").exists()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
     for name, exact_match in (("exp-good", 0.75), ("exp-bad", 0.25)):
         monkeypatch.setenv("DVC_EXP_NAME", name)
         run = tracking.start_run(params, stage="train")
@@ -385,7 +390,8 @@ def test_register_and_champion_through_the_cli(store, tiny_model, workspace, mon
     for args, message in ((["champion", "9"], "registered model 'rarelm-cli' has no version 9"),
                           (["register", "exp-bad"], f"run {ids['exp-bad']} (exp-bad) logged no model"),
                           (["register", "exp-none"], "no run 'exp-none' in MLflow experiment 'registry'"),
-                          (["register"], "models/model/mlflow_run.json: no such run file")):
+                          (["register"], "models/model/mlflow_run.json: no such run file"),
+                          (["register", "it's"], "run \"it's\" is not allowed")):
         result = cli.invoke(app, args)
         assert result.exit_code == 2 and result.stderr.strip().splitlines() == [
             f"rarelm {args[0]}: error: {message}" + result.stderr.strip().split(message, 1)[1]], result.output
@@ -442,3 +448,26 @@ def test_artifacts_go_beside_the_store_not_into_the_temporary_workspace(tmp_path
     kept = list((store.parent / "mlruns" / "beside").rglob("report.txt"))
     assert len(kept) == 1 and kept[0].read_text() == "kept"
     assert not (temporary / "mlruns").exists()
+
+
+def test_a_sweep_becomes_a_parent_run_over_its_experiments(store, workspace, monkeypatch):
+    import mlflow
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    params = Params(tracking=TrackingParams(experiment="sweeps", system_metrics=False))
+    ids = {}
+    for name in ("base-s1", "alpha07-s1", "other"):
+        monkeypatch.setenv("DVC_EXP_NAME", name)
+        run = tracking.start_run(params, stage="train")
+        run.finish()
+        ids[name] = run.run_id
+    (workspace / "final").mkdir()
+    (workspace / "final/report.md").write_text("| config | diff |\n")
+    assert tracking.log_sweep("none-such", "headline-x", ["base-s1"], workspace / "final") is None
+    parent = tracking.log_sweep("sweeps", "headline-abc", ["base-s1", "alpha07-s1"], workspace / "final")
+    client = mlflow.MlflowClient(store)
+    assert client.get_run(parent).info.run_name == "headline-abc"
+    assert client.get_run(parent).data.tags["mlflow.note.content"].startswith("Sweep headline-abc: 2 runs")
+    assert {n: client.get_run(i).data.tags.get("mlflow.parentRunId") for n, i in ids.items()} == {
+        "base-s1": parent, "alpha07-s1": parent, "other": None}
+    assert [a.path for a in client.list_artifacts(parent)] == ["report.md"]
