@@ -68,7 +68,9 @@ def complete(folder: str | Path, card: str) -> None:
 
 
 def _complete_tokenizer(path: Path, context: int | None) -> None:
-    tokenizer = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    if not path.is_file():  # a tokenizer without its config: a partial one would change how it loads
+        return
+    tokenizer = json.loads(path.read_text(encoding="utf-8"))
     if context:
         tokenizer["model_max_length"] = context
     tokenizer["truncation_side"] = "left"

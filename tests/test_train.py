@@ -294,7 +294,7 @@ def test_dvc_repro_trains_with_two_ddp_processes(trained):
                                                           env=env, check=True).stdout
 
 
-def test_mlflow_run_holds_params_step_metrics_tags_and_system_metrics(trained):
+def test_mlflow_run_holds_params_step_metrics_tags_and_system_metrics(trained, tmp_path):
     import mlflow
 
     from rarelm.params import load_params
@@ -325,7 +325,8 @@ def test_mlflow_run_holds_params_step_metrics_tags_and_system_metrics(trained):
         assert key in metrics, key
     assert all(k.startswith(("train/", "val/", "final/", "summary/", "system/")) for k in metrics)
     assert "final/parameters" not in metrics  # counts and the earlier stages' figures: artifacts
-    upstream = mlflow.artifacts.load_dict(f"runs:/{info['run_id']}/upstream.json")
+    upstream = json.loads(Path(client.download_artifacts(info["run_id"], "upstream.json", str(tmp_path)))
+                          .read_text())
     assert upstream["upstream/prepare/documents"] > 0 and "upstream/tokenize/vocab_size" in upstream
     note = mlrun.data.tags["mlflow.note.content"]  # the run's description
     assert note.startswith(f"train-{commit[:7]} at commit {commit[:7]}: alpha 0.5")
@@ -658,7 +659,8 @@ def test_lora_fine_tune_under_fsdp_saves_a_merged_model_and_records_what_trained
     # MLflow records what trained against the whole model
     info = json.loads((out / "mlflow_run.json").read_text())
     logged = mlflow.MlflowClient(info["tracking_uri"]).get_run(info["run_id"]).data
-    counts = mlflow.artifacts.load_dict(f"runs:/{info['run_id']}/final/train.json")  # an artifact
+    counts = json.loads(Path(mlflow.MlflowClient(info["tracking_uri"]).download_artifacts(
+        info["run_id"], "final/train.json", str(tmp_path))).read_text())  # an artifact, not a metric
     assert counts["trainable_parameters"] == 512 and "final/trainable_parameters" not in logged.metrics
     assert logged.params["model.lora.rank"] == "4"
 
