@@ -281,9 +281,13 @@ def _log_sweep(repo: Path, out: Path, swept: list[str], finalists: list[str]) ->
     from rarelm import tracking
     from rarelm.params import load_params
 
-    experiment = load_params(repo / "params.yaml").tracking.experiment
+    try:
+        experiment = load_params(repo / "params.yaml").tracking.experiment
+    except RarelmError:  # the experiments ran with their own params: nothing to group by here
+        return
+    uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{repo / 'mlflow.db'}"  # the repo's store
     commit = tracking.git_commit(repo)[:7]
-    tracking.log_sweep(experiment, f"headline-{commit}", swept, out / "final", note=(
+    tracking.log_sweep(experiment, f"headline-{commit}", swept, out / "final", uri=uri, note=(
         f"rarelm headline at commit {commit}: {len(swept)} experiments in three rounds; finalists "
         f"{', '.join(finalists) or 'none'}. The final comparison (paired term bootstrap over seeds) "
         "is in this run's artifacts; the screening round in docs/headline/screen."))

@@ -658,7 +658,7 @@ def _model_of_another_experiment(info: dict) -> bool:
 
 
 def log_sweep(experiment: str, name: str, children: list[str], report_dir: str | Path,
-              note: str = "") -> str | None:
+              note: str = "", uri: str | None = None) -> str | None:
     """A parent run `name` for a sweep: the runs of DVC experiments `children` become its children
     (tag mlflow.parentRunId, so the runs table nests them), the report folder its artifacts.
 
@@ -666,7 +666,7 @@ def log_sweep(experiment: str, name: str, children: list[str], report_dir: str |
     to know nothing of it. Returns the parent's run id; None (one warning line) if the store
     has no such experiment or cannot be reached: a sweep's results stand without it.
     """
-    uri = tracking_uri()
+    uri = uri or tracking_uri()
     if experiment_id(uri, experiment) is None:
         return None
     try:
