@@ -737,7 +737,7 @@ def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict
                             | tracking.summary_metrics(metrics), step=tp.max_steps)
             run.log_json(metrics, "final/train.json")
             run.set_tags({"precision": precision, **pinned})
-            run.log_model(paths.model, params.tracking)  # as MLflow's transformers flavour, registered
+            run.log_model(paths.model, params.tracking)  # a pyfunc (rarelm/serving.py); registered if asked
             store.clear()  # finished: a later run with these params starts afresh
         dist.barrier()
         run.finish("FINISHED")
