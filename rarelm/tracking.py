@@ -19,9 +19,11 @@ current folder. `train` starts the run and leaves its id beside the model;
 The run file is JSON: {"run_id": ..., "tracking_uri": ..., "experiment": ...}.
 
 Metric names, one prefix per family (the UI draws one chart section per prefix):
-`train/<k>` and `val/<k>` step curves, `final/<k>` metrics/train.json at the end,
-`upstream/<stage>/<k>` the earlier stages' metrics/<stage>.json, `eval/<k>`
-(`eval/<split>/<k>`) metrics/eval.json, `system/<k>` MLflow's system metrics.
+`summary/<k>` the few to read first (SUMMARY), `train/<k>` and `val/<k>` step curves,
+`final/<k>` metrics/train.json at the end, `eval/<k>` (`eval/<split>/<k>`) metrics/eval.json,
+`system/<k>` MLflow's system metrics. Counts and constants (NOT_MEASURED, `n_*`) are no
+metrics: they stay in JSON artifacts (`final/train.json`, `eval/eval.json`, `upstream.json`
+with the earlier stages' metrics/<stage>.json) and tags.
 
 The run is named after the DVC experiment under `dvc exp run` ($DVC_EXP_NAME),
 else `<stage>-<short commit>`. Tags: `stage` (the stage that started it), `stages`
