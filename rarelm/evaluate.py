@@ -13,9 +13,10 @@ For each split in `eval.splits`, three measurements, each with the counts behind
    data/rare/terms.jsonl in the split's text (term_search.find_occurrences;
    capped at `eval.max_terms`, round robin over terms); prompt = up to
    `eval.context_tokens` tokens before the first token covering the term; greedy
-   decoding until the text covers lead + term. One row per occurrence (exact
-   match, first-token hit, NLL, closed-set rank among all terms, mention type,
-   band); `term_metrics` turns the rows into `term_exact_match`,
+   decoding until the text covers lead + term as written there. One row per
+   occurrence (exact match, also case folded, first-token hit, NLL, closed-set
+   rank among all terms, mention type, band); `term_metrics` turns the rows
+   into `term_exact_match`, `term_exact_match_ci`,
    `term_first_token_acc`, `term_nll`, `term_choice_acc`, their `_first` /
    `_repeat` / `_le15` / `_band_<lo-hi>` / `_macro` variants and
    `em50_train_count`. The tokens covering term occurrences are also scored as
@@ -173,8 +174,8 @@ def _generate_text(model, tokenizer, prompts: list[list[int]], targets: list[str
     """Greedy tokens for each prompt, until the decoded text covers its target or cannot match it.
 
     Every row first gets n_first + 1 tokens; a row whose text is still a strict
-    prefix of its target (the model wrote the term in more, smaller tokens than the
-    document has) continues, up to 2 * n_first + 4 tokens in all.
+    prefix of its target, in any case (the model wrote the term in more, smaller
+    tokens than the document has), continues, up to 2 * n_first + 4 tokens in all.
     """
     from rarelm.lm import greedy_continue
 
@@ -184,7 +185,9 @@ def _generate_text(model, tokenizer, prompts: list[list[int]], targets: list[str
     for _ in range(4):
         open_rows = []
         for i, (g, target) in enumerate(zip(generated, targets, strict=True)):
-            text = tokenizer.decode(g, skip_special_tokens=False).rstrip("\ufffd")
+            # casefolded, so a row that writes the term in another case goes on (exact_match_ci)
+            text = tokenizer.decode(g, skip_special_tokens=False).rstrip("\ufffd").casefold()
+            target = target.casefold()
             if len(text) < len(target) and target.startswith(text) and len(g) < 2 * n_first[i] + 4:
                 open_rows.append(i)
         if not open_rows:
@@ -206,13 +209,16 @@ def evaluate_terms(model, tokenizer, documents: list[str], tokens: np.ndarray, o
     At each chosen occurrence (term_search.find_occurrences, capped round robin):
     the prompt is up to `context_tokens` of the document's tokens before the first
     token covering the term; the model writes greedily until its decoded text
-    covers `lead + term` (lead: the text of that first token before the term, " "
-    in English); `exact_match` = the text starts with lead + term. `first_token_hit`
+    covers `lead + surface` (lead: the text of that first token before the term, " "
+    in English; surface: the term as written at that occurrence, "PKI" or "pki");
+    `exact_match` = the text starts with lead + surface, `exact_match_ci` = the same
+    compared case folded (" Pki" matches " PKI" there). `first_token_hit`
     = the first greedy token is the document's first covering token; `nll` = mean
     NLL of the document's covering tokens given the prompt. With `closed_set`, each
     extracted term (tokenized as lead + term) is scored after the same prompt by
     summed NLL, and `choice_rank` is 1 + the number of terms the model prefers to
-    the true one (1 = the model would pick the right term from the list).
+    the true one (1 = the model would pick the right term from the list); the true
+    term is the one as written at the occurrence, the others their display forms.
     """
     from rarelm.lm import candidates_nll, continuation_nll
 
@@ -222,7 +228,7 @@ def evaluate_terms(model, tokenizer, documents: list[str], tokens: np.ndarray, o
     prompts = [term_search.prompt_before(tokens, int(offsets[o.doc]), o.start, context_tokens, eot_id)
                for o in chosen]
     covers = [[int(t) for t in tokens[o.start:o.end]] for o in chosen]
-    expected = [o.lead + terms[o.term].text for o in chosen]
+    expected = [o.lead + (o.surface or terms[o.term].text) for o in chosen]
     candidate_ids: dict[str, list[list[int]]] = {}  # lead -> every term tokenized after it
     rows: list[dict] = [{} for _ in chosen]
     order = sorted(range(len(chosen)), key=lambda i: (len(covers[i]), len(prompts[i])))
@@ -241,7 +247,8 @@ def evaluate_terms(model, tokenizer, documents: list[str], tokens: np.ndarray, o
                 if o.lead not in candidate_ids:
                     candidate_ids[o.lead] = [e.ids for e in tokenizer.encode_batch(
                         [o.lead + t.text for t in terms], add_special_tokens=False)]
-                ids = candidate_ids[o.lead][o.term]  # the true term, tokenized as every candidate is
+                ids = candidate_ids[o.lead][o.term] if expected[i] == o.lead + term.text else \
+                    tokenizer.encode(expected[i], add_special_tokens=False).ids  # the true term as written
                 true_nll = float(nlls[row].sum()) if ids == covers[i] else \
                     candidates_nll(model, prompts[i], [ids], logit_bias=logit_bias)[0]
                 scores = candidates_nll(model, prompts[i], candidate_ids[o.lead], bound=true_nll,
@@ -253,6 +260,7 @@ def evaluate_terms(model, tokenizer, documents: list[str], tokens: np.ndarray, o
                        "char_start": o.char_start, "prompt_tokens": len(prompts[i]),
                        "expected": expected[i], "output": text,
                        "exact_match": text.startswith(expected[i]),
+                       "exact_match_ci": text.casefold().startswith(expected[i].casefold()),
                        "first_token_hit": bool(generated[row][0] == covers[i][0]),
                        "nll": float(nlls[row].mean()), "choice_rank": rank,
                        "n_choices": len(terms) if closed_set else None}
@@ -302,8 +310,10 @@ def em50_train_count(counts: np.ndarray, hits: np.ndarray) -> float | None:
 
 
 def _figures(rows: list[dict]) -> dict:
-    """Exact match, first-token accuracy, NLL and closed-set choice: means over some rows."""
+    """Exact match (as written, and in any case), first-token accuracy, NLL and closed-set
+    choice: means over some rows."""
     return {"exact_match": _mean(r["exact_match"] for r in rows),
+            "exact_match_ci": _mean(r["exact_match_ci"] for r in rows),
             "first_token_acc": _mean(r["first_token_hit"] for r in rows),
             "nll": _mean(r["nll"] for r in rows),
             "choice_acc": _mean(None if r["choice_rank"] is None else r["choice_rank"] == 1 for r in rows)}
@@ -315,6 +325,7 @@ def term_metrics(rows: list[dict], n_terms: int, n_occurrences: int) -> dict:
     Each figure is a mean over occurrences; `*_macro` first averages each term's
     occurrences, then the terms. `_first` / `_repeat` split by mention type;
     `_band_<lo-hi>` by the term's train count; `_le15` keeps terms seen <= 15 times.
+    `term_exact_match_ci` is exact match compared case folded (" Pki" for " PKI").
     """
     def block(subset: list[dict], suffix: str) -> dict:
         out = {f"term_{key}{suffix}": value for key, value in _figures(subset).items()}
@@ -333,6 +344,7 @@ def term_metrics(rows: list[dict], n_terms: int, n_occurrences: int) -> dict:
     for label, subset in _by_band(rows):
         figures = _figures(subset)
         out[f"term_exact_match_band_{label}"] = figures["exact_match"]
+        out[f"term_exact_match_ci_band_{label}"] = figures["exact_match_ci"]
         out[f"term_choice_acc_band_{label}"] = figures["choice_acc"]
         out[f"n_eval_terms_band_{label}"] = len(subset)
     counts = np.array([r["train_count"] for r in rows], dtype=np.int64)

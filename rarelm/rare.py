@@ -682,8 +682,6 @@ def rare_terms(params, reference_glossary: str, prepared_dir: Path, tokenized_di
     for st in extracted:
         rows.setdefault(normalize_term(st.term), {"term": st.term, "source": "tfidf", **_numbers(st)})
     table = sorted(rows.values(), key=lambda r: (r["source"] != "glossary", -r["score"], r["term"]))
-    for row in table:
-        row["token_ids"] = term_token_ids(tokenizer, row["term"])
 
     metrics = {"language": language, "documents": len(documents),
                "terms": len(table), "tfidf_terms": len(extracted), "glossary_terms": len(glossary),
@@ -695,10 +693,14 @@ def rare_terms(params, reference_glossary: str, prepared_dir: Path, tokenized_di
         # recall cannot exceed this: reference terms that occur in the training documents at all
         metrics["extraction"]["reference_in_train"] = sum(st.df > 0 for st in in_train.values())
 
-    index = build_term_index(tokenizer, prepared_dir, data, [row["term"] for row in table])
+    index, forms = build_term_index(tokenizer, prepared_dir, data, [row["term"] for row in table])
     found = np.bincount(index[:, 2], minlength=len(table))
-    for row, n in zip(table, found.tolist(), strict=True):
+    for row, n, written in zip(table, found.tolist(), forms, strict=True):
+        display = display_form(row["term"], written)
+        row["token_ids"] = term_token_ids(tokenizer, display)
         row["train_occurrences"] = n  # in the whole train split, by the search evaluate uses
+        row["display"] = display  # the term as it is written most often in train
+        row["surface_forms"] = surface_forms(written)  # every way train writes it, with counts
     metrics["term_occurrences"] = int(len(index))
     metrics["terms_found_in_train"] = int((found > 0).sum())
 
@@ -751,18 +753,20 @@ TERM_INDEX_META = "term_index.json"
 
 
 def build_term_index(tokenizer, prepared_dir: Path, data, terms: list[str],
-                     batch_documents: int = 5000) -> np.ndarray:
-    """Every occurrence of every term in the train split, int64 [occurrences, 3], sorted.
+                     batch_documents: int = 5000) -> tuple[np.ndarray, list[Counter[str]]]:
+    """Every occurrence of every term in the train split, int64 [occurrences, 3], sorted,
+    and each term's surface forms: how often it is written each way.
 
     A row is (start, length, term): the split position of the first token that
     covers the occurrence, how many tokens cover it, and the term's line in
     terms.jsonl. Occurrences are found by `term_search.find_occurrences`, the
-    search `evaluate` uses (word-boundary aware, in the text, mapped to tokens by
-    the tokenizer's offsets), `batch_documents` documents at a time, so memory
-    is bounded by that batch plus the index itself (24 bytes per occurrence).
+    search `evaluate` uses (whatever the case, word-boundary aware, in the text,
+    mapped to tokens by the tokenizer's offsets), `batch_documents` documents at
+    a time, so memory is bounded by that batch plus the index itself (24 bytes
+    per occurrence).
 
-        document " acute MI. Subacute MI"  tokens | acute| MI|.| Sub|acute| MI|
-        term "acute MI" (term 0)          -> row (0, 2, 0): " acute" + " MI", once
+        document " acute MI. Subacute MI. Acute mi"  tokens | acute| MI|.| Sub|acute| MI|.| Acute| mi|
+        term "acute mi" (term 0)  -> rows (0, 2, 0) and (7, 2, 0); forms {"acute MI": 1, "Acute mi": 1}
     """
     from rarelm.corpus import read_split
     from rarelm.term_search import Term, find_occurrences
@@ -770,11 +774,14 @@ def build_term_index(tokenizer, prepared_dir: Path, data, terms: list[str],
     tokens, offsets = data.tokens("train"), data.offsets("train")
     wanted = [Term(text, 0) for text in terms]
     parts, batch, first = [], [], 0
+    forms: list[Counter[str]] = [Counter() for _ in terms]
 
     def search() -> None:
         per_term = find_occurrences(tokenizer, batch, tokens, offsets[first:first + len(batch) + 1], wanted)
         parts.append(np.array([(o.start, o.end - o.start, t) for t, found in enumerate(per_term)
                                for o in found], dtype=np.int64).reshape(-1, 3))
+        for t, found in enumerate(per_term):
+            forms[t].update(o.surface for o in found)
 
     for document in read_split(prepared_dir, "train"):
         if first + len(batch) >= len(offsets) - 1:
@@ -790,7 +797,27 @@ def build_term_index(tokenizer, prepared_dir: Path, data, terms: list[str],
         raise RarelmError(f"the prepared train split has {first + len(batch)} documents but the tokenized "
                           f"one {len(offsets) - 1}; re-run the tokenize stage")
     index = np.concatenate(parts) if parts else np.zeros((0, 3), dtype=np.int64)
-    return index[np.lexsort((index[:, 2], index[:, 0]))]
+    return index[np.lexsort((index[:, 2], index[:, 0]))], forms
+
+
+def surface_forms(forms: Counter[str]) -> dict[str, int]:
+    """A term's forms as written in train with their counts, most frequent first (ties: in
+    code-point order, capitals first), as terms.jsonl stores them.
+
+    >>> surface_forms(Counter({"pki": 2, "PKI": 5, "Pki": 2}))
+    {'PKI': 5, 'Pki': 2, 'pki': 2}
+    """
+    return dict(sorted(forms.items(), key=lambda item: (-item[1], item[0])))
+
+
+def display_form(term: str, forms: Counter[str]) -> str:
+    """How a term is shown and written: its most frequent form in train, or as extracted
+    (or as the glossary gives it) if train never has it.
+
+    >>> display_form("pki", Counter({"PKI": 5, "pki": 2})), display_form("pki", Counter())
+    ('PKI', 'pki')
+    """
+    return next(iter(surface_forms(forms)), term)
 
 
 def term_index_meta(index: np.ndarray, n_terms: int, data, rare_dir: Path) -> dict:

@@ -6,15 +6,20 @@ text a term's characters share tokens with their neighbours, and the term's own
 token sequence, tokenized alone, may never occur in the token stream at all.
 Text does not have that problem:
 
-    >>> find_in_text("acute MI. Subacute MI and acute MIs; acute MI", "acute MI")
-    [0, 37]
+    >>> find_in_text("acute MI. Subacute MI and acute MIs; Acute mi", "acute MI")
+    [(0, 8), (37, 45)]
     >>> find_in_text("董事会决定发行可交换保理。", "可交换保理")
-    [7]
+    [(7, 12)]
 
-A term that begins (ends) with a letter or digit of a space-separated script
-matches only where the text has no such character right before (after) it, so
-"acute MI" is not found inside "subacute MI" or "acute MIs"; Han and kana
-characters never need a boundary, so Chinese terms match anywhere.
+Case does not matter: text and term are compared case folded (`str.casefold`,
+so "PKI", "pki" and "Pki" are one term; Han and kana have no case, so Chinese
+and Japanese match exactly), and each match is mapped back to the characters of
+the original text, whose slice is the occurrence's `surface`, the term as
+written there. A term that begins (ends) with a letter or digit of a
+space-separated script matches only where the text has no such character right
+before (after) it, so "acute MI" is not found inside "subacute MI" or "acute
+MIs"; Han and kana characters never need a boundary, so Chinese terms match
+anywhere, and so does a Latin acronym between Han characters ("使用PKI证书").
 
 Each match is then mapped to the document's tokens through the tokenizer's
 character offsets (`locate`): the tokens that *cover* the term are those whose
@@ -22,9 +27,11 @@ characters overlap it. The first of them may begin before the term: in English
 " infarction" carries its leading space; with byte-level BPE that merges Han
 characters, "发行可" may begin two characters early. The evaluation's prompt ends
 right before that first covering token (never inside a token, never inside a
-character's bytes), and the model is asked to write `lead + term`, where `lead`
-is the document's text from that token's first character up to the term
-(" " for English, "" when the term starts on a token boundary).
+character's bytes), and the model is asked to write `lead + surface`, where
+`lead` is the document's text from that token's first character up to the term
+(" " for English, "" when the term starts on a token boundary) and `surface` the
+term as written at that occurrence ("PKI" where the text says "PKI", for the
+term "pki").
 
 When there are more occurrences than `eval.max_terms`, they are chosen round
 robin over terms (every term's first occurrence, then every term's second, ...),
@@ -35,6 +42,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -44,7 +53,7 @@ from rarelm.errors import RarelmError
 
 @dataclasses.dataclass(frozen=True)
 class Term:
-    text: str
+    text: str  # as shown: its display form (any case finds it)
     count: int  # occurrences in the train split (how rare the term is)
 
 
@@ -57,6 +66,7 @@ class Occurrence:
     end: int  # split position after the last token that covers the term
     lead: str  # the document's text from `start`'s first character up to the term (" " in English)
     mention: str  # "first": no earlier occurrence of this term in its document; else "repeat"
+    surface: str = ""  # the term as written here (find_occurrences sets it; "" = as the term's text)
 
 
 def load_terms(path: str | Path) -> list[Term]:
@@ -71,7 +81,8 @@ def load_terms(path: str | Path) -> list[Term]:
                 continue
             try:
                 row = json.loads(line)
-                text = str(row["term"])
+                # display: the term's most frequent form in train ("PKI" for the term "pki")
+                text = str(row.get("display", row["term"]))
                 if not text.strip():
                     raise ValueError("empty term")
                 # train_occurrences: the whole train split, by this module's search (rare_terms
@@ -97,19 +108,72 @@ def _word_char(ch: str) -> bool:
     return ch.isalnum() and not _is_cjk(ch)
 
 
-def find_in_text(text: str, term: str) -> list[int]:
-    """Start offsets of `term` in `text` (overlapping matches included), word-boundary aware."""
-    if not term:
-        return []
-    check_start, check_end = _word_char(term[0]), _word_char(term[-1])
-    found, i = [], text.find(term)
-    while i >= 0:
-        j = i + len(term)
-        if not (check_start and i > 0 and _word_char(text[i - 1])) and \
-                not (check_end and j < len(text) and _word_char(text[j])):
-            found.append(i)
-        i = text.find(term, i + 1)
-    return found
+def _expanding_characters() -> re.Pattern:
+    """A character class of the characters whose case folding is longer than they are ("ß" -> "ss")."""
+    global _EXPANDING
+    if _EXPANDING is None:
+        chars = [chr(c) for c in range(sys.maxunicode + 1) if len(chr(c).casefold()) > 1]
+        _EXPANDING = re.compile("[" + "".join(map(re.escape, chars)) + "]")
+    return _EXPANDING
+
+
+_EXPANDING: re.Pattern | None = None
+
+
+class FoldedText:
+    """A text case folded once, then searched for many terms (`find`).
+
+    `back[k]` is the original character that folded character k comes from; folding
+    keeps the length of almost every text, and then it is k itself (`back` is None):
+
+    >>> FoldedText("Straße").back.tolist()   # "strasse": both s of "ß" come from character 4
+    [0, 1, 2, 3, 4, 4, 5]
+    """
+
+    def __init__(self, text: str):
+        self.text, self.folded, self.back = text, text.casefold(), None
+        if len(self.folded) != len(text):
+            lengths = np.ones(len(text), dtype=np.int64)
+            for m in _expanding_characters().finditer(text):
+                lengths[m.start()] = len(m[0].casefold())
+            self.back = np.repeat(np.arange(len(text), dtype=np.int64), lengths)
+
+    def _span(self, i: int, j: int) -> tuple[int, int] | None:
+        """Folded characters [i, j) as original ones, None if they start or end inside one's folding."""
+        back = self.back
+        if back is None:
+            return i, j
+        if (i > 0 and back[i - 1] == back[i]) or (j < len(back) and back[j] == back[j - 1]):
+            return None
+        return int(back[i]), int(back[j - 1]) + 1
+
+    def find(self, term: str) -> list[tuple[int, int]]:
+        """(start, end) in the original text of each match of `term`, overlapping ones included."""
+        key = term.casefold()
+        if not key:
+            return []
+        check_start, check_end = _word_char(term[0]), _word_char(term[-1])
+        text, found, i = self.text, [], self.folded.find(key)
+        while i >= 0:
+            span = self._span(i, i + len(key))
+            if span is not None:
+                start, end = span
+                if not (check_start and start > 0 and _word_char(text[start - 1])) and \
+                        not (check_end and end < len(text) and _word_char(text[end])):
+                    found.append(span)
+            i = self.folded.find(key, i + 1)
+        return found
+
+
+def find_in_text(text: str, term: str) -> list[tuple[int, int]]:
+    """(start, end) of each occurrence of `term` in `text`, whatever its case, word-boundary aware.
+
+    >>> find_in_text("PKI, pki and Pki; not PKIs nor myPKI", "pki")
+    [(0, 3), (5, 8), (13, 16)]
+    >>> find_in_text("Die Straße, STRASSE", "strasse")   # "ß" folds to "ss": the match covers it whole
+    [(4, 10), (12, 19)]
+    """
+    return FoldedText(text).find(term)
 
 
 def locate(token_offsets: list[tuple[int, int]], char_start: int, char_end: int) -> tuple[int, int]:
@@ -135,7 +199,8 @@ def locate(token_offsets: list[tuple[int, int]], char_start: int, char_end: int)
 
 def find_occurrences(tokenizer, documents: list[str], tokens: np.ndarray, offsets: np.ndarray,
                      terms: list[Term], batch_size: int = 1000) -> list[list[Occurrence]]:
-    """Every occurrence of every term in a split's documents, per term, in text order.
+    """Every occurrence of every term in a split's documents, per term, in text order, whatever
+    its case (`FoldedText`); each keeps its `surface`, the term as written there.
 
     `tokenizer` is the pipeline's `tokenizers.Tokenizer`; `tokens` / `offsets` the
     split's token array and document boundaries (document d is
@@ -148,13 +213,14 @@ def find_occurrences(tokenizer, documents: list[str], tokens: np.ndarray, offset
                           f"{len(offsets) - 1}; re-run the tokenize stage")
     joined = "\n".join(documents)  # one search per term over the whole split
     doc_starts = np.cumsum([0] + [len(d) + 1 for d in documents[:-1]])
-    spans: dict[int, list[tuple[int, int]]] = {}  # doc -> (char_start, term)
+    folded = FoldedText(joined)
+    spans: dict[int, list[tuple[int, int, int]]] = {}  # doc -> (char_start, term, char_end)
     for t, term in enumerate(terms):
         if "\n" in term.text:
             continue
-        for i in find_in_text(joined, term.text):
+        for i, j in folded.find(term.text):
             d = int(np.searchsorted(doc_starts, i, side="right")) - 1
-            spans.setdefault(d, []).append((i - int(doc_starts[d]), t))
+            spans.setdefault(d, []).append((i - int(doc_starts[d]), t, j - int(doc_starts[d])))
     docs = sorted(spans)
     out: list[list[Occurrence]] = [[] for _ in terms]
     for b in range(0, len(docs), batch_size):
@@ -166,12 +232,12 @@ def find_occurrences(tokenizer, documents: list[str], tokens: np.ndarray, offset
                 raise RarelmError(f"the tokenizer does not reproduce document {d} of the tokenized split; "
                                   "re-run the tokenize stage")
             seen: set[int] = set()
-            for char_start, t in sorted(spans[d]):
-                text = terms[t].text
-                first, stop = locate(enc.offsets, char_start, char_start + len(text))
+            for char_start, t, char_end in sorted(spans[d]):
+                first, stop = locate(enc.offsets, char_start, char_end)
                 lead = documents[d][enc.offsets[first][0]:char_start]
                 out[t].append(Occurrence(t, d, char_start, lo + first, lo + stop, lead,
-                                         "repeat" if t in seen else "first"))
+                                         "repeat" if t in seen else "first",
+                                         documents[d][char_start:char_end]))
                 seen.add(t)
     return out
 

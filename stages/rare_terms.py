@@ -9,8 +9,11 @@ data/rare/ and metrics/rare_terms.json:
     buckets.npy    int8 [vocab_size]   0 frequent, 1 medium, 2 rare, 3 unseen in train
     buckets.json   bucket thresholds, sizes and shares of train occurrences
     terms.jsonl    one JSON object per term: term, source (tfidf | glossary), count, df,
-                   idf, score, token_ids (list of token-id sequences, with/without a leading space),
-                   train_occurrences (in the whole train split, found as `evaluate` finds them)
+                   idf, score, token_ids (list of token-id sequences of the display form,
+                   with/without a leading space), train_occurrences (in the whole train split,
+                   whatever the case, found as `evaluate` finds them), display (the form train
+                   writes most often: "PKI" for the term "pki"; the term itself if train never
+                   has it), surface_forms ({form as written in train: count}, most frequent first)
     term_index.npy int64 [occurrences, 3]: (start, length, term) per term occurrence in the train
                    split, sorted by start: the tokens covering it, and its line in terms.jsonl
     term_index.json what the index was built from (hashes of terms.jsonl and the tokenizer, train

@@ -207,9 +207,9 @@ def test_mentions_and_word_boundaries_in_text():
     assert [(o.doc, o.char_start, o.start, o.end, o.mention) for o in per_term[0]] == [
         (0, 0, 0, 2, "first"), (0, 2, 2, 4, "repeat"), (0, 5, 5, 7, "repeat"), (1, 1, 9, 11, "first")]
     # space-separated scripts: whole words only; Han characters need no boundary
-    assert term_search.find_in_text("art start art. arts", "art") == [0, 10]
-    assert term_search.find_in_text("API网关 myAPI网关 通过API网关调用", "API网关") == [0, 16]
-    assert term_search.find_in_text("心肌梗死心肌梗死", "心肌梗死") == [0, 4]
+    assert term_search.find_in_text("art start art. arts", "art") == [(0, 3), (10, 13)]
+    assert term_search.find_in_text("API网关 myAPI网关 通过API网关调用", "API网关") == [(0, 5), (16, 21)]
+    assert term_search.find_in_text("心肌梗死心肌梗死", "心肌梗死") == [(0, 4), (4, 8)]
 
 
 class ScriptedLM(BigramLM):

@@ -274,7 +274,7 @@ def test_stage_outputs(work, tiny_raw):
         > counts[buckets == 2].max()
     rows = [json.loads(line) for line in (work / "data/rare/terms.jsonl").read_text().splitlines()]
     assert set(rows[0]) == {"term", "source", "count", "df", "idf", "score", "token_ids",
-                            "train_occurrences"}
+                            "train_occurrences", "display", "surface_forms"}
     assert [(r["term"], r["source"]) for r in rows[:2]] == [
         ("Idiopathic Pneumomyositis", "glossary"), ("Renal colic", "glossary")]  # by score
     assert rows[0]["df"] > 6 and rows[0]["count"] >= 2 * rows[0]["df"]
@@ -283,9 +283,12 @@ def test_stage_outputs(work, tiny_raw):
     assert sum(r["source"] == "tfidf" for r in rows) == len(rows) - 2 == metrics["tfidf_terms"] > 20
     from tokenizers import Tokenizer
     tok = Tokenizer.from_file(str(work / "data/tokenized/tokenizer/tokenizer.json"))
-    for row in rows:
-        assert row["token_ids"][0] == tok.encode(row["term"]).ids
-        assert tok.encode(" " + row["term"]).ids in row["token_ids"]
+    for row in rows:  # of the display form: the glossary's capitals are not how train writes them
+        assert row["token_ids"][0] == tok.encode(row["display"]).ids
+        assert tok.encode(" " + row["display"]).ids in row["token_ids"]
+    # as train writes it; a term train never has stays as the glossary gives it
+    assert [(r["display"], r["train_occurrences"] > 0) for r in rows[:2]] == [
+        ("idiopathic pneumomyositis", True), ("Renal colic", False)]
     reference = rare.read_reference(tiny_raw / "demo_en.glossary.tsv")
     extracted = [r["term"] for r in rows if r["source"] == "tfidf"]
     assert metrics["extraction"] == pytest.approx(
@@ -326,14 +329,15 @@ def test_bad_input_is_one_line_and_leaves_nothing(work, setup, message):
 
 
 def brute_force_index(documents: list[str], tokenizer, offsets: np.ndarray, terms: list[str]) -> np.ndarray:
-    """The term index by regular expressions over each document, mapped to tokens by their offsets."""
+    """The term index by case-insensitive regular expressions over each document, mapped to tokens
+    by their offsets."""
     import re
 
     rows = []
     for d, text in enumerate(documents):
         spans = tokenizer.encode(text, add_special_tokens=False).offsets
         for t, term in enumerate(terms):
-            for m in re.finditer(r"(?<![^\W_])" + re.escape(term) + r"(?![^\W_])", text):
+            for m in re.finditer(r"(?<![^\W_])" + re.escape(term) + r"(?![^\W_])", text, re.IGNORECASE):
                 covering = [k for k, (a, b) in enumerate(spans) if a < m.end() and b > m.start()]
                 rows.append((int(offsets[d]) + covering[0], len(covering), t))
     index = np.array(sorted(rows, key=lambda r: (r[0], r[2])), dtype=np.int64)
@@ -354,7 +358,8 @@ def test_term_index_equals_a_brute_force_scan_across_batch_borders(work):
     stored = np.load(work / "data/rare/term_index.npy")
     assert stored.tolist() == expected.tolist()
     for batch in (1, 7):  # documents per search batch: many borders
-        built = rare.build_term_index(tokenizer, work / "data/prepared", data, terms, batch_documents=batch)
+        built, _ = rare.build_term_index(tokenizer, work / "data/prepared", data, terms,
+                                         batch_documents=batch)
         assert built.tolist() == expected.tolist()
     rows = [json.loads(line) for line in (work / "data/rare/terms.jsonl").read_text().splitlines()]
     found = np.bincount(expected[:, 2], minlength=len(terms))
@@ -400,3 +405,69 @@ def test_term_index_that_does_not_match_is_refused(work, change, what):
         rare.TermIndex.open(rare_dir, TokenizedData.open(work / "data/tokenized"))
     if what:
         assert f"not built from the current {what}" in str(caught.value)
+
+
+# ------------------------------------------------------------------ terms whatever their case, on real text
+
+# Real mixed-case technical English (libpng's manual; source and licence in tests/data/README.md)
+EXCERPT = REPO / "tests/data/libpng_manual_excerpt.txt"
+
+
+@pytest.fixture(scope="module")
+def real_text(tmp_path_factory):
+    """prepare, tokenize and rare_terms run in process on the real-text excerpt, one document
+    per paragraph; TF-IDF limits opened up so that its few documents yield terms."""
+    from rarelm import corpus, tokenization
+    from rarelm.files import write_json
+    from rarelm.params import CorpusParams, RareParams, TokenizerParams
+
+    root = tmp_path_factory.mktemp("real_text")
+    prepared, tokenized, out = root / "prepared", root / "tokenized", root / "rare"
+    for folder in (prepared, tokenized, out):
+        folder.mkdir()
+    write_json(prepared / "stats.json", corpus.prepare(
+        CorpusParams(path=str(EXCERPT), txt_documents="blank_line", reference_glossary=""), prepared))
+    write_json(tokenized / "meta.json", tokenization.tokenize(TokenizerParams(vocab_size=600), prepared,
+                                                              tokenized))
+    metrics = rare.rare_terms(RareParams(max_df=1.0, min_mean_tf=1.0), "", prepared, tokenized, out)
+    return root, metrics
+
+
+def test_real_text_index_equals_a_case_insensitive_brute_force(real_text):
+    from rarelm.corpus import read_split
+    from rarelm.data import TokenizedData
+
+    root, metrics = real_text
+    rows = [json.loads(line) for line in (root / "rare/terms.jsonl").read_text().splitlines()]
+    terms = [r["term"] for r in rows]
+    data = TokenizedData.open(root / "tokenized")
+    tokenizer = rare.load_tokenizer(data.tokenizer_dir, data.vocab_size)
+    documents = list(read_split(root / "prepared", "train"))
+    expected = brute_force_index(documents, tokenizer, data.offsets("train"), terms)
+    assert np.load(root / "rare/term_index.npy").tolist() == expected.tolist()
+    found = np.bincount(expected[:, 2], minlength=len(terms))
+    assert [r["train_occurrences"] for r in rows] == found.tolist()
+    assert len(rows) >= 20 and metrics["terms_found_in_train"] == len(rows)  # none unfound
+    # the text writes terms in capitals: each form counted as written, the commonest shown
+    by_term = {r["term"]: r for r in rows}
+    assert [by_term[t]["display"] for t in ("api", "apis", "iso", "png files", "libpng")] == \
+        ["API", "APIs", "ISO", "PNG files", "libpng"]
+    assert by_term["libpng"]["surface_forms"] == {"libpng": 24, "Libpng": 5}
+    assert by_term["png"]["surface_forms"] == {"png": 35, "PNG": 16}  # png.h, png_struct: "png"
+    for r in rows:
+        assert sum(r["surface_forms"].values()) == r["train_occurrences"]
+        assert r["display"] == max(r["surface_forms"], key=r["surface_forms"].get)
+        assert {f.casefold() for f in r["surface_forms"]} == {r["term"].casefold()}
+        assert r["token_ids"][0] == tokenizer.encode(r["display"], add_special_tokens=False).ids
+
+
+def test_surface_and_display_forms():
+    from collections import Counter
+
+    forms = Counter({"pki": 2, "PKI": 5, "Pki": 2})
+    assert rare.surface_forms(forms) == {"PKI": 5, "Pki": 2, "pki": 2}
+    assert list(rare.surface_forms(forms)) == ["PKI", "Pki", "pki"]  # a tie: code-point order
+    assert rare.display_form("pki", forms) == "PKI"
+    assert rare.display_form("real programmers", Counter({"Real Programmers": 3, "real programmers": 1})) \
+        == "Real Programmers"
+    assert rare.display_form("pki", Counter()) == "pki"  # never in train: as extracted
