@@ -313,7 +313,7 @@ def _figures(rows: list[dict]) -> dict:
     """Exact match (as written, and in any case), first-token accuracy, NLL and closed-set
     choice: means over some rows."""
     return {"exact_match": _mean(r["exact_match"] for r in rows),
-            "exact_match_ci": _mean(r["exact_match_ci"] for r in rows),
+            "exact_match_ci": _mean(r.get("exact_match_ci") for r in rows),  # None: rows from before it
             "first_token_acc": _mean(r["first_token_hit"] for r in rows),
             "nll": _mean(r["nll"] for r in rows),
             "choice_acc": _mean(None if r["choice_rank"] is None else r["choice_rank"] == 1 for r in rows)}

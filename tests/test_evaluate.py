@@ -212,6 +212,71 @@ def test_mentions_and_word_boundaries_in_text():
     assert term_search.find_in_text("心肌梗死心肌梗死", "心肌梗死") == [(0, 4), (4, 8)]
 
 
+def test_terms_are_found_whatever_their_case():
+    find = term_search.find_in_text
+    assert find("PKI, pki and Pki. PKIs, myPKI, pkinit", "pki") == [(0, 3), (5, 8), (13, 16)]
+    assert find("PKI, pki and Pki.", "PKI") == find("PKI, pki and Pki.", "Pki")  # the term's case neither
+    text = "Real Programmers use FORTRAN; real programmers. Surreal programmers, real programmersx"
+    assert [text[a:b] for a, b in find(text, "real programmers")] == ["Real Programmers", "real programmers"]
+    # a Latin acronym inside Chinese text: no boundary needed beside Han characters
+    text = "使用PKI证书签名。pki证书也行，但SPKI不是。"
+    assert [text[a:b] for a, b in find(text, "PKI")] == ["PKI", "pki"]
+    assert [text[a:b] for a, b in find(text, "pki证书")] == ["PKI证书", "pki证书"]
+    assert find("心肌梗死", "心肌梗") == [(0, 3)]  # Han: exact, inside a longer word too
+    # folding that changes the length maps back to whole characters of the text
+    text = "Die STRASSE, die Straße, die Straßen"
+    assert [text[a:b] for a, b in find(text, "straße")] == ["STRASSE", "Straße"]
+    assert find("ﬁle ﬁ", "fi") == [(4, 5)]  # the ligature as a whole word; never half of it
+
+
+def test_occurrences_keep_the_term_as_written():
+    from rarelm.tokenization import EOT, train_bpe
+
+    docs = ["Sign it with PKI. The pki keys, Pki roots.", "使用PKI证书签名"]
+    tok = train_bpe(iter(docs * 20), vocab_size=300, min_frequency=2)
+    eot = tok.token_to_id(EOT)
+    ids = [tok.encode(d, add_special_tokens=False).ids for d in docs]
+    tokens = np.array(ids[0] + [eot] + ids[1] + [eot])
+    offsets = np.array([0, len(ids[0]) + 1, len(tokens)])
+    (found,) = term_search.find_occurrences(tok, docs, tokens, offsets, [Term("pki", 4)])
+    assert [(o.doc, o.char_start, o.surface, o.mention) for o in found] == [
+        (0, 13, "PKI", "first"), (0, 22, "pki", "repeat"), (0, 32, "Pki", "repeat"), (1, 2, "PKI", "first")]
+    for o in found:  # the covering tokens are the text of lead + the term as written
+        covered = tok.decode([int(t) for t in tokens[o.start:o.end]])
+        assert covered.startswith(o.lead + o.surface), (covered, o)
+
+
+def test_exact_match_as_written_and_in_any_case():
+    from rarelm.tokenization import EOT, train_bpe
+
+    doc = "Keys come from the PKI of the firm"
+    tok = train_bpe(iter([doc, "a pki or Pki", "the PKI"] * 20), vocab_size=300, min_frequency=2)
+    eot = tok.token_to_id(EOT)
+    tokens = np.array(tok.encode(doc, add_special_tokens=False).ids + [eot])
+    offsets = np.array([0, len(tokens)])
+    terms = [Term("pki", 7), Term("firm", 1)]
+    (o,), _ = term_search.find_occurrences(tok, [doc], tokens, offsets, terms)
+
+    def writer(text: str) -> ScriptedLM:
+        """A model that writes `text` after the prompt's last token (tokens must be distinct)."""
+        chain = [int(tokens[o.start - 1])] + tok.encode(text, add_special_tokens=False).ids
+        assert len(set(chain)) == len(chain)
+        return ScriptedLM(dict(zip(chain, chain[1:], strict=False)), tok.get_vocab_size()).eval()
+
+    got = []
+    for text in (" PKI of", " pki of", " Pki", " key"):
+        (row,) = ev.evaluate_terms(writer(text), tok, [doc], tokens, offsets, terms, max_terms=1,
+                                   context_tokens=64, batch_size=4, eot_id=eot)
+        assert row["expected"] == " PKI" and row["term"] == "pki"
+        got.append((row["exact_match"], row["exact_match_ci"]))
+    assert got == [(True, True), (False, True), (False, True), (False, False)]
+    rows = [{**row, "exact_match": em, "exact_match_ci": ci} for em, ci in got]
+    m = ev.term_metrics(rows, n_terms=2, n_occurrences=1)
+    assert (m["term_exact_match"], m["term_exact_match_ci"]) == (1 / 4, 3 / 4)
+    assert (m["term_exact_match_band_4-7"], m["term_exact_match_ci_band_4-7"]) == (1 / 4, 3 / 4)
+    assert m["term_exact_match_ci_le15"] == 3 / 4
+
+
 class ScriptedLM(BigramLM):
     """Writes a fixed token after each token: greedy decoding follows `successor` exactly."""
 
