@@ -246,6 +246,13 @@ def test_occurrences_keep_the_term_as_written():
         assert covered.startswith(o.lead + o.surface), (covered, o)
 
 
+def test_terms_load_in_their_display_form(tmp_path):
+    rows = [{"term": "pki", "count": 3, "train_occurrences": 7, "display": "PKI"},
+            {"term": "zlib", "count": 2}]  # written before display forms existed: as extracted
+    (tmp_path / "terms.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert term_search.load_terms(tmp_path / "terms.jsonl") == [Term("PKI", 7), Term("zlib", 2)]
+
+
 def test_exact_match_as_written_and_in_any_case():
     from rarelm.tokenization import EOT, train_bpe
 
