@@ -40,6 +40,7 @@ so the cap never crowds out the rarest terms, and the choice is deterministic.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import json
 import re
@@ -123,29 +124,43 @@ _EXPANDING: re.Pattern | None = None
 class FoldedText:
     """A text case folded once, then searched for many terms (`find`).
 
-    `back[k]` is the original character that folded character k comes from; folding
-    keeps the length of almost every text, and then it is k itself (`back` is None):
+    Folding keeps the length of almost every text; where a character folds to more
+    ("ß" -> "ss"), `original` maps a folded position back, in O(log n) and with memory
+    for those characters only:
 
-    >>> FoldedText("Straße").back.tolist()   # "strasse": both s of "ß" come from character 4
-    [0, 1, 2, 3, 4, 4, 5]
+    >>> t = FoldedText("Straße!")   # folded "strasse!": both s of "ß" come from character 4
+    >>> [t.original(k) for k in (3, 4, 5, 6, 7)]
+    [(3, True), (4, True), (4, False), (5, True), (6, True)]
     """
 
     def __init__(self, text: str):
-        self.text, self.folded, self.back = text, text.casefold(), None
+        self.text, self.folded = text, text.casefold()
+        self._starts: list[int] = []  # where each longer folding starts in the folded text
+        self._ends: list[int] = []  # ... and ends
+        self._origins: list[int] = []  # its character in the text
         if len(self.folded) != len(text):
-            lengths = np.ones(len(text), dtype=np.int64)
+            extra = 0
             for m in _expanding_characters().finditer(text):
-                lengths[m.start()] = len(m[0].casefold())
-            self.back = np.repeat(np.arange(len(text), dtype=np.int64), lengths)
+                self._starts.append(m.start() + extra)
+                extra += len(m[0].casefold()) - 1
+                self._ends.append(m.start() + extra + 1)
+                self._origins.append(m.start())
+
+    def original(self, k: int) -> tuple[int, bool]:
+        """The text character that folded character k comes from, and whether k is the first
+        character of its folding."""
+        j = bisect.bisect_right(self._starts, k) - 1
+        if j < 0:
+            return k, True
+        if k < self._ends[j]:
+            return self._origins[j], k == self._starts[j]
+        return self._origins[j] + 1 + k - self._ends[j], True
 
     def _span(self, i: int, j: int) -> tuple[int, int] | None:
-        """Folded characters [i, j) as original ones, None if they start or end inside one's folding."""
-        back = self.back
-        if back is None:
-            return i, j
-        if (i > 0 and back[i - 1] == back[i]) or (j < len(back) and back[j] == back[j - 1]):
-            return None
-        return int(back[i]), int(back[j - 1]) + 1
+        """Folded characters [i, j) as text characters, None if they start or end inside one's folding."""
+        start, whole_start = self.original(i)
+        end, whole_end = self.original(j) if j < len(self.folded) else (len(self.text), True)
+        return (start, end) if whole_start and whole_end else None
 
     def find(self, term: str) -> list[tuple[int, int]]:
         """(start, end) in the original text of each match of `term`, overlapping ones included."""

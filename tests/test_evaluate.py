@@ -229,6 +229,17 @@ def test_terms_are_found_whatever_their_case():
     assert find("ﬁle ﬁ", "fi") == [(4, 5)]  # the ligature as a whole word; never half of it
 
 
+def test_folded_positions_map_back_as_a_per_character_map_does():
+    """FoldedText keeps only the characters that fold longer; compared with the full map."""
+    rng = np.random.default_rng(0)
+    for _ in range(2000):
+        text = "".join(rng.choice(list("aAsSßẞﬁﬃİŉ x"), size=rng.integers(0, 12)))
+        back = [i for i, c in enumerate(text) for _ in c.casefold()]
+        whole = [k == 0 or back[k] != back[k - 1] for k in range(len(back))]
+        folded = term_search.FoldedText(text)
+        assert [folded.original(k) for k in range(len(back))] == list(zip(back, whole, strict=True)), text
+
+
 def test_occurrences_keep_the_term_as_written():
     from rarelm.tokenization import EOT, train_bpe
 
