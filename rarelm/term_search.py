@@ -109,6 +109,9 @@ def _word_char(ch: str) -> bool:
     return ch.isalnum() and not _is_cjk(ch)
 
 
+_EXPANDING: re.Pattern | None = None
+
+
 def _expanding_characters() -> re.Pattern:
     """A character class of the characters whose case folding is longer than they are ("ß" -> "ss")."""
     global _EXPANDING
@@ -116,9 +119,6 @@ def _expanding_characters() -> re.Pattern:
         chars = [chr(c) for c in range(sys.maxunicode + 1) if len(chr(c).casefold()) > 1]
         _EXPANDING = re.compile("[" + "".join(map(re.escape, chars)) + "]")
     return _EXPANDING
-
-
-_EXPANDING: re.Pattern | None = None
 
 
 class FoldedText:
