@@ -321,8 +321,12 @@ def fetch(registry: Path = REGISTRY, packages: Path = PACKAGES) -> list[Path]:
                 cmd = ["apt-get", "download", spec]
             else:
                 cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                       "--no-build-isolation",  # the sdist is only downloaded: no build env
                        "-d", ".", f"{record['package']}=={record['version']}"]
-            subprocess.run(cmd, cwd=packages, check=True)
+            try:
+                subprocess.run(cmd, cwd=packages, check=True)
+            except (OSError, subprocess.CalledProcessError) as exc:
+                raise RarelmError(f"cannot fetch {spec} ({' '.join(cmd[:3])}...: {exc})") from None
         paths.append(path)
     return paths
 

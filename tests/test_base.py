@@ -1,0 +1,71 @@
+"""The base model's pipeline (base/) and the committed base model (base/model)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import yaml
+
+from rarelm.params import load_params
+from tests.conftest import REPO
+
+BASE = REPO / "base"
+
+
+def test_base_params_validate_and_pretrain_from_scratch_on_one_process():
+    params = load_params(BASE / "params.yaml")
+    assert params.corpus.path == "data/raw" and params.corpus.reference_glossary == ""
+    assert params.tokenizer.name_or_path == "" and params.model.name_or_path == ""  # own BPE, own model
+    assert params.train.nproc == 1 and params.alpha == 0.0 and params.loss.rare_weight == 0.0
+    assert params.tracking.log_model == "false"  # base/model is committed in git, not logged
+
+
+def test_base_stages_declare_the_same_params_as_the_main_pipeline():
+    """base/dvc.yaml runs the main stage scripts, which read the same keys: the same declarations."""
+    main = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    base = yaml.safe_load((BASE / "dvc.yaml").read_text())["stages"]
+    shared = set(main) & set(base)
+    assert shared == {"prepare", "tokenize", "rare_terms", "weights", "train"}
+    for name in shared:
+        assert base[name]["params"] == main[name]["params"], name
+
+
+def test_base_corpus_stage_builds_the_registry_base_corpora():
+    from rarelm.corpora import load_registry
+
+    records = load_registry(REPO / "data/raw/corpora.json")
+    base_corpora = sorted(n for n, r in records.items() if r["use"] == "base")
+    cmd = yaml.safe_load((BASE / "dvc.yaml").read_text())["stages"]["corpus"]["cmd"]
+    assert sorted(cmd.split()[4:]) == base_corpora
+    assert {records[n]["language"] for n in base_corpora} == {"en", "zh"}
+    assert all(records[n]["output"].startswith("base/data/raw/") for n in base_corpora)
+
+
+@pytest.fixture(scope="module")
+def base_model():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    return (AutoModelForCausalLM.from_pretrained(BASE / "model", local_files_only=True),
+            AutoTokenizer.from_pretrained(BASE / "model", local_files_only=True))
+
+
+def test_committed_base_model_is_small_and_has_no_run_file():
+    files = {p.name: p.stat().st_size for p in (BASE / "model").iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(files)
+    assert "mlflow_run.json" not in files  # it would name this machine's store by absolute path
+    assert sum(files.values()) < 50 * 2**20
+
+
+def test_committed_base_model_loads_and_has_learned_both_languages(base_model):
+    """Loss on general English and Chinese sentences well under the uniform guess, ln(vocab)."""
+    import torch
+
+    model, tokenizer = base_model
+    assert model.config.n_positions == 128 and model.config.vocab_size == len(tokenizer)
+    for text in ("The act or process of making something hard.", "中国政府发表声明，支持经济发展。"):
+        ids = tokenizer(text, return_tensors="pt").input_ids
+        assert tokenizer.decode(ids[0]) == text
+        with torch.no_grad():
+            loss = model(ids, labels=ids).loss.item()
+        assert loss < 0.75 * math.log(model.config.vocab_size), (text, loss)
