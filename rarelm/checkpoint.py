@@ -11,13 +11,26 @@ DVC deletes those before it runs a stage. One checkpoint is a folder:
                              `.metadata` index; a replicated (DDP) tensor is written once
         state.pt             step, grad scaler, every rank's RNG, sampler position and
                              objective state, curves so far (torch.load weights_only)
-        manifest.json        sha256 of every file above and the world size; written last
+        manifest.json        sha256 of every file above and the world size, signed with an
+                             HMAC (see below); written last
 
 Every rank writes into a temporary folder; rank 0 then writes state.pt and the
 manifest and renames the folder into place, so a checkpoint is visible whole or not
 at all (multi-node runs need the cache folder on a shared file system). On load
 rank 0 verifies every file against the manifest; a corrupt or partial checkpoint
 is skipped with a warning and the one before it used. The last `keep` are kept.
+
+Loading a DCP checkpoint unpickles (`dcp/.metadata`, and non-tensor values in the
+shards), so a checkpoint is code. Only checkpoints that this cache's own runs wrote
+are read: the manifest carries an HMAC-SHA256 under a secret key, `<cache>/.signing-key`
+(32 random bytes, created 0600 at first use, outside every checkpoint folder; one that
+is not the user's own file or that others can read is refused). A planted or edited
+checkpoint (a manifest whose sums an attacker recomputed, or an unsigned one) fails
+the check and is skipped with the same warning as a corrupt one, before anything in
+it is read (docs/reliability.md, "Checkpoints", says what this covers and what not):
+
+    >>> sign(b"k" * 32, {"step": 7}) == sign(b"k" * 32, {"step": 7}) != sign(b"x" * 32, {"step": 7})
+    True
 
 The same format serves both `train.strategy` values: DCP loads each rank's part of
 a tensor whatever the sharding it was saved with, so a run can resume at another
@@ -35,6 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import hmac
 import json
 import os
 import shutil
@@ -46,6 +60,8 @@ from typing import Any
 MANIFEST = "manifest.json"
 STATE = "state.pt"
 DCP = "dcp"
+KEY_FILE = ".signing-key"
+KEY_BYTES = 32
 
 
 def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
@@ -69,11 +85,63 @@ def run_key(config: Any, files: list[str | Path]) -> str:
     return h.hexdigest()[:16]
 
 
+def sign(secret: bytes, manifest: dict[str, Any]) -> str:
+    """HMAC-SHA256 (hex) of a manifest's canonical JSON (its own "hmac" entry left out)."""
+    body = {k: v for k, v in manifest.items() if k != "hmac"}
+    message = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    return hmac.new(secret, message, hashlib.sha256).hexdigest()
+
+
+def signing_key(root: str | Path) -> bytes:
+    """The cache's secret key `root/.signing-key`, created (0600) at first use.
+
+    Refused (a RarelmError) if it is a link, not the user's own, or readable by others:
+    whoever can read or plant the key can sign a checkpoint that runs code here.
+    """
+    from rarelm.errors import RarelmError
+
+    path = Path(root) / KEY_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists() and not path.is_symlink():
+        _create_key(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise RarelmError(f"checkpoint key {path}: cannot be read ({exc.strerror}); "
+                          "remove it to start afresh") from None
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        secret = f.read(KEY_BYTES + 1)
+    if info.st_uid != os.getuid() or info.st_mode & 0o077 or len(secret) != KEY_BYTES:
+        raise RarelmError(
+            f"checkpoint key {path}: must be a {KEY_BYTES}-byte file of your own with mode 0600 "
+            f"(it is uid {info.st_uid}, mode {info.st_mode & 0o777:o}, {len(secret)} bytes); "
+            f"remove it (the checkpoints beside it are then not resumed)")
+    return secret
+
+
+def _create_key(path: Path) -> None:
+    """Write a new random key under a temporary name, then link it into place: another
+    process creating it at the same time leaves one whole key, never a partial one."""
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(os.urandom(KEY_BYTES))
+            f.flush()
+            os.fsync(f.fileno())
+        with contextlib.suppress(FileExistsError):  # the other process's key stands
+            os.link(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 class CheckpointStore:
-    """The checkpoints of one run (one key) under `root/key/`."""
+    """The checkpoints of one run (one key) under `root/key/`, signed with `root/.signing-key`."""
 
     def __init__(self, root: str | Path, key: str, keep: int = 2, stage: str = "train"):
-        self.dir = Path(root) / key
+        self.root = Path(root)
+        self.dir = self.root / key
         self.keep = keep
         self.stage = stage
 
@@ -114,6 +182,7 @@ class CheckpointStore:
                         os.fsync(f.fileno())
                 manifest = {"step": step, "world_size": dist.world_size,
                             "sha256": {p.relative_to(tmp).as_posix(): sha256_file(p) for p in files}}
+                manifest["hmac"] = sign(signing_key(self.root), manifest)
                 (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
                 with open(tmp / MANIFEST, "rb") as f:
                     os.fsync(f.fileno())
@@ -131,9 +200,14 @@ class CheckpointStore:
         return final
 
     def verify(self, path: Path) -> str | None:
-        """None if the checkpoint at `path` is complete and intact, else why not."""
+        """None if the checkpoint at `path` is complete, intact and signed by this cache's
+        key, else why not. Reads nothing but the manifest and the files' bytes."""
         try:
             manifest = json.loads((path / MANIFEST).read_text())
+            if not isinstance(manifest, dict) or "hmac" not in manifest:
+                return "its manifest is not signed (not written by a run of this cache)"
+            if not hmac.compare_digest(str(manifest["hmac"]), sign(signing_key(self.root), manifest)):
+                return "its manifest's signature does not match (not written by a run of this cache)"
             sums = manifest["sha256"]
             for name in (STATE, f"{DCP}/.metadata"):
                 if name not in sums:

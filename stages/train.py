@@ -69,6 +69,7 @@ def train(
     import os
 
     from rarelm import lora
+    from rarelm.checkpoint import signing_key
     from rarelm.errors import RarelmError, disk_error, user_errors
     from rarelm.params import load_params
     from rarelm.sharding import check_world_size
@@ -84,6 +85,7 @@ def train(
             lora.check(params.model)  # before the workers: one line, not a race of them
         if not worker and params.train.nproc > 1:
             load_inputs(params, paths)  # bad inputs: one line from here, not one per worker
+            signing_key(cache)  # a key others can read or wrote: refused here, once
             argv = ["--params", str(params_file), "--tokenized", str(tokenized), "--rare", str(rare),
                     "--weights", str(weights), "--out", str(out), "--metrics", str(metrics),
                     "--plots", str(plots), "--cache", str(cache),

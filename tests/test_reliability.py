@@ -315,6 +315,43 @@ def test_corrupt_checkpoint_is_skipped_with_a_warning(dag, killed, tmp_path):
     assert_same_training_result(root, dag.root)
 
 
+def test_planted_checkpoint_does_not_run_and_is_skipped_with_a_warning(dag, killed, tmp_path):
+    """The newest checkpoint's dcp/.metadata replaced by a pickle that would create a marker file,
+    its sha256 in the manifest recomputed (as anyone who can write the cache folder could): the
+    manifest's HMAC does not match, so nothing of it is read; training resumes from the one
+    before it and ends byte-identical."""
+    import pickle
+
+    root = tmp_path / "repo"
+    shutil.copytree(killed, root, symlinks=True)
+    older, newest = checkpoints(root)[-2:]
+    marker = tmp_path / "planted-code-ran"
+    metadata = newest / "dcp" / ".metadata"
+    metadata.write_bytes(pickle.dumps(_Planted(marker)))
+    manifest = json.loads((newest / "manifest.json").read_text())
+    manifest["sha256"]["dcp/.metadata"] = hashlib.sha256(metadata.read_bytes()).hexdigest()
+    (newest / "manifest.json").write_text(json.dumps(manifest))
+    result = run(["dvc", "repro", "train"], root, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert not marker.exists(), "the planted pickle ran"
+    output = result.stdout + result.stderr
+    warnings = [line for line in output.splitlines() if "warning: skipping corrupt checkpoint" in line]
+    assert len(warnings) == 1 and newest.name in warnings[0], output[-3000:]
+    assert "signature does not match" in warnings[0]
+    assert f"train: resuming from {older.relative_to(root)} (step {int(older.name[5:])})" in output
+    assert_same_training_result(root, dag.root)
+
+
+class _Planted:
+    """Unpickling it creates the file `marker` (it stands for any command)."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
 @pytest.fixture(scope="module")
 def fsdp(dag, tmp_path_factory):
     """train.strategy: fsdp on the DAG's params: `dvc repro train` uninterrupted, and the same

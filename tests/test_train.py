@@ -228,6 +228,55 @@ def test_checkpoints_are_verified_and_only_the_last_two_kept(tmp_path, capsys):
     assert run_key({"a": 1}, []) != run_key({"a": 2}, [])
 
 
+class _Planted:
+    """A pickle whose load runs code: it creates the file `marker`."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def test_planted_checkpoint_is_never_unpickled(tmp_path, capsys):
+    """A checkpoint whose dcp/.metadata is a malicious pickle, its manifest's sums recomputed as an
+    attacker would (signature kept, or dropped): skipped with one warning before any read; the
+    signed one before it is used. A key of someone else's or readable by others is refused."""
+    import pickle
+
+    from rarelm.train import Dist
+
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    store = CheckpointStore(tmp_path / "cache", run_key({"a": 1}, []))
+    for step in (1, 2):
+        store.save(step, model, optimizer, {"step": step}, Dist())
+    key = tmp_path / "cache" / ".signing-key"
+    assert key.stat().st_mode & 0o777 == 0o600 and key.stat().st_size == 32
+    marker = tmp_path / "code-ran"
+    newest = store.dir / "step-00000002"
+    metadata = newest / "dcp" / ".metadata"
+    metadata.write_bytes(pickle.dumps(_Planted(marker)))
+    manifest = json.loads((newest / "manifest.json").read_text())
+    manifest["sha256"]["dcp/.metadata"] = hashlib.sha256(metadata.read_bytes()).hexdigest()
+    for forged in (manifest, {k: v for k, v in manifest.items() if k != "hmac"}):
+        (newest / "manifest.json").write_text(json.dumps(forged))
+        best = store.latest_valid()
+        assert best is not None and best.name == "step-00000001"
+        warning = capsys.readouterr().err.strip().splitlines()
+        assert len(warning) == 1 and "skipping corrupt checkpoint" in warning[0], warning
+        assert "not written by a run of this cache" in warning[0]
+        fresh = torch.nn.Linear(3, 2)
+        store.load_weights(best, fresh, torch.optim.AdamW(fresh.parameters(), lr=0.1))
+        assert not marker.exists()
+    pickle.loads(metadata.read_bytes())  # the planted file would have run code
+    assert marker.exists()
+    key.chmod(0o644)
+    with pytest.raises(RarelmError, match=r"checkpoint key .*\.signing-key: must be a 32-byte file of "
+                                          r"your own with mode 0600 \(it is uid \d+, mode 644"):
+        store.latest_valid()
+
+
 # --------------------------------------------------------------------------- real runs
 
 def _make_repo(root: Path, tiny_raw: Path) -> Path:
