@@ -3,7 +3,9 @@
 Every section of params.yaml is a dataclass below; each field declares its type
 and, where it has one, its allowed range or choices. Loading rejects unknown
 keys, wrong types and out-of-range values with one line naming the key, the
-value and what is allowed:
+value and what is allowed. Every float must be finite and within its field's
+bounds (each float has an upper one), seeds within 0..2^32-1, other integers
+within int64:
 
     >>> Params.from_dict({"seed": 1, "alpha": -1})
     Traceback (most recent call last):
@@ -16,6 +18,7 @@ tracks only the keys each stage declares in dvc.yaml.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from pathlib import Path
@@ -24,6 +27,9 @@ from typing import Any, Literal
 import yaml
 
 from rarelm.errors import RarelmError
+
+SEED_MAX = 2**32 - 1  # seeds: what numpy's RandomState takes
+INT_MAX = 2**63 - 1  # any other integer: what fits the int64 of numpy and torch
 
 
 def param(default: Any, *, ge: float | None = None, gt: float | None = None,
@@ -51,7 +57,7 @@ class CorpusParams:
     test_fraction: float = param(0.1, ge=0.0, lt=1.0)
     # the document split depends on this seed alone, so replicates that vary the top-level `seed`
     # (initialisation, sampling) are evaluated on the same test documents, occurrence by occurrence
-    split_seed: int = param(1337, ge=0)
+    split_seed: int = param(1337, ge=0, le=SEED_MAX)
     reference_glossary: str = "data/raw/demo_en.glossary.tsv"  # ground truth for term extraction; "" = none
 
 
@@ -81,7 +87,7 @@ class RareParams:
     min_df: int = param(1, ge=1)  # a term occurs in at least this many training documents
     max_df: float = param(0.1, gt=0.0, le=1.0)  # ... and in at most this fraction of them
     min_count: int = param(2, ge=1)  # ... and at least this many times in all
-    min_mean_tf: float = param(1.5, ge=1.0)  # ... and this many times per document having it
+    min_mean_tf: float = param(1.5, ge=1.0, le=1e6)  # ... and this many times per document having it
     top_k: int = param(1000, ge=1)  # at most this many TF-IDF terms, best score first
     max_documents: int = param(10_000, ge=1)  # TF-IDF on at most this many (evenly spread) documents
     glossary: str = ""  # optional user glossary, one term per line (UTF-8); always kept
@@ -95,14 +101,14 @@ class WeightsParams:
     # frequency: mean inverse token frequency of the window's targets; terms: the rarity of the
     # extracted terms the window holds (sum of 1 / train_count ** term_beta, plus term_floor)
     score: Literal["frequency", "terms"] = "frequency"
-    term_beta: float = param(1.0, ge=0.0)  # terms: how much more a rarer term counts
-    term_floor: float = param(0.05, gt=0.0)  # terms: the score of a window without a term
+    term_beta: float = param(1.0, ge=0.0, le=100.0)  # terms: how much more a rarer term counts
+    term_floor: float = param(0.05, gt=0.0, le=1e6)  # terms: the score of a window without a term
     # alpha over training: constant; decay (alpha -> 0, linearly over the epochs); grow (0 -> alpha)
     schedule: Literal["constant", "decay", "grow"] = "constant"
     # training windows start at a new offset each epoch (0 in the first), so no two neighbouring
     # tokens are split by a window edge in every epoch; false: always at multiples of block_size
     shift_windows: bool = True
-    clip_ratio: float = param(100.0, ge=1.0)  # largest / smallest weight after clipping
+    clip_ratio: float = param(100.0, ge=1.0, le=1e12)  # largest / smallest weight after clipping
     chunk_tokens: int = param(4_000_000, ge=1024)  # tokens scored per chunk (bounds memory)
 
 
@@ -110,21 +116,21 @@ class WeightsParams:
 class LossParams:
     """Target weighting: weight 1 + rare_weight on the targets that `targets` selects."""
 
-    rare_weight: float = param(0.0, ge=0.0)
+    rare_weight: float = param(0.0, ge=0.0, le=1e4)
     # rare_bucket: targets in the rare frequency bucket; terms: tokens of term occurrences; both
     targets: Literal["rare_bucket", "terms", "both"] = "rare_bucket"
     # per-vocabulary target weight from frequency (rarelm/loss.py): uniform (none); token-level
     # adaptive training's exponential / chi-square forms; FACE (frequency-aware cross-entropy)
     token_weight: Literal["uniform", "tlat_exp", "tlat_chi2", "face"] = "uniform"
-    tlat_a: float = param(1.0, ge=0.0)  # TLAT: weight 1 + A * f(count)
-    tlat_t: float = param(1.75, gt=0.0)  # TLAT: temperature T of f(count)
+    tlat_a: float = param(1.0, ge=0.0, le=1e4)  # TLAT: weight 1 + A * f(count)
+    tlat_t: float = param(1.75, gt=0.0, le=1e4)  # TLAT: temperature T of f(count)
     face_source: Literal["targets", "predictions"] = "targets"  # FACE: frequencies counted from
     face_refresh: int = param(100, ge=1)  # FACE: steps between weight refreshes
-    focal_gamma: float = param(0.0, ge=0.0)  # focal loss (1 - p_t)^gamma; 0 = off
-    logit_adjust_tau: float = param(0.0, ge=0.0)  # loss on logits + tau * log prior; 0 = off
+    focal_gamma: float = param(0.0, ge=0.0, le=100.0)  # focal loss (1 - p_t)^gamma; 0 = off
+    logit_adjust_tau: float = param(0.0, ge=0.0, le=100.0)  # loss on logits + tau * log prior; 0 = off
     agg: bool = False  # adaptive gradient gating of rare tokens' output embeddings
-    agg_alpha: float = param(0.03, gt=0.0)  # AGG: rare = in-batch appearance rate below this
-    unlikelihood: float = param(0.0, ge=0.0)  # weight of unlikelihood at the selected targets
+    agg_alpha: float = param(0.03, gt=0.0, le=1.0)  # AGG: rare = in-batch appearance rate below this
+    unlikelihood: float = param(0.0, ge=0.0, le=1e4)  # weight of unlikelihood at the selected targets
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,7 +138,7 @@ class LoraParams:
     """LoRA adapters on a pretrained model (rarelm/lora.py, through `peft`); rank 0 = off."""
 
     rank: int = param(0, ge=0)  # 0 = full fine-tuning; r of the low-rank update B A
-    alpha: float = param(16.0, gt=0.0)  # the update is scaled by alpha / rank
+    alpha: float = param(16.0, gt=0.0, le=1e6)  # the update is scaled by alpha / rank
     dropout: float = param(0.0, ge=0.0, lt=1.0)  # dropout on the adapters' input
     # module names (suffixes) to adapt; [] = peft's default for the architecture (GPT-2: c_attn)
     target_modules: list[str] = param([])
@@ -162,11 +168,11 @@ class TrainParams:
     max_steps: int = param(150, ge=1)
     batch_size: int = param(16, ge=1)  # micro-batch per process
     grad_accum: int = param(1, ge=1)
-    lr: float = param(3e-3, gt=0.0)
-    min_lr: float = param(3e-4, ge=0.0)
+    lr: float = param(3e-3, gt=0.0, le=10.0)
+    min_lr: float = param(3e-4, ge=0.0, le=10.0)
     warmup_steps: int = param(10, ge=0)
-    weight_decay: float = param(0.1, ge=0.0)
-    grad_clip: float = param(1.0, ge=0.0)  # 0 disables clipping
+    weight_decay: float = param(0.1, ge=0.0, le=100.0)
+    grad_clip: float = param(1.0, ge=0.0, le=1e9)  # 0 disables clipping
     precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"  # auto: bf16 where native, see train.py
     gradient_checkpointing: bool = False
     compile: bool = False
@@ -195,7 +201,7 @@ class EvalParams:
     threads: int = param(1, ge=0)
     # post-hoc logit adjustment: logits - tau * log prior (train unigram) wherever the model's
     # next-token distribution is used (scores, generation); 0 = the model as trained
-    logit_adjust_tau: float = param(0.0, ge=0.0)
+    logit_adjust_tau: float = param(0.0, ge=0.0, le=100.0)
 
     def __post_init__(self) -> None:
         allowed = ("train", "val", "test")
@@ -223,8 +229,8 @@ class TrackingParams:
 class Params:
     """All of params.yaml."""
 
-    seed: int = param(1337, ge=0)
-    alpha: float = param(0.0, ge=0.0)  # sampler reweighting strength; 0 = uniform
+    seed: int = param(1337, ge=0, le=SEED_MAX)
+    alpha: float = param(0.0, ge=0.0, le=100.0)  # sampler reweighting strength; 0 = uniform
     corpus: CorpusParams = dataclasses.field(default_factory=CorpusParams)
     tokenizer: TokenizerParams = dataclasses.field(default_factory=TokenizerParams)
     rare: RareParams = dataclasses.field(default_factory=RareParams)
@@ -341,10 +347,17 @@ def _check_value(key: str, value: Any, hint: Any, bounds: Any) -> Any:
     if hint is int:
         if isinstance(value, bool) or not isinstance(value, int):
             reject("an integer")
+        if abs(value) > INT_MAX:
+            reject(f"an integer of at most {INT_MAX}")
     elif hint is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             reject("a number")
-        value = float(value)
+        try:
+            value = float(value)
+        except OverflowError:  # an integer past 1.8e308
+            reject("a finite number")
+        if not math.isfinite(value):
+            reject("a finite number")
     elif hint is str:
         if value is None:
             value = ""
@@ -356,5 +369,5 @@ def _check_value(key: str, value: Any, hint: Any, bounds: Any) -> Any:
         ok = {"ge": value >= limit, "gt": value > limit, "le": value <= limit, "lt": value < limit}[op]
         if not ok:
             sign = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}[op]
-            reject(f"{sign} {limit:g}")
+            reject(f"{sign} {limit:g}" if isinstance(limit, float) else f"{sign} {limit}")
     return value

@@ -286,21 +286,23 @@ def evaluate_split(model, samples, windows, batch_size, device, autocast, is_rar
 
 
 def resume_ranks(ranks: list[dict[str, Any]], saved_world: int, step: int, seed: int, dist,
-                 stream: SampleStream, objective) -> None:
-    """Put this rank's sampler position, RNG and objective state back from a checkpoint.
+                 stream: SampleStream, objective) -> dict[str, Any] | None:
+    """Put this rank's sampler position, RNG and objective state back from a checkpoint; returns
+    its log window (`log_window_state`), or None.
 
     At the world size it was written at, exactly (bit-identical resume). At another one
     (FSDP or DDP: DCP has already resharded the model and optimizer), approximately, with a
     warning: the epoch is kept and the position scaled so that as many windows have been
     drawn over all ranks; the ranks' RNGs are seeded afresh from (seed, step, rank); the
-    objective's state (FACE counts, AGG memory) is taken from rank `rank % saved ranks`.
+    objective's state (FACE counts, AGG memory) is taken from rank `rank % saved ranks`, and
+    the steps since the last curve row are not counted in the next one.
     """
     if saved_world == dist.world_size:
         mine = ranks[dist.rank]
         stream.restore(mine["stream"])
         set_rng_state(mine["rng"])
         objective.load_state(mine.get("objective"))
-        return
+        return mine.get("log_window")
     if dist.main:
         print(f"rarelm train: warning: resuming a checkpoint written by {saved_world} processes "
               f"with {dist.world_size}: the model and optimizer are resharded exactly, but the "
@@ -311,6 +313,32 @@ def resume_ranks(ranks: list[dict[str, Any]], saved_world: int, step: int, seed:
                     "position": first["position"] * saved_world // dist.world_size})
     seed_everything(seed * 1000 + dist.rank + 7919 * step)
     objective.load_state(ranks[dist.rank % saved_world].get("objective"))
+    return None
+
+
+def log_window_state(sums, steps: int, t0: float) -> dict[str, Any]:
+    """This rank's curve sums since the last logged row (ce, tokens, rare ce, rare tokens, loss,
+    micro-steps), for a checkpoint taken between two rows: the resumed run's next row then
+    averages the same steps as an uninterrupted run's (a checkpoint every 5 steps, a row every
+    4: the row of step 12 holds steps 9-12 however the run was interrupted at step 10)."""
+    return {"sums": sums.detach().cpu(), "steps": steps, "seconds": time.perf_counter() - t0}
+
+
+class EveryRankError(RarelmError):
+    """A RarelmError that every rank raises at the same point: rank 0 says it (after ending its
+    MLflow run), the others wait for torchrun to stop them (stages/train.py), so the one line
+    is said before the job ends."""
+
+
+def stop_if_diverged(first_bad, max_steps: int, dist) -> None:
+    """Raise an EveryRankError, on every rank alike, if any rank saw a non-finite loss or gradient
+    norm: `first_bad` is this rank's first such step, or max_steps + 1 for none."""
+    found = first_bad.detach().clone()
+    dist.all_reduce(found, op="min")
+    if int(found) <= max_steps:
+        raise EveryRankError(
+            f"step {int(found)}: the loss or gradient norm is not finite (training diverged); "
+            "no model written: lower train.lr, set train.grad_clip, or check the pretrained model")
 
 
 def die_with_parent() -> None:
@@ -372,11 +400,11 @@ class Dist:
 
         return td.is_available() and td.is_initialized()
 
-    def all_reduce(self, tensor) -> None:
+    def all_reduce(self, tensor, op: str = "sum") -> None:
         if self.ddp:
             import torch.distributed as td
 
-            td.all_reduce(tensor)
+            td.all_reduce(tensor, op={"sum": td.ReduceOp.SUM, "min": td.ReduceOp.MIN}[op])
 
     def broadcast(self, value: Any) -> Any:
         if not self.ddp:
@@ -618,11 +646,12 @@ def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict
             shift_windows=params.weights.shift_windows)
         stream = SampleStream(sampler)  # start positions of windows in the train tokens
         val_idx = val_windows(len(val_samples), tp.eval_batches * tp.batch_size)
+        saved_window = None
         if found:
             store.load_weights(Path(found), raw_model, optimizer)
             scaler.load_state_dict(state.pop("scaler"))
-            resume_ranks(state.pop("ranks"), state.pop("world_size"), state["step"], params.seed,
-                         dist, stream, objective)
+            saved_window = resume_ranks(state.pop("ranks"), state.pop("world_size"), state["step"],
+                                        params.seed, dist, stream, objective)
         else:
             seed_everything(params.seed * 1000 + dist.rank)  # per-rank dropout, reproducibly
         start_step = state["step"]
@@ -640,6 +669,13 @@ def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict
         model.train()
         window = torch.zeros(4, device=device)  # ce_sum, tokens, rare_ce_sum, rare_tokens
         window_loss, window_t0, window_steps = torch.zeros(2, device=device), time.perf_counter(), 0
+        if saved_window is not None:  # the steps since the last row before the checkpoint
+            window += saved_window["sums"][:4].to(device)
+            window_loss += saved_window["sums"][4:].to(device)
+            window_steps, window_t0 = saved_window["steps"], window_t0 - saved_window["seconds"]
+        # The first step with a non-finite loss or gradient norm (none: max_steps + 1), kept on
+        # the device and checked only where a row or checkpoint is written (no sync per step).
+        first_bad = torch.full((), tp.max_steps + 1, dtype=torch.long, device=device)
         session_t0, grad_norm, state_bytes = time.perf_counter(), torch.zeros(()), 0
         session_step = start_step  # tokens trained = those before this session + this one's
         for step in range(start_step, tp.max_steps):
@@ -663,6 +699,9 @@ def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict
             scaler.unscale_(optimizer)  # true gradient norm, also under fp16 loss scaling
             grad_norm = torch.nn.utils.clip_grad_norm_(
                 raw_model.parameters(), tp.grad_clip if tp.grad_clip > 0 else float("inf"))
+            if not use_scaler:  # fp16: the GradScaler skips steps with non-finite gradients itself
+                finite = torch.isfinite(window_loss[0]) & torch.isfinite(sharding.local(grad_norm))
+                first_bad = torch.where(finite, first_bad, first_bad.clamp(max=step + 1))
             scaler.step(optimizer)  # skips the step if fp16 gradients overflowed
             scaler.update()
             if step == start_step:  # gradients and AdamW state exist now: what this rank holds
@@ -673,6 +712,8 @@ def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict
             window_steps += 1
 
             row: dict[str, Any] = {}
+            if done % tp.log_every == 0 or done % tp.checkpoint_every == 0 or done == tp.max_steps:
+                stop_if_diverged(first_bad, tp.max_steps, dist)  # before it is logged or saved
             if done % tp.log_every == 0 or done == tp.max_steps:
                 sums = torch.cat([window, window_loss])
                 dist.all_reduce(sums)  # averages over every rank's tokens
@@ -709,7 +750,9 @@ def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict
                              tokens=state["tokens"] + (done - session_step) * tokens_per_step)
                 session_t0, session_step = time.perf_counter(), done
                 ranks = dist.gather({"stream": stream.state(), "rng": rng_state(),
-                                     "objective": objective.state()})
+                                     "objective": objective.state(),
+                                     "log_window": log_window_state(torch.cat([window, window_loss]),
+                                                                    window_steps, window_t0)})
                 store.save(done, raw_model, optimizer,
                            {**state, "scaler": scaler.state_dict(), "ranks": ranks}, dist)
 

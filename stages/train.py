@@ -13,6 +13,7 @@ Writes models/model/ (Hugging Face format + tokenizer + mlflow_run.json),
 metrics/train.json and plots/train.csv; checkpoints go to .cache/train/<key>/.
 """
 
+import time
 from pathlib import Path
 
 import typer
@@ -20,6 +21,7 @@ import typer
 from stages import METRICS, MODEL, PARAMS, PLOTS, RARE, TOKENIZED, WEIGHTS
 
 app = typer.Typer(add_completion=False, help=__doc__)
+EVERY_RANK_WAIT_S = 120  # at most: rank 0 exits within seconds of the others
 
 
 def _launch(nproc: int, max_restarts: int, argv: list[str]) -> int:
@@ -73,7 +75,7 @@ def train(
     from rarelm.errors import RarelmError, disk_error, user_errors
     from rarelm.params import load_params
     from rarelm.sharding import check_world_size
-    from rarelm.train import Paths, load_inputs, summary
+    from rarelm.train import EveryRankError, Paths, load_inputs, summary
 
     paths = Paths(tokenized=tokenized, rare=rare, weights=weights, model=out, metrics=metrics,
                   plots=plots, metrics_dir=metrics.parent, cache=cache)
@@ -98,6 +100,8 @@ def train(
         except Exception as exc:  # a bad input or a full disk: rank 0 says it once for everyone
             if int(os.environ.get("RANK", "0")) != 0 and (isinstance(exc, RarelmError)
                                                          or disk_error(exc) is not None):
+                if isinstance(exc, EveryRankError):  # rank 0 raised it too: let it say so first
+                    time.sleep(EVERY_RANK_WAIT_S)  # (torchrun stops this worker when rank 0 exits)
                 raise typer.Exit(2) from None
             raise
     if result is not None:

@@ -42,6 +42,23 @@ def test_int_is_accepted_for_float_and_converted():
     ({"corpus": {"split_seed": -1}}, "params: corpus.split_seed = -1 is not allowed (must be >= 0)"),
     ({"eval": {"threads": -1}}, "params: eval.threads = -1 is not allowed (must be >= 0)"),
     ({"eval": {"closed_set": "no"}}, "params: eval.closed_set = 'no' is not allowed (must be true or false)"),
+    # non-finite and absurd values (issue 25): each float finite and bounded, seeds 32-bit
+    ({"train": {"lr": float("inf")}}, "params: train.lr = inf is not allowed (must be a finite number)"),
+    ({"train": {"lr": 1e300}}, "params: train.lr = 1e+300 is not allowed (must be <= 10)"),
+    ({"alpha": float("nan")}, "params: alpha = nan is not allowed (must be a finite number)"),
+    ({"alpha": 1e300}, "params: alpha = 1e+300 is not allowed (must be <= 100)"),
+    ({"alpha": 10**400}, f"params: alpha = {10**400} is not allowed (must be a finite number)"),
+    ({"loss": {"rare_weight": 1e300}}, "params: loss.rare_weight = 1e+300 is not allowed (must be <= 10000)"),
+    ({"train": {"grad_clip": float("inf")}},
+     "params: train.grad_clip = inf is not allowed (must be a finite number)"),
+    ({"loss": {"tlat_t": float("-inf")}},
+     "params: loss.tlat_t = -inf is not allowed (must be a finite number)"),
+    ({"weights": {"clip_ratio": 1e300}},
+     "params: weights.clip_ratio = 1e+300 is not allowed (must be <= 1e+12)"),
+    ({"seed": 2**64}, "params: seed = 18446744073709551616 is not allowed (must be an integer of at most"),
+    ({"seed": 2**32}, "params: seed = 4294967296 is not allowed (must be <= 4294967295)"),
+    ({"corpus": {"split_seed": 2**32}},
+     "params: corpus.split_seed = 4294967296 is not allowed (must be <= 4294967295)"),
 ])
 def test_bad_values_name_key_value_and_allowed(raw, message):
     with pytest.raises(RarelmError) as err:
@@ -68,3 +85,41 @@ def test_true_and_false_choices_accept_yaml_booleans():
 
     assert Params.from_dict({"tracking": {"log_model": False}}).tracking.log_model == "false"
     assert Params.from_dict({"tracking": {"log_model": True}}).tracking.log_model == "true"
+
+
+def test_every_float_param_has_an_upper_bound_and_seeds_are_32_bit():
+    """No float field is left unbounded above (1e300 passes none); the defaults sit inside."""
+    import dataclasses
+    import typing
+
+    def walk(cls, prefix=""):
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if dataclasses.is_dataclass(hints[f.name]):
+                yield from walk(hints[f.name], f"{prefix}{f.name}.")
+            else:
+                yield prefix + f.name, hints[f.name], f.metadata
+
+    floats = {key: bounds for key, hint, bounds in walk(Params) if hint is float}
+    assert len(floats) > 20
+    assert [key for key, bounds in floats.items() if not {"le", "lt"} & set(bounds)] == []
+    seeds = {key: bounds for key, _, bounds in walk(Params) if key.endswith("seed")}
+    assert seeds == {"seed": {"ge": 0, "le": 2**32 - 1}, "corpus.split_seed": {"ge": 0, "le": 2**32 - 1}}
+    assert load_params(REPO / "params.yaml") is not None and Params() is not None
+
+
+def test_non_finite_params_file_is_one_line_from_a_stage(tmp_path):
+    """`dvc exp run -S train.lr=inf` writes `.inf`: the stage refuses it in one line, exit 2."""
+    import shutil
+    import subprocess
+    import sys
+
+    params = tmp_path / "params.yaml"
+    shutil.copy(REPO / "params.yaml", params)
+    params.write_text(params.read_text().replace("  lr: 0.003", "  lr: .inf"))
+    result = subprocess.run([sys.executable, "-m", "stages.train", "--params", str(params),
+                             "--out", str(tmp_path / "model")], cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == ("rarelm train: error: params: train.lr = inf is not allowed "
+                                     "(must be a finite number)")
+    assert not (tmp_path / "model").exists()

@@ -587,6 +587,50 @@ def test_face_agg_focal_run_resumes_bit_identical(trained, tmp_path, monkeypatch
     assert rows("resumed") == rows("whole")
 
 
+def test_curves_of_a_run_resumed_between_two_rows_equal_the_uninterrupted_ones(trained, tmp_path,
+                                                                               monkeypatch):
+    """A checkpoint every 3 steps, a curve row every 4: crashed after the step-6 checkpoint, the
+    resumed run's row of step 8 still averages steps 5-8 (the log window is in the checkpoint)."""
+    from rarelm import reprocheck
+    from rarelm.params import load_params
+
+    root, _, _ = trained
+    monkeypatch.chdir(root)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")  # no store needed here
+    base = load_params(root / "params.yaml")
+    params = dataclasses.replace(base, train=dataclasses.replace(
+        base.train, nproc=1, max_steps=10, batch_size=8, log_every=4, eval_every=10,
+        checkpoint_every=3, precision="fp32"))
+    _whole_then_crashed_and_resumed(params, tmp_path, monkeypatch, crash_step=7)
+    same = reprocheck.without_wall_clock
+    assert [r["step"] for r in csv.DictReader((tmp_path / "whole.csv").open())] == ["4", "8", "10"]
+    assert same(tmp_path / "resumed.csv") == same(tmp_path / "whole.csv")
+    assert (tmp_path / "resumed/model.safetensors").read_bytes() == \
+        (tmp_path / "whole/model.safetensors").read_bytes()
+
+
+def test_non_finite_loss_stops_training_with_one_line_and_no_model(trained, tmp_path):
+    """A pretrained model with a NaN weight (2 DDP ranks): the first step's loss and gradient
+    norm are NaN; the run stops with one line naming the step, exit 2, no model or metrics."""
+    from safetensors.torch import load_file, save_file
+
+    root, _, _ = trained
+    base = _tiny_pretrained(root, tmp_path / "base")
+    weights = load_file(base / "model.safetensors")
+    weights["transformer.ln_f.weight"][0] = float("nan")
+    save_file(weights, base / "model.safetensors", metadata={"format": "pt"})
+    result = _stage_run(root, tmp_path, "nan", **{"model.name_or_path": str(base),
+                                                  "train.max_steps": 4, "train.log_every": 2,
+                                                  "train.checkpoint_every": 2, "train.eval_every": 4})
+    assert result.returncode == 2, result.stderr[-3000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert lines[0].startswith("rarelm train: error: step 1: the loss or gradient norm is not finite")
+    for name in ("model", "train.json", "train.csv"):
+        assert not (tmp_path / "nan" / name).exists(), name
+    assert not list((tmp_path / "nan" / "cache").glob("*/step-*"))  # no NaN checkpoint either
+
+
 def test_pretrained_model_must_share_the_tokenizer(trained, tmp_path):
     from transformers import AutoTokenizer, DistilBertConfig, DistilBertModel, GPT2LMHeadModel
 
