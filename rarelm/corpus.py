@@ -1,7 +1,9 @@
 """Reading, cleaning and splitting a raw corpus (the `prepare` stage).
 
 Documents stream from a file or a folder of files, one at a time, so memory
-does not grow with the corpus:
+does not grow with the corpus: a line (and a document) longer than
+`corpus.max_line_bytes` is refused before it is read whole, and de-duplication
+keeps 8 bytes per unique document (`SeenDigests`):
 
     >>> clean("  Myocardial\\x1b[31m  infarction\\x07 ")
     'Myocardial infarction'
@@ -19,11 +21,14 @@ import gzip
 import hashlib
 import json
 import re
+import sys
 import unicodedata
 import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO
+
+import numpy as np
 
 from rarelm.errors import RarelmError
 from rarelm.params import CorpusParams
@@ -74,7 +79,12 @@ def format_of(path: Path, fmt: str = "auto") -> str:
 
 
 def corpus_files(params: CorpusParams) -> list[Path]:
-    """The corpus file, or the supported files of the corpus folder in sorted order."""
+    """The corpus file, or the supported files of the corpus folder in sorted order.
+
+    In a folder, a symbolic link whose target lies outside both the folder and the working
+    directory (the repository, where DVC's cache is) is skipped with a warning: a corpus from
+    elsewhere must not pull in /etc/passwd or ~/.ssh by a link.
+    """
     root = Path(params.path)
     if not params.path:
         raise RarelmError("corpus.path is empty: set it to a corpus file or folder")
@@ -89,10 +99,18 @@ def corpus_files(params: CorpusParams) -> list[Path]:
             format_of(path, params.format)
         except RarelmError:
             continue
+        if not _inside(path.resolve(), root.resolve(), Path.cwd().resolve()):
+            print(f"rarelm prepare: warning: skipping {path}: a link to {path.resolve()}, outside "
+                  f"the corpus folder and the repository", file=sys.stderr, flush=True)
+            continue
         files.append(path)
     if not files:
         raise RarelmError(f"corpus.path: folder {root} holds no .txt, .jsonl, .csv or .parquet file")
     return files
+
+
+def _inside(path: Path, *folders: Path) -> bool:
+    return any(path.is_relative_to(folder) for folder in folders)
 
 
 def _open_binary(path: Path) -> IO[bytes]:
@@ -101,13 +119,19 @@ def _open_binary(path: Path) -> IO[bytes]:
     return gzip.open(path, "rb") if gzipped else open(path, "rb")
 
 
-def _raw_lines(path: Path) -> Iterator[bytes]:
-    """Lines of a file as bytes, gunzipped if it is gzip; a truncated or corrupt gzip stream
-    (found only while reading: `EOFError`, `BadGzipFile`, `zlib.error`) raises RarelmError."""
+def _raw_lines(path: Path, max_bytes: int) -> Iterator[bytes]:
+    """Lines of a file as bytes, gunzipped if it is gzip, each read with a buffer of at most
+    `max_bytes` + 1 bytes: a longer line (a gzip bomb of one line, a file without newlines) is a
+    RarelmError before it fills memory. So is a truncated or corrupt gzip stream (found only
+    while reading: `EOFError`, `BadGzipFile`, `zlib.error`)."""
     with _open_binary(path) as f:
         lines = 0
         try:
-            for raw in f:
+            while raw := f.readline(max_bytes + 1):
+                if len(raw) > max_bytes and not raw.endswith(b"\n"):
+                    raise RarelmError(
+                        f"{path}: line {lines + 1} is longer than corpus.max_line_bytes = {max_bytes} "
+                        "bytes; split it into documents or raise the limit")
                 yield raw
                 lines += 1
         except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
@@ -116,10 +140,10 @@ def _raw_lines(path: Path) -> Iterator[bytes]:
                               "re-create or re-download it") from None
 
 
-def _decoded_lines(path: Path, errors: str) -> Iterator[str]:
+def _decoded_lines(path: Path, errors: str, max_bytes: int) -> Iterator[str]:
     """Lines of a (possibly gzipped) UTF-8 file; invalid bytes raise with their place."""
     offset = 0
-    for number, raw in enumerate(_raw_lines(path), start=1):
+    for number, raw in enumerate(_raw_lines(path, max_bytes), start=1):
         try:
             yield raw.decode("utf-8", errors=errors)
         except UnicodeDecodeError as exc:
@@ -131,51 +155,81 @@ def _decoded_lines(path: Path, errors: str) -> Iterator[str]:
 
 
 def _iter_txt(path: Path, params: CorpusParams) -> Iterator[str]:
-    lines = _decoded_lines(path, params.encoding_errors)
+    lines = _decoded_lines(path, params.encoding_errors, params.max_line_bytes)
     if params.txt_documents == "line":
         for line in lines:
             yield line.rstrip("\r\n")
         return
     paragraph: list[str] = []
-    for line in lines:
+    size = 0
+    for number, line in enumerate(lines, start=1):
         if line.strip():
             paragraph.append(line)
+            size += len(line)
+            if size > params.max_line_bytes:  # characters: a lower bound of the bytes
+                raise RarelmError(
+                    f"{path}: the document at line {number} is longer than "
+                    f"corpus.max_line_bytes = {params.max_line_bytes} bytes; split it or raise the limit")
         elif paragraph:
             yield "".join(paragraph)
-            paragraph = []
+            paragraph, size = [], 0
     if paragraph:
         yield "".join(paragraph)
 
 
-def _field(record: object, path: Path, where: str, field: str) -> str:
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _field(record: object, path: Path, where: str, field: str, errors: str) -> str:
+    """The text field of a JSON record: a string, or null for none. Anything else (a number, a
+    list, an object) is refused rather than written as Python's repr of it; a lone surrogate
+    escape (`"\\ud800"`, not a character) is replaced by U+FFFD under encoding_errors: replace."""
     if not isinstance(record, dict) or field not in record:
         raise RarelmError(f"{path}: {where} has no field {field!r} (set corpus.text_field)")
     value = record[field]
-    return "" if value is None else str(value)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        kind = {bool: "a boolean", int: "a number", float: "a number", list: "a list",
+                dict: "an object"}.get(type(value), type(value).__name__)
+        raise RarelmError(f"{path}: {where}: field {field!r} is {kind}, not a string")
+    if _SURROGATE.search(value):
+        if errors != "replace":
+            raise RarelmError(
+                f"{path}: {where}: field {field!r} holds a lone surrogate escape "
+                f"({_SURROGATE.search(value).group().encode('unicode_escape').decode()}), which is "
+                "no character; fix the file or set corpus.encoding_errors: replace")
+        value = _SURROGATE.sub("\ufffd", value)
+    return value
 
 
 def _iter_jsonl(path: Path, params: CorpusParams) -> Iterator[str]:
-    for number, line in enumerate(_decoded_lines(path, params.encoding_errors), start=1):
+    lines = _decoded_lines(path, params.encoding_errors, params.max_line_bytes)
+    for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
             raise RarelmError(f"{path}: line {number} is not valid JSON: {exc.msg}") from None
-        yield _field(record, path, f"line {number}", params.text_field)
+        yield _field(record, path, f"line {number}", params.text_field, params.encoding_errors)
 
 
 def _iter_csv(path: Path, params: CorpusParams) -> Iterator[str]:
-    csv.field_size_limit(2**31 - 1)
-    reader = csv.DictReader(_decoded_lines(path, params.encoding_errors))
-    if reader.fieldnames is None:
-        return
-    if params.text_field not in reader.fieldnames:
-        raise RarelmError(
-            f"{path}: no column {params.text_field!r} (columns: {', '.join(reader.fieldnames)}; "
-            "set corpus.text_field)")
-    for row in reader:
-        yield row[params.text_field] or ""
+    csv.field_size_limit(params.max_line_bytes)  # a quoted field may span lines
+    reader = csv.DictReader(_decoded_lines(path, params.encoding_errors, params.max_line_bytes))
+    try:
+        if reader.fieldnames is None:
+            return
+        if params.text_field not in reader.fieldnames:
+            raise RarelmError(
+                f"{path}: no column {params.text_field!r} (columns: {', '.join(reader.fieldnames)}; "
+                "set corpus.text_field)")
+        for row in reader:
+            yield row[params.text_field] or ""
+    except csv.Error as exc:  # a field over the limit
+        raise RarelmError(f"{path}: line {reader.line_num}: {exc} (corpus.max_line_bytes = "
+                          f"{params.max_line_bytes})") from None
 
 
 def _iter_parquet(path: Path, params: CorpusParams) -> Iterator[str]:
@@ -199,7 +253,10 @@ def _iter_parquet(path: Path, params: CorpusParams) -> Iterator[str]:
         if batch is None:
             return
         for value in batch.column(0).to_pylist():
-            yield "" if value is None else str(value)
+            if value is not None and not isinstance(value, str):
+                raise RarelmError(f"{path}: column {params.text_field!r} holds "
+                                  f"{type(value).__name__} values, not text")
+            yield value or ""
 
 
 _READERS = {"txt": _iter_txt, "jsonl": _iter_jsonl, "csv": _iter_csv, "parquet": _iter_parquet}
@@ -222,6 +279,44 @@ def detect_language(texts: Iterable[str]) -> str:
     return "zh" if letters and cjk / letters >= 0.2 else "en"
 
 
+class SeenDigests:
+    """A set of 8-byte digests (of documents) that costs 8 bytes per member: a sorted numpy
+    array, plus a Python set of the latest `buffer` members merged into it when full (so the
+    array is re-sorted once per `buffer` additions, not per document). Peak memory is about
+    16 bytes per member (while merging) and a few MB for the buffer, where a Python set of
+    digests took ~100 bytes per member.
+
+    Two different documents share a digest with probability about n^2 / 2^65 over n unique
+    documents (birthday bound): 3e-8 for a million, 3e-4 for 100 million; the later one
+    would then be dropped as a duplicate.
+
+    >>> seen = SeenDigests(buffer=2)
+    >>> [seen.add(d) for d in (b"aaaaaaaa", b"bbbbbbbb", b"cccccccc", b"aaaaaaaa", b"cccccccc")]
+    [True, True, True, False, False]
+    """
+
+    def __init__(self, buffer: int = 1 << 16):
+        self.merged = np.zeros(0, dtype=np.uint64)
+        self.recent: set[int] = set()
+        self.buffer = buffer
+
+    def add(self, digest: bytes) -> bool:
+        """Add `digest`; False if it was already there."""
+        value = int.from_bytes(digest, "little")
+        if value in self.recent:
+            return False
+        key = np.uint64(value)
+        at = int(np.searchsorted(self.merged, key))
+        if at < len(self.merged) and self.merged[at] == key:
+            return False
+        self.recent.add(value)
+        if len(self.recent) >= self.buffer:
+            fresh = np.fromiter(self.recent, dtype=np.uint64, count=len(self.recent))
+            self.merged = np.sort(np.concatenate([self.merged, fresh]))
+            self.recent.clear()
+        return True
+
+
 def prepare(params: CorpusParams, out_dir: Path) -> dict:
     """Clean and split the corpus into out_dir/{train,val,test}.jsonl; returns stats.
 
@@ -229,7 +324,7 @@ def prepare(params: CorpusParams, out_dir: Path) -> dict:
     """
     stats = {s: {"documents": 0, "characters": 0} for s in SPLITS}
     dropped_short = duplicates = 0
-    seen: set[bytes] = set()
+    seen = SeenDigests()
     sample: list[str] = []
     files = {s: open(out_dir / f"{s}.jsonl", "w", encoding="utf-8", newline="\n") for s in SPLITS}
     try:
@@ -238,12 +333,9 @@ def prepare(params: CorpusParams, out_dir: Path) -> dict:
             if len(text) < params.min_chars:
                 dropped_short += 1
                 continue
-            if params.dedup:
-                key = hashlib.blake2b(text.encode(), digest_size=16).digest()
-                if key in seen:
-                    duplicates += 1
-                    continue
-                seen.add(key)
+            if params.dedup and not seen.add(hashlib.blake2b(text.encode(), digest_size=8).digest()):
+                duplicates += 1
+                continue
             split = split_of(text, params.split_seed, params.val_fraction, params.test_fraction)
             files[split].write(json.dumps({"text": text}, ensure_ascii=False) + "\n")
             stats[split]["documents"] += 1

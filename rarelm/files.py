@@ -6,6 +6,9 @@ never a half-written file:
     with atomic_dir("data/prepared") as tmp:   # tmp = data/.prepared.tmp-1234
         (tmp / "train.jsonl").write_text(...)
     # data/prepared now holds exactly what was written, or is unchanged on error
+
+A process killed half-way (SIGKILL, power loss) cannot clean up: the next write of
+the same target removes the temporary siblings of processes that no longer run.
 """
 
 from __future__ import annotations
@@ -23,11 +26,45 @@ def _tmp_sibling(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp-{os.getpid()}")
 
 
+def remove_stale_siblings(path: Path) -> list[Path]:
+    """Remove `.<name>.tmp-<pid>` / `.<name>.old-<pid>` beside `path` whose process is gone
+    (killed mid-write); those of running processes stay. Returns what was removed.
+
+    (On a file system shared by several machines a pid names a process of this machine only:
+    there, do not write one target from two machines at once, which is unsafe anyway.)
+    """
+    removed = []
+    for kind in ("tmp", "old"):
+        for sibling in path.parent.glob(f".{path.name}.{kind}-*"):
+            pid = sibling.name.rsplit("-", 1)[1]
+            if not pid.isdigit() or _running(int(pid)):
+                continue
+            if sibling.is_dir() and not sibling.is_symlink():
+                shutil.rmtree(sibling, ignore_errors=True)
+            else:
+                sibling.unlink(missing_ok=True)
+            removed.append(sibling)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):  # another user's process (or no such pid number)
+        return True
+    return True
+
+
 @contextlib.contextmanager
 def atomic_dir(path: str | Path) -> Iterator[Path]:
     """Yield an empty temporary folder that replaces `path` when the block succeeds."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_siblings(path)
     tmp = _tmp_sibling(path)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
@@ -47,6 +84,7 @@ def atomic_file(path: str | Path, mode: str = "w") -> Iterator[Any]:
     """Open a temporary file that replaces `path` (fsynced) when the block succeeds."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_siblings(path)
     tmp = _tmp_sibling(path)
     kwargs = {} if "b" in mode else {"encoding": "utf-8", "newline": "\n"}
     try:

@@ -53,6 +53,9 @@ class CorpusParams:
     encoding_errors: Literal["strict", "replace"] = "strict"  # invalid UTF-8: stop, or use U+FFFD
     dedup: bool = True  # drop exact duplicate documents (after cleaning)
     min_chars: int = param(1, ge=1)  # documents shorter than this after cleaning are dropped
+    # longest line read (and document: a blank_line paragraph, a csv field), in bytes; a longer one
+    # is refused before it is read whole, so memory stays bounded by it (a gzip bomb of one line)
+    max_line_bytes: int = param(16_777_216, ge=1024, le=2**31 - 1)
     val_fraction: float = param(0.1, ge=0.0, lt=1.0)
     test_fraction: float = param(0.1, ge=0.0, lt=1.0)
     # the document split depends on this seed alone, so replicates that vary the top-level `seed`

@@ -113,7 +113,7 @@ def encode_split(tokenizer, texts: Iterator[str], eot_id: int, dtype: np.dtype,
             for enc, start, end in zip(encodings, starts, ends, strict=True):
                 ids[start:end - 1] = enc.ids
             ids[ends - 1] = eot_id
-            ids.tofile(out)
+            out.write(memoryview(ids))  # not ids.tofile: its short write has no errno (full disk)
             offsets.extend((ends + offsets[-1]).tolist())
             if progress is not None:
                 progress(len(batch))

@@ -1,12 +1,17 @@
 import dataclasses
 import gzip
+import hashlib
 import json
+import shutil
+import subprocess
+import sys
 
 import pytest
 
 from rarelm import corpus
 from rarelm.errors import RarelmError
 from rarelm.params import CorpusParams
+from tests.conftest import REPO, set_params
 
 
 def params(path, **kw) -> CorpusParams:
@@ -152,3 +157,100 @@ def test_corrupt_parquet_page_names_the_file(tmp_path):
     path.write_bytes(bytes(data))
     with pytest.raises(RarelmError, match=r"c\.parquet: (corrupt parquet data|not a readable parquet)"):
         list(corpus.iter_documents(params(path)))
+
+
+# --------------------------------------------------------------------------- bounded memory, odd input
+
+def _prepare_cli(tmp_path, corpus_path, preexec_fn=None, **corpus_params) -> subprocess.CompletedProcess:
+    """The prepare stage on `corpus_path` (outputs under tmp_path), run from the repository."""
+    shutil.copy(REPO / "params.yaml", tmp_path / "params.yaml")
+    set_params(tmp_path, **{"corpus.path": str(corpus_path)},
+               **{f"corpus.{k}": v for k, v in corpus_params.items()})
+    return subprocess.run(
+        [sys.executable, "-m", "stages.prepare", "--params", str(tmp_path / "params.yaml"),
+         "--out", str(tmp_path / "prepared"), "--metrics", str(tmp_path / "prepare.json")],
+        cwd=REPO, capture_output=True, text=True, preexec_fn=preexec_fn, timeout=300)
+
+
+def test_gzip_bomb_of_one_line_under_a_memory_limit_is_one_line(tmp_path):
+    """A 1 MB gzip that expands to 1 GiB without a newline (1024 gzip members of 1 MiB each),
+    read with 512 MB of address space: refused at corpus.max_line_bytes (16 MiB) in one line,
+    where reading the line whole died with a MemoryError traceback."""
+    import resource
+
+    bomb = tmp_path / "bomb.txt.gz"
+    bomb.write_bytes(gzip.compress(b"a" * 2**20, mtime=0) * 1024)
+    assert bomb.stat().st_size < 2**21
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (512 * 2**20, 512 * 2**20))
+
+    result = _prepare_cli(tmp_path, bomb, preexec_fn=limit)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.strip() == (f"rarelm prepare: error: {bomb}: line 1 is longer than "
+                                     "corpus.max_line_bytes = 16777216 bytes; split it into documents "
+                                     "or raise the limit")
+    assert not (tmp_path / "prepared").exists()
+
+
+def test_long_lines_and_documents_are_refused_at_the_limit(tmp_path):
+    ok, long = "x" * 1024, "y" * 1025
+    path = tmp_path / "c.txt"
+    path.write_text(f"{ok}\n{long}\n", encoding="utf-8")
+    assert list(corpus.iter_documents(params(path, max_line_bytes=1025))) == [ok, long]
+    with pytest.raises(RarelmError, match=r"c\.txt: line 2 is longer than corpus.max_line_bytes = 1024"):
+        list(corpus.iter_documents(params(path, max_line_bytes=1024)))
+    path.write_text("short\n" * 300 + "\n", encoding="utf-8")  # one paragraph of 1800 bytes
+    with pytest.raises(RarelmError, match="the document at line 171 is longer than"):
+        list(corpus.iter_documents(params(path, txt_documents="blank_line", max_line_bytes=1024)))
+    csv_path = tmp_path / "c.csv"
+    csv_path.write_text('text\n"' + "z\n" * 600 + '"\n', encoding="utf-8")  # one field over 8 lines
+    with pytest.raises(RarelmError, match=r"c\.csv: line \d+: field larger than field limit \(1024\)"):
+        list(corpus.iter_documents(params(csv_path, max_line_bytes=1024)))
+
+
+def test_dedup_keeps_eight_bytes_per_document():
+    seen = corpus.SeenDigests(buffer=1000)
+    digests = [hashlib.blake2b(str(i).encode(), digest_size=8).digest() for i in range(5000)]
+    assert all(seen.add(d) for d in digests)
+    assert not any(seen.add(d) for d in digests[::7])
+    assert seen.merged.nbytes == 5000 * 8 and len(seen.recent) == 0
+
+
+def test_lone_surrogate_in_jsonl_is_replaced_or_refused_in_one_line(tmp_path):
+    path = tmp_path / "c.jsonl"
+    path.write_text('{"text": "ok"}\n{"text": "bad \\ud800 one"}\n', encoding="utf-8")
+    result = _prepare_cli(tmp_path, path, encoding_errors="replace", val_fraction=0.0,
+                          test_fraction=0.0)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert list(corpus.read_split(tmp_path / "prepared", "train")) == ["ok", "bad \ufffd one"]
+    result = _prepare_cli(tmp_path, path)
+    assert result.returncode == 2 and result.stderr.strip() == (
+        f"rarelm prepare: error: {path}: line 2: field 'text' holds a lone surrogate escape (\\ud800), "
+        "which is no character; fix the file or set corpus.encoding_errors: replace")
+
+
+@pytest.mark.parametrize(("value", "kind"), [("5", "a number"), ('{"a": 1}', "an object"),
+                                             ("[1]", "a list"), ("true", "a boolean")])
+def test_non_string_jsonl_value_is_one_line_naming_the_line(tmp_path, value, kind):
+    path = tmp_path / "c.jsonl"
+    path.write_text(f'{{"text": "fine"}}\n{{"text": null}}\n{{"text": {value}}}\n', encoding="utf-8")
+    result = _prepare_cli(tmp_path, path)
+    assert result.returncode == 2 and result.stderr.strip() == (
+        f"rarelm prepare: error: {path}: line 3: field 'text' is {kind}, not a string")
+    assert not (tmp_path / "prepared").exists()
+
+
+def test_folder_corpus_skips_links_that_leave_it(tmp_path):
+    folder = tmp_path / "corpus"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "a.txt").write_text("a document inside\n", encoding="utf-8")
+    secret = tmp_path / "secret.txt"  # outside the folder and the repository
+    secret.write_text("root:x:0:0:root:/root:/bin/bash\n", encoding="utf-8")
+    (folder / "passwd.txt").symlink_to(secret)
+    (folder / "sub" / "same.txt").symlink_to(folder / "a.txt")  # inside: read
+    result = _prepare_cli(tmp_path, folder, val_fraction=0.0, test_fraction=0.0, dedup=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stderr.strip() == (f"rarelm prepare: warning: skipping {folder / 'passwd.txt'}: a link "
+                                     f"to {secret}, outside the corpus folder and the repository")
+    assert list(corpus.read_split(tmp_path / "prepared", "train")) == ["a document inside"] * 2
