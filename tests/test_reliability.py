@@ -86,6 +86,43 @@ def test_full_disk_while_writing_outputs_keeps_previous_outputs(repo, name):
         assert tree_digest(*outputs) != before
 
 
+def test_full_disk_at_tokenize_big_write_is_one_line(repo):
+    """The file-size limit just above every tokenizer and offsets file, below train.tokens: the
+    token array's write fails (numpy's tofile said so without an errno: a traceback, exit 1)."""
+    stage("prepare", repo, check=True)
+    stage("tokenize", repo, check=True)
+    outputs = [repo / "data/tokenized", repo / "metrics/tokenize.json"]
+    before = tree_digest(*outputs)
+    sizes = {p.name: p.stat().st_size for p in (repo / "data/tokenized").rglob("*") if p.is_file()}
+    small = max(size for name, size in sizes.items() if not name.endswith(".tokens"))
+    assert small < sizes["train.tokens"], sizes
+    result = run_with_file_size_limit([sys.executable, "-m", "stages.tokenize"], repo, small + 1)
+    assert_one_line_error(result, "rarelm tokenize: error: cannot write outputs:", "File too large")
+    assert result.returncode == 2
+    assert tree_digest(*outputs) == before
+    assert leftovers(repo / "data") == [] and leftovers(repo / "metrics") == []
+
+
+def test_prepare_killed_mid_write_leaves_no_temporary_folder_after_the_next_run(repo, tmp_path):
+    """SIGKILL cannot be cleaned up after: the next prepare removes the dead run's
+    `.prepared.tmp-<pid>` (a running process's would stay)."""
+    big = repo / "data/raw/big.txt.gz"  # the demo corpus 4 times (gzip members): a second or so
+    big.write_bytes((REPO / "data/raw/demo_en.txt.gz").read_bytes() * 4)
+    set_params(repo, **{"corpus.path": "data/raw/big.txt.gz"})
+    proc = start([sys.executable, "-m", "stages.prepare"], repo, tmp_path / "prepare.log")
+    tmp = repo / "data" / f".prepared.tmp-{proc.pid}"
+    deadline = time.monotonic() + 120
+    while not (tmp / "train.jsonl").exists():
+        assert proc.poll() is None, (tmp_path / "prepare.log").read_text()
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    proc.kill()
+    proc.wait()
+    assert leftovers(repo / "data") == [tmp.name]
+    stage("prepare", repo, check=True)
+    assert leftovers(repo / "data") == [] and (repo / "data/prepared/train.jsonl").is_file()
+
+
 # ------------------------------------------------------------------ the whole DAG, tiny
 #
 # One module-scoped run of the whole DAG, twice from scratch (the reproducibility check, with the
@@ -93,9 +130,11 @@ def test_full_disk_while_writing_outputs_keeps_previous_outputs(repo, name):
 # faulted run must end byte-identical to it.
 
 # block_size 64: evaluate needs room for a prompt plus twice the longest term (14 tokens here).
+# A curve row every 4 steps, a checkpoint every 5: a run killed after a checkpoint between two
+# rows must still log the rows of an uninterrupted run (the log window is in the checkpoint).
 TINY_DAG = {"tokenizer.vocab_size": 512, "model.n_layer": 1, "model.n_head": 2, "model.n_embd": 32,
             "model.block_size": 64, "train.nproc": 2, "train.max_steps": 40, "train.batch_size": 4,
-            "train.log_every": 5, "train.eval_every": 20, "train.eval_batches": 2,
+            "train.log_every": 4, "train.eval_every": 20, "train.eval_batches": 2,
             "train.checkpoint_every": 5, "train.warmup_steps": 2, "eval.batch_size": 8,
             "eval.max_terms": 20, "eval.diversity_prompts": 4, "eval.diversity_tokens": 8,
             "tracking.log_model": False}
