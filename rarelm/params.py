@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import reprlib
 import types
 import typing
 from pathlib import Path
@@ -306,7 +307,7 @@ def load_params(path: str | Path = "params.yaml") -> Params:
 def _build(cls: type, raw: Any, prefix: str) -> Any:
     section = prefix.rstrip(".") or "params.yaml"
     if not isinstance(raw, dict):
-        raise RarelmError(f"params: {section} = {raw!r} is not allowed (must be a mapping)")
+        raise RarelmError(f"params: {section} = {_shown(raw)} is not allowed (must be a mapping)")
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(raw) - set(fields))
     if unknown:
@@ -324,11 +325,21 @@ def _build(cls: type, raw: Any, prefix: str) -> Any:
     return cls(**values)
 
 
+def _shown(value: Any, limit: int = 300) -> str:
+    """repr(value), bounded in depth and length: a value built of YAML aliases ("billion laughs")
+    is shared, not copied, on load, but its full repr in a message would be gigabytes."""
+    short = reprlib.Repr()
+    short.maxlevel, short.maxlist, short.maxdict, short.maxtuple = 2, 4, 4, 4
+    short.maxstring = short.maxother = short.maxlong = limit
+    text = short.repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def _check_value(key: str, value: Any, hint: Any, bounds: Any) -> Any:
     given = value
 
     def reject(allowed: str) -> typing.NoReturn:
-        raise RarelmError(f"params: {key} = {given!r} is not allowed (must be {allowed})")
+        raise RarelmError(f"params: {key} = {_shown(given)} is not allowed (must be {allowed})")
 
     origin = typing.get_origin(hint)
     if origin is Literal:
