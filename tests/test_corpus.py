@@ -209,12 +209,13 @@ def test_long_lines_and_documents_are_refused_at_the_limit(tmp_path):
         list(corpus.iter_documents(params(csv_path, max_line_bytes=1024)))
 
 
-def test_dedup_keeps_eight_bytes_per_document():
-    seen = corpus.SeenDigests(buffer=1000)
+def test_dedup_table_holds_8_byte_digests_at_most_two_thirds_full():
+    seen = corpus.SeenDigests(capacity=1024)
     digests = [hashlib.blake2b(str(i).encode(), digest_size=8).digest() for i in range(5000)]
     assert all(seen.add(d) for d in digests)
     assert not any(seen.add(d) for d in digests[::7])
-    assert seen.merged.nbytes == 5000 * 8 and len(seen.recent) == 0
+    assert len(seen) == 5000 and seen.slots.itemsize == 8 and len(seen.slots) == 8192
+    assert seen.add(bytes(8)) and not seen.add(b"\x01" + bytes(7))  # 0 is stored as 1
 
 
 def test_lone_surrogate_in_jsonl_is_replaced_or_refused_in_one_line(tmp_path):
