@@ -1,9 +1,10 @@
 """Reading, cleaning and splitting a raw corpus (the `prepare` stage).
 
 Documents stream from a file or a folder of files, one at a time, so memory
-does not grow with the corpus: a line (and a document) longer than
-`corpus.max_line_bytes` is refused before it is read whole, and de-duplication
-keeps 8 bytes per unique document (`SeenDigests`):
+is bounded by the longest line, not the corpus: a line (and a document) longer
+than `corpus.max_line_bytes` is refused before it is read whole. De-duplication
+alone grows with the corpus, by an 8-byte digest per unique document in a flat
+table (`SeenDigests`, 12-24 bytes each):
 
     >>> clean("  Myocardial\\x1b[31m  infarction\\x07 ")
     'Myocardial infarction'
