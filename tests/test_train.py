@@ -337,7 +337,8 @@ def test_dvc_repro_trains_with_two_ddp_processes(trained):
     assert model.config.n_layer == 1 and model.config.vocab_size == len(tokenizer)
     ids = tokenizer("The patient", return_tensors="pt").input_ids
     assert model(input_ids=ids).logits.shape[-1] == len(tokenizer)
-    assert not (root / ".cache/train").exists() or not any((root / ".cache/train").iterdir())
+    # a finished run leaves no checkpoint, only the cache's signing key
+    assert [p.name for p in (root / ".cache/train").iterdir()] == [".signing-key"]
     # a second `dvc repro` has nothing to do
     assert "Stage 'train' didn't change, skipping" in run(["dvc", "repro", "train"], root,
                                                           env=env, check=True).stdout
