@@ -485,47 +485,46 @@ def mlflow_metrics(metrics: dict) -> dict[str, float]:
     return out
 
 
-def log_to_mlflow(run_file: str | Path, metrics: dict, artifacts: list[Path],
-                  inputs: list[str | Path] = ("data/prepared", "data/tokenized", "data/rare")) -> bool:
-    """Log metrics and files (under `eval/`) into the training run named in run_file.
+def log_to_mlflow(run, metrics: dict, inputs: list[str | Path] = ("data/prepared", "data/tokenized",
+                                                                    "data/rare")) -> None:
+    """Log metrics (`mlflow_metrics`) and `inputs` as "evaluation" datasets (digests from dvc.lock)
+    into `run` (rarelm.tracking.open_run), then `run.require()`: before any output is written, a
+    store that cannot log is the stage's one-line error when `tracking.required` is on."""
+    from rarelm.tracking import measured, summary_metrics
 
-    Also `inputs` as "evaluation" datasets (digests from dvc.lock), and the
-    per-occurrence rows (the .jsonl among `artifacts`) as the MLflow table
-    `eval/term_samples.json`: expected term beside what the model wrote.
-
-    Never raises: a missing run file or an unreachable store is one warning line
-    on stderr, and the stage's own outputs stand. Returns whether it logged.
-    """
-    import json
-    import sys
-
-    from rarelm.tracking import measured, open_run, summary_metrics
-
-    if not Path(run_file).is_file():
-        print(f"rarelm evaluate: warning: no {run_file} (the model was trained without tracking); "
-              "metrics not logged to MLflow", file=sys.stderr)
-        return False
-    run = open_run(run_file, stage="evaluate")
-    if not run.active:
-        return False  # open_run printed the warning line
     run.log_metrics(summary_metrics(metrics) | measured(mlflow_metrics(metrics)))
     if "logit_adjust_tau" in metrics:  # the setting behind these figures: a tag, not a metric
         run.set_tags({"eval.logit_adjust_tau": str(metrics["logit_adjust_tau"])})
     run.log_datasets(list(inputs), context="evaluation")
-    for path in artifacts:
-        if Path(path).suffix == ".jsonl":
+    run.require()
+
+
+def log_files_to_mlflow(run, files: list[Path], log_text: bool) -> None:
+    """The written outputs as artifacts under `eval/`, and finish the run.
+
+    The per-occurrence rows (the .jsonl among `files`: expected term beside what the model
+    wrote, test-corpus text) go only when `log_text` (tracking.log_text): as an artifact and
+    as the MLflow table `eval/term_samples.json`. A failure here is one warning line; the
+    stage's outputs stand.
+    """
+    import json
+    import sys
+
+    for path in files:
+        if Path(path).suffix == ".jsonl" and log_text:
             with open(path, encoding="utf-8") as f:
                 run.log_table([json.loads(line) for line in f], "eval/term_samples.json")
     if run.active:
+        from rarelm.tracking import redact
+
         try:
             import mlflow
 
             client = mlflow.MlflowClient(run.tracking_uri)
-            for path in artifacts:
-                client.log_artifact(run.run_id, str(path), artifact_path="eval")
+            for path in files:
+                if Path(path).suffix != ".jsonl" or log_text:
+                    client.log_artifact(run.run_id, str(path), artifact_path="eval")
         except Exception as exc:  # the store answered but artifacts failed: still only a warning
             print(f"rarelm evaluate: warning: MLflow artifacts not logged ({type(exc).__name__}: "
-                  f"{' '.join(str(exc).split())[:200]})", file=sys.stderr)
-    logged = run.active
+                  f"{redact(' '.join(str(exc).split())[:200])})", file=sys.stderr)
     run.finish()
-    return logged

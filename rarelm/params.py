@@ -227,6 +227,13 @@ class TrackingParams:
     registered_model: str = "rarelm"  # registry name for `rarelm register` (and for `register`)
     register: bool = False  # register every trained model; false: only by `rarelm register`
     tensorboard: bool = False  # also write TensorBoard event files (runs/<run name>/)
+    # a store that cannot log fails the stage (one line, before any output is written); false =
+    # one warning and the stage goes on untracked. On: an untracked run in a sweep is a lost
+    # comparison that DVC would report as a success
+    required: bool = True
+    # test-corpus text (evaluate's per-occurrence rows: expected terms, generated continuations)
+    # as MLflow artifacts: auto = only into a store on this machine (sqlite:, file:), true / false
+    log_text: Literal["auto", "true", "false"] = "auto"
 
 
 @dataclasses.dataclass(frozen=True)

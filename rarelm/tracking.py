@@ -12,7 +12,7 @@ current folder. `train` starts the run and leaves its id beside the model;
     run.log_model("models/model", params.tracking)  # a pyfunc (rarelm/serving.py)
     run.finish()                                    # or run.finish("FAILED")
 
-    run = open_run("models/model/mlflow_run.json", stage="evaluate")
+    run = open_run("models/model/mlflow_run.json", "evaluate", params)  # the store this process logs to
     run.log_metrics({"eval/ppl": 12.3})
     run.finish()
 
@@ -35,11 +35,21 @@ the UI opens it as model training, not GenAI. Params: all of params.yaml,
 flattened (`train.lr`). Inputs: the data folders a stage read, as MLflow
 datasets whose digest is the md5 that dvc.lock records for them.
 
-Tracking never stops a stage: if the store cannot be reached, or fails later,
-one warning line goes to stderr and the Run turns inert. Network calls are
-bounded (MLFLOW_HTTP_REQUEST_MAX_RETRIES / _TIMEOUT default to 1 retry and
-5 s here unless set), so a down server costs seconds, not minutes.
-`import mlflow` (~2 s) happens only when a run starts.
+A run that cannot log fails the stage (`Run.require()`: one error line, exit 2,
+before any output is written) unless `tracking.required: false`; then one warning
+line goes to stderr and the Run turns inert. Network calls are bounded
+(MLFLOW_HTTP_REQUEST_MAX_RETRIES / _TIMEOUT default to 1 retry and 5 s here unless
+set), so a down server costs seconds, not minutes. `import mlflow` (~2 s) happens
+only when a run starts.
+
+A SQLite store is created and migrated once, under a lock file beside it
+(`prepare_store`), before any writer touches it: parallel `dvc queue` workers on a
+fresh store would otherwise race through MLflow's schema migration and lose their
+runs. Its artifact paths follow it when the checkout is copied or moved
+(`relocate_store`), and the run file names the repo's own store by a relative URI,
+so a copy never writes into the original. Credentials never leave the process:
+URIs are redacted (`redact`) in every message and file, and the git remote is
+logged without its user info.
 """
 
 from __future__ import annotations
@@ -47,6 +57,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -86,6 +97,35 @@ _HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
                   "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}  # no bar in a stage's log
 
 
+STORE_LOCK_TIMEOUT = 300  # seconds to wait for another process creating or migrating the store
+# scheme://user:password@host -> scheme://***@host; ?token=... -> ?token=***
+_USERINFO = re.compile(r"(?P<scheme>\b[a-zA-Z][a-zA-Z0-9+.-]*://)[^/\s@]+@")
+_SECRET_QUERY = re.compile(r"(?P<key>[?&](?:[a-z_]*(?:password|passwd|pwd|token|secret|key|sig|signature|"
+                           r"credential)[a-z_]*)=)[^&\s#]+", re.IGNORECASE)
+
+
+def redact(text: str) -> str:
+    """`text` with the credentials of every URI in it replaced by ***.
+
+    >>> redact("store http://alice:s3cret@mlflow:5000/x?token=abc&n=1 is down")
+    'store http://***@mlflow:5000/x?token=***&n=1 is down'
+    >>> redact("sqlite:////repo/mlflow.db")
+    'sqlite:////repo/mlflow.db'
+    """
+    return _SECRET_QUERY.sub(r"\g<key>***", _USERINFO.sub(r"\g<scheme>***@", text))
+
+
+def without_userinfo(url: str) -> str:
+    """A git remote URL without user name or token (an scp-like `git@host:path` has no secret).
+
+    >>> without_userinfo("https://oauth2:ghp_abc@github.com/org/rarelm.git")
+    'https://github.com/org/rarelm.git'
+    >>> without_userinfo("git@github.com:org/rarelm.git")
+    'git@github.com:org/rarelm.git'
+    """
+    return _SECRET_QUERY.sub(r"\g<key>***", _USERINFO.sub(r"\g<scheme>", url))
+
+
 def repo_root() -> Path:
     """$DVC_ROOT if set (the real workspace, even in an experiment's temp copy), else cwd."""
     return Path(os.environ.get("DVC_ROOT") or os.getcwd()).resolve()
@@ -94,6 +134,43 @@ def repo_root() -> Path:
 def tracking_uri() -> str:
     """$MLFLOW_TRACKING_URI, else sqlite:///<repo root>/mlflow.db (absolute)."""
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{repo_root() / 'mlflow.db'}"
+
+
+def is_default_store(uri: str) -> bool:
+    """Whether `uri` is the repo's own embedded store, sqlite:///<repo root>/mlflow.db."""
+    return not os.environ.get("MLFLOW_TRACKING_URI") and uri == tracking_uri()
+
+
+def run_file_uri(uri: str) -> str:
+    """The store as the run file records it: the repo's own store relative to the repo root
+    (so a copied checkout's model names the copy's store), any other redacted.
+
+    >>> run_file_uri("http://alice:s3cret@mlflow:5000")
+    'http://***@mlflow:5000'
+    """
+    return "sqlite:///mlflow.db" if is_default_store(uri) else redact(uri)
+
+
+def logs_text(log_text: str, uri: str) -> bool:
+    """Whether test-corpus text goes to the store: tracking.log_text, `auto` = a store on this machine.
+
+    >>> logs_text("auto", "sqlite:////repo/mlflow.db"), logs_text("auto", "https://mlflow.example.com")
+    (True, False)
+    """
+    if log_text != "auto":
+        return log_text == "true"
+    return uri.startswith(("sqlite:", "file:")) or "://" not in uri
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a sqlite:/// URI, else None.
+
+    >>> sqlite_path("sqlite:////repo/mlflow.db")
+    PosixPath('/repo/mlflow.db')
+    >>> sqlite_path("http://mlflow:5000") is None
+    True
+    """
+    return Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
 
 
 def artifact_location(uri: str, experiment: str) -> str | None:
@@ -261,6 +338,178 @@ def check_tensorboard(tracking) -> None:
                           "(pip install -e '.[tensorboard]'), or set it to false")
 
 
+# --------------------------------------------------------------------------- the SQLite store
+
+_PATH_COLUMNS = (("experiments", "artifact_location"), ("runs", "artifact_uri"),
+                 ("logged_models", "artifact_location"), ("model_versions", "storage_location"),
+                 ("model_versions", "source"))
+STORE_FOLDER_TAG = "rarelm.store_folder"  # on the Default experiment: where the store was prepared
+
+
+@contextlib.contextmanager
+def store_lock(db: Path, timeout: float = STORE_LOCK_TIMEOUT):
+    """Hold an exclusive lock on `<db>.lock` (fcntl.flock) for the block.
+
+    Where no lock file can be made (a read-only folder) nothing can create or migrate
+    the store either, and the block runs unlocked.
+    """
+    import fcntl
+
+    lock = db.with_name(db.name + ".lock")
+    fd = None
+    for flags in (os.O_RDWR | os.O_CREAT, os.O_RDONLY):
+        with contextlib.suppress(OSError):
+            fd = os.open(lock, flags, 0o644)
+            break
+    if fd is None:
+        yield
+        return
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise RarelmError(f"MLflow store {db}: another process has held {lock} for "
+                                      f"{timeout:.0f} s; is a stage hanging?") from None
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)  # and with it the lock
+
+
+def _leftover_tables(db: Path) -> list[str]:
+    """Tables an interrupted MLflow (alembic) migration leaves behind: `_alembic_tmp_<table>`."""
+    import sqlite3
+
+    if not db.is_file():
+        return []
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
+        rows = con.execute("SELECT name FROM sqlite_master WHERE type = 'table' "
+                           "AND name LIKE '\\_alembic\\_tmp\\_%' ESCAPE '\\'").fetchall()
+        return sorted(r[0] for r in rows)
+
+
+def _count_runs(db: Path) -> int:
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
+        try:
+            return con.execute("SELECT count(*) FROM runs").fetchone()[0]
+        except sqlite3.Error:  # no runs table yet
+            return 0
+
+
+def prepare_store(uri: str, stage: str) -> None:
+    """Create or migrate a SQLite store once, under its lock, before this process writes to it.
+
+    MLflow creates and migrates a fresh store on first use, with no lock between
+    processes: parallel writers on a fresh store (`dvc queue start -j 3`) run the same
+    migration at once, fail ("duplicate column name: step") and can leave it
+    half-migrated. Here the first writer does it while the others wait for the lock.
+    A half-migrated store (a leftover `_alembic_tmp_<table>`) that holds no runs is
+    recreated, since nothing is lost; one that holds runs is refused with the fix.
+    Then the store's artifact paths are made to follow it (`relocate_store`).
+    Other stores (a tracking server) migrate themselves: nothing to do.
+    """
+    db = sqlite_path(uri)
+    if db is None:
+        return
+    db = Path(os.path.abspath(db))
+    with store_lock(db):
+        leftover = _leftover_tables(db)
+        if leftover:
+            runs = _count_runs(db)
+            if runs:
+                raise RarelmError(
+                    f"MLflow store {db} is half-migrated (leftover table {leftover[0]} from an "
+                    f"interrupted schema migration) and holds {runs} runs: back it up, then move it "
+                    f"aside (mv {db} {db}.broken) to start a new store")
+            db.unlink()
+            print(f"rarelm {stage}: warning: MLflow store {db} was half-migrated (leftover table "
+                  f"{leftover[0]}) and held no runs: created it anew", file=sys.stderr, flush=True)
+        import mlflow
+
+        mlflow.MlflowClient(uri).search_experiments(max_results=1)  # creates, migrates or checks it
+        relocate_store(db)
+
+
+def _moved(value: str, old: str, new: str) -> str:
+    """`value` with its <old>/mlruns/ prefix (a path or a file:// URI) replaced by <new>/mlruns/.
+
+    >>> _moved("file:///a/repo/mlruns/0", "/a/repo", "/b/copy")
+    'file:///b/copy/mlruns/0'
+    >>> _moved("/a/repo2/mlruns/0", "/a/repo", "/b/copy")
+    '/a/repo2/mlruns/0'
+    """
+    return re.sub(rf"^(file://)?{re.escape(old)}/mlruns/", lambda m: f"{m.group(1) or ''}{new}/mlruns/",
+                  value)
+
+
+def _recorded_folder(con) -> str | None:
+    """Where the store was last prepared: its tag, or (a store from before the tag) the one
+    folder that the experiments rarelm made (tagged EXPERIMENT_KIND) keep their artifacts under."""
+    row = con.execute("SELECT value FROM experiment_tags WHERE key = ? AND experiment_id = 0",
+                      (STORE_FOLDER_TAG,)).fetchone()
+    if row:
+        return row[0]
+    (key, value), = EXPERIMENT_KIND.items()
+    rows = con.execute("SELECT e.artifact_location FROM experiments e JOIN experiment_tags t "
+                       "ON t.experiment_id = e.experiment_id WHERE t.key = ? AND t.value = ?",
+                       (key, value)).fetchall()
+    folders = {m.group(2) for (loc,) in rows if (m := re.match(r"^(file://)?(/.*)/mlruns/[^/]+$", loc or ""))}
+    return folders.pop() if len(folders) == 1 else None
+
+
+def relocate_store(db: Path) -> None:
+    """Point a copied or moved SQLite store's artifact paths at <its folder>/mlruns/.
+
+    MLflow records artifact locations as absolute paths (experiments, runs, logged models,
+    model versions). rarelm keeps them under <store folder>/mlruns/, and a copied checkout
+    carries mlflow.db and mlruns/ along; without this its new runs would write their
+    artifacts under the original's mlruns/. The folder the store was last prepared in is
+    its Default experiment's tag `rarelm.store_folder`; when the store now lies elsewhere,
+    every recorded `<old>/mlruns/...` becomes `<new>/mlruns/...`. Paths elsewhere are kept.
+    """
+    import sqlite3
+
+    here = str(db.parent)
+    with contextlib.closing(sqlite3.connect(db, timeout=60)) as con, con:
+        old = _recorded_folder(con)
+        if old == here:
+            return
+        if old is not None:
+            for table, column in _PATH_COLUMNS:
+                if column not in {r[1] for r in con.execute(f"PRAGMA table_info({table})")}:
+                    continue
+                rows = con.execute(f"SELECT rowid, {column} FROM {table} WHERE {column} LIKE ?",
+                                   (f"%{old}/mlruns/%",)).fetchall()
+                for rowid, value in rows:
+                    con.execute(f"UPDATE {table} SET {column} = ? WHERE rowid = ?",
+                                (_moved(value, old, here), rowid))
+        con.execute("INSERT OR REPLACE INTO experiment_tags (key, value, experiment_id) VALUES (?, ?, 0)",
+                    (STORE_FOLDER_TAG, here))
+
+
+def _reason(exc: BaseException) -> str:
+    """An exception as one redacted line; rarelm's own messages whole, a database error by its
+    driver's words, others cut at 200 characters.
+
+    >>> _reason(Exception("(raised as a result of autoflush) (sqlite3.OperationalError) attempt to "
+    ...                   "write a readonly database [SQL: INSERT INTO runs ...]"))
+    'sqlite3.OperationalError: attempt to write a readonly database'
+    """
+    text = " ".join(str(exc).split())
+    if isinstance(exc, RarelmError):
+        return redact(text)
+    driver = re.search(r"\((sqlite3\.\w+|psycopg2?\.\w+|pymysql\.\w+)\) ([^\[]+)", text)
+    if driver:
+        return redact(f"{driver.group(1)}: {driver.group(2).strip()}")
+    return redact(f"{type(exc).__name__}: {text[:200]}")
+
+
 def _weights_bytes(model_dir: Path) -> int:
     return sum(f.stat().st_size for f in model_dir.iterdir()
                if f.suffix in (".safetensors", ".bin", ".pt", ".pth"))
@@ -270,14 +519,15 @@ class Run:
     """One MLflow run seen through a client; every call is a no-op once it is inert."""
 
     def __init__(self, stage: str, uri: str, experiment: str, run_id: str | None = None,
-                 system_metrics: bool = False):
+                 system_metrics: bool = False, required: bool = False):
         self.stage, self.tracking_uri, self.experiment = stage, uri, experiment
         self.run_id = run_id
         self.system_metrics = system_metrics
+        self.required = required  # tracking.required: a store that fails is an error, not a warning
+        self.error: BaseException | None = None  # why the run turned inert
         self._tensorboard = None  # a SummaryWriter under runs/<run name>/ (tracking.tensorboard)
         self._client = None
         self._monitor = None
-        self._warned = False
         self._thread = None  # connecting in the background (start_run(background=True))
 
     def _join(self) -> None:
@@ -293,20 +543,28 @@ class Run:
         return self._client is not None and self.run_id is not None
 
     def _fail(self, exc: BaseException) -> None:
-        """Print the one warning line and turn inert."""
-        if not self._warned:
-            self._warned = True
-            reason = " ".join(str(exc).split())[:200]
-            print(f"rarelm {self.stage}: warning: MLflow tracking store {self.tracking_uri} "
-                  f"is not reachable ({type(exc).__name__}: {reason}); "
-                  "going on without tracking", file=sys.stderr, flush=True)
+        """Turn inert; print the one warning line, or keep the error for require()."""
+        if self.error is None:
+            self.error = exc
+            if not self.required:
+                print(f"rarelm {self.stage}: warning: MLflow tracking store {redact(self.tracking_uri)} "
+                      f"is not reachable ({_reason(exc)}); going on without tracking",
+                      file=sys.stderr, flush=True)
         self._stop_monitor()
         self._client = None
 
+    def require(self) -> None:
+        """Raise the one-line error if the run could not log and `tracking.required` is on."""
+        self._join()
+        if self.required and self.error is not None:
+            raise RarelmError(f"MLflow tracking store {redact(self.tracking_uri)} cannot log "
+                              f"({_reason(self.error)}); fix it, or set tracking.required: false "
+                              "to go on without tracking")
+
     def _note(self, what: str, exc: BaseException) -> None:
         """One warning line for a part that failed while the store answers; the run goes on."""
-        print(f"rarelm {self.stage}: warning: {what} not logged to MLflow ({type(exc).__name__}: "
-              f"{' '.join(str(exc).split())[:200]})", file=sys.stderr, flush=True)
+        print(f"rarelm {self.stage}: warning: {what} not logged to MLflow ({_reason(exc)})",
+              file=sys.stderr, flush=True)
 
     def _connect(self, params_flat: dict[str, Any] | None, tags: dict[str, str],
                  resume: bool, inputs: tuple[tuple[list, str], ...] = ()) -> None:
@@ -318,6 +576,10 @@ class Run:
         from mlflow.entities import Param, RunTag
 
         logging.getLogger("mlflow").setLevel(logging.WARNING)  # no INFO chatter on stderr
+        # a failed SQL statement (a read-only store) is logged there with its traceback (~90 lines)
+        # before it is raised again: the one line of _fail or require() says it
+        logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
+        prepare_store(self.tracking_uri, self.stage)
         client = mlflow.MlflowClient(self.tracking_uri)
         if resume:
             client.update_run(self.run_id, status="RUNNING")
@@ -329,8 +591,11 @@ class Run:
                         self.experiment, artifact_location=artifact_location(self.tracking_uri,
                                                                              self.experiment),
                         tags=EXPERIMENT_KIND | {"mlflow.note.content": EXPERIMENT_NOTE})
-                except mlflow.exceptions.MlflowException:  # created meanwhile by a parallel run
-                    experiment_id = client.get_experiment_by_name(self.experiment).experiment_id
+                except mlflow.exceptions.MlflowException:  # created meanwhile by a parallel run?
+                    experiment = client.get_experiment_by_name(self.experiment)
+                    if experiment is None:  # no: the store refused (read-only, ...)
+                        raise
+                    experiment_id = experiment.experiment_id
             else:
                 experiment_id = experiment.experiment_id
                 for key, value in (EXPERIMENT_KIND | {"mlflow.note.content": EXPERIMENT_NOTE}).items():
@@ -493,9 +758,9 @@ class Run:
         return uri
 
     def save(self, path: str | Path) -> None:
-        """Write the run file (run_id, tracking_uri, experiment); nothing if inert."""
+        """Write the run file (run_id, run_file_uri(tracking_uri), experiment); nothing if inert."""
         if self.active:
-            write_json(path, {"run_id": self.run_id, "tracking_uri": self.tracking_uri,
+            write_json(path, {"run_id": self.run_id, "tracking_uri": run_file_uri(self.tracking_uri),
                               "experiment": self.experiment})
 
     def _stop_monitor(self) -> None:
@@ -561,7 +826,7 @@ def run_tags(stage: str) -> dict[str, str]:
             "mlflow.source.name": f"stages/{stage}.py", "mlflow.source.type": "LOCAL",
             "mlflow.source.git.commit": commit,
             "mlflow.source.git.branch": "" if branch == "HEAD" else branch,
-            "mlflow.source.git.repoURL": _git("remote", "get-url", "origin"),
+            "mlflow.source.git.repoURL": without_userinfo(_git("remote", "get-url", "origin")),
             "mlflow.user": user}
 
 
@@ -579,7 +844,7 @@ def start_run(params, stage: str, run_id: str | None = None, background: bool = 
     import threading
 
     run = Run(stage, tracking_uri(), params.tracking.experiment, run_id,
-              system_metrics=params.tracking.system_metrics)
+              system_metrics=params.tracking.system_metrics, required=params.tracking.required)
     tags = run_tags(stage)
     if run_id is None:
         tags["mlflow.note.content"] = run_note(params, tags)
@@ -615,35 +880,41 @@ def start_run(params, stage: str, run_id: str | None = None, background: bool = 
     return run
 
 
-def open_run(run_file: str | Path, stage: str, system_metrics: bool = False) -> Run:
-    """Re-open the run named in a run file (written by Run.save) to log more into it.
+def open_run(run_file: str | Path, stage: str, params) -> Run:
+    """The run an evaluation logs into, in the store MLFLOW_TRACKING_URI names (else the repo's).
 
-    A missing run file (training ran without tracking) gives an inert Run.
-    The run is set RUNNING again; call finish() when done.
+    That is the run that trained the model, named in its run file (written by Run.save),
+    when the file names this same store, the run is there and belongs to this DVC
+    experiment; it is set RUNNING again. Otherwise (no run file, a model tracked in
+    another store, a store without that run, a model that DVC's run cache restored from
+    another experiment) a new run in `params.tracking.experiment`, with every param and
+    the tag `rarelm.model_run_id` when the file names one. Call finish() when done.
     """
+    uri = tracking_uri()
     path = Path(run_file)
-    if not path.is_file():
-        return Run(stage, tracking_uri(), "", None)
-    info = json.loads(path.read_text(encoding="utf-8"))
-    run = Run(stage, info["tracking_uri"], info.get("experiment", ""), info["run_id"],
-              system_metrics=system_metrics)
+    info = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    run = Run(stage, uri, params.tracking.experiment, None, required=params.tracking.required)
+    if info.get("tracking_uri") == run_file_uri(uri) and info.get("run_id"):
+        try:
+            run.run_id, run.experiment = info["run_id"], info.get("experiment") or run.experiment
+            if not _model_of_another_experiment(uri, info["run_id"]):
+                run._connect(None, {}, resume=True)
+                stages = run._client.get_run(run.run_id).data.tags.get("stages", "")
+                run.set_tags({"stages": ",".join(filter(None, [stages, stage]))})
+                return run
+        except Exception:  # noqa: BLE001 - not in this store (or none): a run of its own below
+            pass
+    run.run_id, run.experiment = None, params.tracking.experiment
+    model_run = {"rarelm.model_run_id": info["run_id"]} if info.get("run_id") else {}
     try:
-        if _model_of_another_experiment(info):
-            run.run_id = None
-            from rarelm.params import load_params
-
-            run._connect(load_params("params.yaml").flat(),
-                         run_tags(stage) | {"rarelm.model_run_id": info["run_id"]}, resume=False)
-            return run
-        run._connect(None, {}, resume=True)
-        stages = run._client.get_run(run.run_id).data.tags.get("stages", "")
-        run.set_tags({"stages": ",".join(filter(None, [stages, stage]))})
+        run._connect(params.flat(), run_tags(stage) | model_run, resume=False)
     except Exception as exc:
+        run.run_id = None
         run._fail(exc)
     return run
 
 
-def _model_of_another_experiment(info: dict) -> bool:
+def _model_of_another_experiment(uri: str, run_id: str) -> bool:
     """Whether this `dvc exp run` re-uses a model trained by another run (DVC's run cache restored it).
 
     A DVC experiment that changes only `evaluate`'s params (say `eval.logit_adjust_tau`) gets the
@@ -655,7 +926,8 @@ def _model_of_another_experiment(info: dict) -> bool:
         return False
     import mlflow
 
-    tags = mlflow.MlflowClient(info["tracking_uri"]).get_run(info["run_id"]).data.tags
+    prepare_store(uri, "evaluate")
+    tags = mlflow.MlflowClient(uri).get_run(run_id).data.tags
     return tags.get("DVC_EXP_NAME", "") != name
 
 

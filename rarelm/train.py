@@ -661,6 +661,7 @@ def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict
         if tp.compile:
             model = torch.compile(model)
 
+        run.require()  # a store that cannot log (tracking.required): one line before any step
         bar = _progress(dist.main and progress, tp.max_steps, start_step)
         if found and dist.main:
             bar.console.print(f"train: resuming from {found} (step {start_step})")
@@ -767,6 +768,7 @@ def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict
                 del full
         metrics = None
         if dist.main:
+            run.require()  # logging failed on the way: no outputs; a re-run resumes the last checkpoint
             metrics = {**_final_metrics(state, tp, tokens, elapsed, final_model,
                                         len(train_samples) * block),
                        "state_bytes_per_rank": state_bytes, "precision": precision, **pinned}

@@ -13,3 +13,35 @@ WEIGHTS = "data/weights"
 MODEL = "models/model"
 METRICS = "metrics"
 PLOTS = "plots"
+
+
+def _die_with_dvc() -> None:
+    """Under DVC ($DVC_STAGE set), end this stage when its parent ends, and on SIGTERM end cleanly.
+
+    DVC runs a stage as `$SHELL -c "<cmd>"`, which execs the one command, and has no SIGTERM
+    handler: `kill <dvc pid>` ended dvc alone, and the orphaned stage went on to write outputs
+    that no dvc.lock records and, re-run, a second MLflow run. Here the kernel sends SIGTERM
+    when the parent dies (Linux `prctl(PR_SET_PDEATHSIG)`; torchrun's workers inherit $DVC_STAGE
+    and follow their launcher the same way), and SIGTERM raises SystemExit(143) in the stage's
+    own process, so temporary outputs are removed and an MLflow run ends FAILED (the train
+    launcher forwards it to its workers through torchrun and exits 143). Outside DVC
+    (`rarelm <stage>`, `nohup`) nothing changes.
+    """
+    import os
+    import signal
+    import sys
+
+    if not os.environ.get("DVC_STAGE") or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    parent = os.getppid()
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+    if "LOCAL_RANK" not in os.environ:  # torchrun's workers: train.py decides (a worker blocked in
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))  # a collective must die)
+    if os.getppid() != parent:  # the parent died before the request: nobody would send it
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+_die_with_dvc()

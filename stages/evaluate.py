@@ -9,8 +9,10 @@ train count and band, mention type, what was due and what the model wrote, exact
 first-token hit, NLL, closed-set rank; `rarelm compare` pairs runs on these rows),
 plots/eval_buckets.csv (perplexity and accuracy per frequency bucket and on term tokens)
 and plots/eval_term_bands.csv (term generation accuracy per train-count band), and logs
-the same into the MLflow run that trained the model (models/model/mlflow_run.json) as
-`eval/<key>` metrics and `eval/` artifacts.
+the same into the MLflow run that trained the model (models/model/mlflow_run.json, when it
+names the store this stage logs to: MLFLOW_TRACKING_URI, else the repo's mlflow.db; else a run
+of its own) as `eval/<key>` metrics and `eval/` artifacts; the per-occurrence rows (test-corpus
+text) only as `tracking.log_text` says.
 """
 
 from pathlib import Path
@@ -41,15 +43,12 @@ def evaluate(
     import json
     import time
 
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-
     from rarelm.errors import user_errors
 
     started = time.perf_counter()
     with user_errors("evaluate"):
         from rarelm import evaluate as ev
-        from rarelm import term_search
+        from rarelm import term_search, tracking
         from rarelm.data import TokenizedData
         from rarelm.files import atomic_file, write_json
         from rarelm.params import load_params
@@ -64,20 +63,15 @@ def evaluate(
         tokenizer = load_tokenizer(data.tokenizer_dir, data.vocab_size)
         model = _load(model_dir, data, params.eval.device, params.eval.threads)
 
-        columns = [TextColumn("evaluate: {task.description}"), BarColumn(),
-                   TextColumn("{task.completed}/{task.total}"), TimeRemainingColumn()]
-        results = {}
-        console = Console(stderr=True)  # stdout holds only the summary line
-        with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as bar:
-            def progress(description: str, total: int):
-                task = bar.add_task(f"{split} {description}", total=total)
-                return lambda n: bar.advance(task, n)
-
-            for split in params.eval.splits:
-                documents = _documents(prepared, split)
-                results[split] = ev.evaluate_split(model, tokenizer, data, documents, split, buckets, terms,
-                                                   params.eval, params.seed, progress, prior)
-        out = ev.combine(results)
+        out, results = _evaluate(params, model, tokenizer, data, buckets, terms, prepared, prior)
+        # before any output is written: a store that cannot log is the error (tracking.required)
+        run = tracking.open_run(model_dir / "mlflow_run.json", "evaluate", params)
+        try:
+            # the training run's params are fixed at training time: the tau behind these metrics goes too
+            ev.log_to_mlflow(run, {**out, "logit_adjust_tau": tau}, inputs=[prepared, tokenized, rare])
+        except BaseException:
+            run.finish("FAILED")
+            raise
         first = results[params.eval.splits[0]]
         bucket_csv, band_csv = plots / "eval_buckets.csv", plots / "eval_term_bands.csv"
         for path, columns_, rows in ((bucket_csv, BUCKET_COLUMNS, first.bucket_rows),
@@ -88,9 +82,8 @@ def evaluate(
             for result in results.values():
                 f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in result.occurrences))
         write_json(metrics, out)
-        # the training run's params are fixed at training time: the tau behind these metrics goes with them
-        ev.log_to_mlflow(model_dir / "mlflow_run.json", {**out, "logit_adjust_tau": tau},
-                         [metrics, occurrences, bucket_csv, band_csv], inputs=[prepared, tokenized, rare])
+        ev.log_files_to_mlflow(run, [metrics, occurrences, bucket_csv, band_csv],
+                               tracking.logs_text(params.tracking.log_text, run.tracking_uri))
     seconds = time.perf_counter() - started
     m = out
     print(f"evaluate: {params.eval.splits[0]} ppl {_fmt(m['ppl'])} (frequent {_fmt(m['ppl_frequent'])}, "
@@ -100,6 +93,29 @@ def evaluate(
           f"<= 15 times {_fmt(m['term_exact_match_le15'])}), closed-set choice {_fmt(m['term_choice_acc'])}, "
           f"em50 {_fmt(m['em50_train_count'])} train occurrences, {m['n_eval_tokens']} tokens, "
           f"{seconds:.1f} s")
+
+
+def _evaluate(params, model, tokenizer, data, buckets, terms, prepared: Path, prior):
+    """Every split of eval.splits, with a progress bar on a terminal: (metrics/eval.json, per split)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from rarelm import evaluate as ev
+
+    columns = [TextColumn("evaluate: {task.description}"), BarColumn(),
+               TextColumn("{task.completed}/{task.total}"), TimeRemainingColumn()]
+    results = {}
+    console = Console(stderr=True)  # stdout holds only the summary line
+    with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as bar:
+        def progress(description: str, total: int):
+            task = bar.add_task(f"{split} {description}", total=total)
+            return lambda n: bar.advance(task, n)
+
+        for split in params.eval.splits:
+            documents = _documents(prepared, split)
+            results[split] = ev.evaluate_split(model, tokenizer, data, documents, split, buckets, terms,
+                                               params.eval, params.seed, progress, prior)
+    return ev.combine(results), results
 
 
 def _load(model_dir: Path, data, device: str, threads: int):

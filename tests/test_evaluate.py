@@ -519,8 +519,8 @@ def test_stage_writes_metrics_plots_and_logs_into_the_training_run(workspace, tm
     uri = f"sqlite:///{ws / 'mlflow.db'}"
     client = mlflow.MlflowClient(uri)
     run_id = client.create_run(client.create_experiment("rarelm")).info.run_id
-    (ws / "models/model/mlflow_run.json").write_text(json.dumps(
-        {"run_id": run_id, "tracking_uri": uri, "experiment": "rarelm"}))
+    (ws / "models/model/mlflow_run.json").write_text(json.dumps(  # as train writes it: the repo's store
+        {"run_id": run_id, "tracking_uri": "sqlite:///mlflow.db", "experiment": "rarelm"}))
 
     set_params(ws, **{"eval.splits": ["test", "val"]})
     result = stage("evaluate", ws, env={"OMP_NUM_THREADS": "1"})
@@ -594,18 +594,30 @@ def test_stage_with_logit_adjustment_scores_the_adjusted_model(workspace, tmp_pa
     assert m["ppl"] != pytest.approx(_hf_ppl(ws / "models/model", test_tokens, block=64)[0], rel=1e-3)
 
 
-def test_unreachable_store_is_one_warning_line(tmp_path, monkeypatch, capsys):
+def test_unreachable_store_is_one_warning_line_or_one_error_if_required(tmp_path, monkeypatch, capsys):
+    """The store is MLFLOW_TRACKING_URI's (the model's run file names another: no hint)."""
+    from rarelm import tracking
+    from rarelm.params import Params, TrackingParams
+
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")
     run_file = tmp_path / "mlflow_run.json"
-    run_file.write_text(json.dumps({"run_id": "0" * 32, "tracking_uri": "http://127.0.0.1:9",
+    run_file.write_text(json.dumps({"run_id": "0" * 32, "tracking_uri": f"sqlite:///{tmp_path}/x.db",
                                     "experiment": "rarelm"}))
-    assert ev.log_to_mlflow(run_file, {"ppl": 3.0}, []) is False
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("rarelm evaluate: warning: MLflow tracking store")
-    assert ev.log_to_mlflow(tmp_path / "missing.json", {"ppl": 3.0}, []) is False
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and "trained without tracking" in lines[0]
+    optional = Params(tracking=TrackingParams(required=False))
+    for path in (run_file, tmp_path / "missing.json"):  # a model trained with tracking or without
+        run = tracking.open_run(path, "evaluate", optional)
+        ev.log_to_mlflow(run, {"ppl": 3.0}, inputs=[])
+        ev.log_files_to_mlflow(run, [], log_text=True)
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(
+            "rarelm evaluate: warning: MLflow tracking store http://127.0.0.1:9 is not reachable"), lines
+    assert not (tmp_path / "x.db").exists()
+    run = tracking.open_run(run_file, "evaluate", Params())  # tracking.required: true
+    with pytest.raises(RarelmError, match=r"^MLflow tracking store http://127.0.0.1:9 cannot log \("):
+        ev.log_to_mlflow(run, {"ppl": 3.0}, inputs=[])
+    assert capsys.readouterr().err == ""
 
 
 @pytest.mark.parametrize("breakage,message", [

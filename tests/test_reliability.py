@@ -137,7 +137,7 @@ TINY_DAG = {"tokenizer.vocab_size": 512, "model.n_layer": 1, "model.n_head": 2, 
             "train.log_every": 4, "train.eval_every": 20, "train.eval_batches": 2,
             "train.checkpoint_every": 5, "train.warmup_steps": 2, "eval.batch_size": 8,
             "eval.max_terms": 20, "eval.diversity_prompts": 4, "eval.diversity_tokens": 8,
-            "tracking.log_model": False}
+            "tracking.log_model": False, "tracking.required": False}
 EVAL_KEYS = ("ppl", "ppl_frequent", "ppl_medium", "ppl_rare", "rare_token_acc", "rare_token_recall_at_5",
              "term_exact_match", "term_first_token_acc", "n_eval_tokens", "n_eval_terms")
 
@@ -513,10 +513,10 @@ def test_bad_tracking_uri_gives_one_warning_and_an_inert_run(uri, monkeypatch, c
     (A server that is down: test_mlflow_server_down_...; train and evaluate on their own:
     tests/test_train.py and tests/test_evaluate.py.)"""
     from rarelm import tracking
-    from rarelm.params import Params
+    from rarelm.params import Params, TrackingParams
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    run = tracking.start_run(Params(), stage="train")
+    run = tracking.start_run(Params(tracking=TrackingParams(required=False)), stage="train")
     run.log_metrics({"train/loss": 1.0}, step=1)
     run.save(tmp_path / "mlflow_run.json")
     run.finish()
@@ -616,3 +616,61 @@ def test_readme_commands_after_make_repro_with_and_without_activation(dag, tmp_p
     assert drawn == {(rev, f) for rev in ("HEAD", "workspace") for f in ("loss", "val_ce", "val_rare_ce")}
     # the empty val_* cells of steps without an evaluation are left out, not drawn as 0
     assert {"filter": {"not": {"field": "dvc_inferred_y_value", "equal": ""}}} in plot["content"]["transform"]
+
+
+def test_a_copied_checkout_never_writes_into_the_original(dag, tmp_path):
+    """Issue 24.5: MLflow records artifact locations as absolute paths, and the run file named the
+    store by its absolute path: a copy of the checkout (mlflow.db and mlruns/ included) logged
+    into the original's store and wrote its artifacts under the original's mlruns/. Now the store
+    follows its folder and the run file names the repo's store relatively."""
+    import mlflow
+
+    if dag.error is not None:
+        pytest.skip(f"the baseline DAG failed: {dag.error}")
+    root = tmp_path / "copy"
+    shutil.copytree(dag.root, root, symlinks=True)
+
+    def files(folder: Path) -> dict[str, tuple[int, int]]:
+        return {str(p): (p.stat().st_mtime_ns, p.stat().st_size) for p in folder.rglob("*") if p.is_file()}
+
+    before = files(dag.root)
+    result = run(["dvc", "repro", "--force", "--single-item", "evaluate"], root, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert files(dag.root) == before  # not a byte, not a new file under the original
+    client = mlflow.MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("rarelm")
+    assert experiment.artifact_location == f"{root}/mlruns/rarelm"
+    (newest, *_) = client.search_runs([experiment.experiment_id], order_by=["attributes.start_time DESC"])
+    assert "evaluate" in newest.data.tags["stages"] and "eval/ppl" in newest.data.metrics
+    assert newest.info.artifact_uri.startswith(f"{root}/mlruns/rarelm/")
+    assert {a.path for a in client.list_artifacts(newest.info.run_id, "eval")} >= {"eval/eval.json"}
+
+
+def test_sigterm_to_dvc_repro_ends_the_running_stage_too(dag, tmp_path):
+    """Issue 25.6: DVC has no SIGTERM handler and runs a stage as `$SHELL -c <cmd>`: `kill <dvc pid>`
+    ended dvc alone, and the orphaned train stage went on to write models/model and finish its
+    MLflow run (re-run: a duplicate). Now the stage follows its parent (PR_SET_PDEATHSIG): the train
+    launcher stops torchrun's workers, nothing is written, the run ends FAILED."""
+    import sqlite3
+
+    root = clone(dag, tmp_path / "repo")
+    log = tmp_path / "repro.log"
+    proc = start(["dvc", "repro", "--force", "--single-item", "train"], root, log)
+    tree: list[psutil.Process] = []
+    try:
+        wait_for_checkpoints(root, proc, 1, log)
+        tree = psutil.Process(proc.pid).children(recursive=True)
+        assert sum("stages.train" in " ".join(p.cmdline()) for p in tree) == 3  # launcher + 2 workers
+        proc.send_signal(signal.SIGTERM)  # dvc alone, as `kill <pid>` does
+        assert proc.wait(timeout=60) == -signal.SIGTERM
+        _, alive = psutil.wait_procs(tree, timeout=120)
+        assert alive == [], [p.cmdline() for p in alive]
+    finally:
+        for p in [*tree, *([psutil.Process(proc.pid)] if proc.poll() is None else [])]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
+    assert not (root / "models/model").exists() and leftovers(root / "models") == []
+    with contextlib.closing(sqlite3.connect(root / "mlflow.db")) as con:
+        (status,) = con.execute("SELECT status FROM runs ORDER BY start_time DESC LIMIT 1").fetchone()
+    assert status == "FAILED", log.read_text()[-3000:]
+    assert checkpoints(root)  # and a later `dvc repro` resumes from them

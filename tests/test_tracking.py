@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -13,14 +16,28 @@ import pytest
 from rarelm import export, tracking
 from rarelm.errors import RarelmError
 from rarelm.params import Params, TrackingParams
+from tests.conftest import REPO
 
 FAMILIES = ("summary/", "train/", "val/", "final/", "eval/", "system/")
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory) -> str:
-    """One SQLite store for the module (creating its tables takes seconds)."""
-    return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+def blank_store(tmp_path_factory) -> Path:
+    """An empty, fully migrated store file made once: creating one costs MLflow seconds of
+    migrations, copying it none."""
+    import mlflow
+
+    db = tmp_path_factory.mktemp("blank") / "mlflow.db"
+    mlflow.MlflowClient(f"sqlite:///{db}").search_experiments()
+    return db
+
+
+@pytest.fixture(scope="module")
+def store(blank_store, tmp_path_factory) -> str:
+    """One SQLite store for the module's runs."""
+    db = tmp_path_factory.mktemp("mlflow") / "mlflow.db"
+    shutil.copy(blank_store, db)
+    return f"sqlite:///{db}"
 
 
 @pytest.fixture
@@ -119,7 +136,7 @@ def test_a_run_from_start_to_evaluate(store, monkeypatch, tmp_path):
     info = json.loads((tmp_path / "mlflow_run.json").read_text())
     assert info == {"run_id": run.run_id, "tracking_uri": store, "experiment": "rarelm"}
 
-    again = tracking.open_run(tmp_path / "mlflow_run.json", stage="evaluate")
+    again = tracking.open_run(tmp_path / "mlflow_run.json", "evaluate", params)
     assert again.run_id == run.run_id
     again.log_metrics({"eval/ppl": 12.0})
     again.finish()
@@ -154,7 +171,8 @@ def test_resuming_continues_the_run_or_starts_a_new_one_if_it_is_gone(store, mon
 def test_unreachable_store_is_one_warning_and_an_inert_run(monkeypatch, capsys, tmp_path):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")  # nothing listens there
     t0 = time.monotonic()
-    run = tracking.start_run(Params(), stage="train")
+    params = Params(tracking=TrackingParams(required=False))
+    run = tracking.start_run(params, stage="train")
     assert time.monotonic() - t0 < 30  # bounded retries and timeouts
     run.log_metrics({"train/loss": 1.0}, step=1)
     run.set_tags({"x": "y"})
@@ -167,7 +185,7 @@ def test_unreachable_store_is_one_warning_and_an_inert_run(monkeypatch, capsys, 
     assert len(lines) == 1, lines
     assert lines[0].startswith("rarelm train: warning: MLflow tracking store http://127.0.0.1:9 ")
     assert not run.active and not (tmp_path / "mlflow_run.json").exists()
-    assert not tracking.open_run(tmp_path / "mlflow_run.json", stage="evaluate").active
+    assert not tracking.open_run(tmp_path / "mlflow_run.json", "evaluate", params).active
 
 
 def test_an_evaluation_of_a_model_from_another_experiment_gets_its_own_run(store, workspace,
@@ -181,9 +199,9 @@ def test_an_evaluation_of_a_model_from_another_experiment_gets_its_own_run(store
     trained = tracking.start_run(Params(), stage="train")
     trained.save(workspace / "mlflow_run.json")
     trained.finish()
-    (workspace / "params.yaml").write_text("eval:\n  logit_adjust_tau: 0.5\n")
     monkeypatch.setenv("DVC_EXP_NAME", "tau05-s1")
-    run = tracking.open_run(workspace / "mlflow_run.json", stage="evaluate")
+    run = tracking.open_run(workspace / "mlflow_run.json", "evaluate",
+                            Params.from_dict({"eval": {"logit_adjust_tau": 0.5}}))
     assert run.active and run.run_id != trained.run_id
     run.log_metrics({"eval/ppl": 2.0})
     run.finish()
@@ -193,7 +211,7 @@ def test_an_evaluation_of_a_model_from_another_experiment_gets_its_own_run(store
     assert mlrun.data.tags["rarelm.model_run_id"] == trained.run_id
     assert "eval/ppl" not in client.get_run(trained.run_id).data.metrics
     monkeypatch.setenv("DVC_EXP_NAME", "base-s1")  # the experiment that trained it: the same run
-    same = tracking.open_run(workspace / "mlflow_run.json", stage="evaluate")
+    same = tracking.open_run(workspace / "mlflow_run.json", "evaluate", Params())
     same.finish()
     assert same.run_id == trained.run_id
 
@@ -247,7 +265,7 @@ def test_ui_url_command_without_a_store_links_the_experiments_and_creates_none(t
 def test_data_inputs_carry_dvc_hashes_as_digests(store, workspace, monkeypatch):
     import mlflow
 
-    from rarelm.evaluate import log_to_mlflow
+    from rarelm.evaluate import log_files_to_mlflow, log_to_mlflow
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
     assert tracking.dvc_hashes(["data/tokenized", workspace / "data/weights", "data/rare", "nope"]) == {
@@ -263,8 +281,10 @@ def test_data_inputs_carry_dvc_hashes_as_digests(store, workspace, monkeypatch):
              "output": " bilateral pyelomyositis", "exact_match": True, "nll": 0.5}]
     occurrences.write_text("".join(json.dumps(r) + "\n" for r in rows))
     for _ in range(2):  # evaluate twice into the run: the table is replaced, not appended to
-        assert log_to_mlflow(workspace / "mlflow_run.json", {"ppl": 3.0}, [occurrences],
-                             inputs=["data/prepared", "data/tokenized"])
+        again = tracking.open_run(workspace / "mlflow_run.json", "evaluate", Params())
+        log_to_mlflow(again, {"ppl": 3.0}, inputs=["data/prepared", "data/tokenized"])
+        log_files_to_mlflow(again, [occurrences], log_text=True)
+        assert again.run_id == run.run_id
     client = mlflow.MlflowClient(store)
     mlrun = client.get_run(run.run_id)
     inputs = {(d.dataset.name, d.dataset.digest, d.dataset.source_type,
@@ -471,3 +491,245 @@ def test_a_sweep_becomes_a_parent_run_over_its_experiments(store, workspace, mon
     assert {n: client.get_run(i).data.tags.get("mlflow.parentRunId") for n, i in ids.items()} == {
         "base-s1": parent, "alpha07-s1": parent, "other": None}
     assert [a.path for a in client.list_artifacts(parent)] == ["report.md"]
+
+
+# ------------------------------------------------------------------ the store: creation, credentials, moves
+
+WRITER = """
+import os, sys, time
+import mlflow  # imported before the start line, so the three reach the fresh store together
+from rarelm import tracking
+from rarelm.params import Params, TrackingParams
+
+folder, i = sys.argv[1], sys.argv[2]
+open(os.path.join(folder, f"ready-{i}"), "w").close()
+while not os.path.exists(os.path.join(folder, "go")):
+    time.sleep(0.005)
+run = tracking.start_run(Params(tracking=TrackingParams(system_metrics=False)), stage="train")
+run.log_metrics({"train/loss": float(i)}, step=1)
+run.require()
+run.finish()
+"""
+
+
+def _store_tables(db: Path) -> list[str]:
+    import sqlite3
+
+    with sqlite3.connect(db) as con:
+        return [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+
+
+def test_three_writers_on_a_fresh_store_all_log(tmp_path):
+    """Issue 25.1: three processes start a run at once on a store that does not exist yet. MLflow
+    creates and migrates it on first use, unlocked: without the lock beside the store two of the
+    three failed ("duplicate column name: step", "table tags already exists") and went on untracked."""
+    import mlflow
+
+    db = tmp_path / "mlflow.db"
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{db}", "PYTHONPATH": str(REPO)}
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path), str(i)], cwd=tmp_path, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(3)]
+    deadline = time.monotonic() + 120
+    while len(list(tmp_path.glob("ready-*"))) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    (tmp_path / "go").touch()
+    results = [(p.wait(timeout=120), p.stderr.read()) for p in procs]
+    assert results == [(0, "")] * 3, results
+    client = mlflow.MlflowClient(f"sqlite:///{db}")
+    runs = client.search_runs([client.get_experiment_by_name("rarelm").experiment_id])
+    assert sorted(r.data.metrics["train/loss"] for r in runs) == [0.0, 1.0, 2.0]
+    assert not [t for t in _store_tables(db) if t.startswith("_alembic_tmp_")]
+    assert (tmp_path / "mlflow.db.lock").is_file()
+
+
+def _half_migrated(blank: Path, db: Path, with_run: bool) -> None:
+    """A real store with a leftover `_alembic_tmp_tags`, as an interrupted migration leaves it."""
+    import sqlite3
+
+    import mlflow
+
+    db.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(blank, db)
+    if with_run:
+        client = mlflow.MlflowClient(f"sqlite:///{db}")
+        client.create_run(client.create_experiment("x"))
+    with sqlite3.connect(db) as con:
+        con.execute("CREATE TABLE _alembic_tmp_tags AS SELECT * FROM tags")
+
+
+def test_a_half_migrated_store_is_recreated_if_empty_else_refused_in_one_line(blank_store, tmp_path,
+                                                                           monkeypatch, capsys):
+    empty, full = tmp_path / "empty" / "mlflow.db", tmp_path / "full" / "mlflow.db"
+    _half_migrated(blank_store, empty, with_run=False)
+    _half_migrated(blank_store, full, with_run=True)
+    params = Params(tracking=TrackingParams(system_metrics=False))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{empty}")
+    run = tracking.start_run(params, stage="train")
+    run.require()
+    run.finish()
+    assert run.run_id and not [t for t in _store_tables(empty) if t.startswith("_alembic_tmp_")]
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line == (f"rarelm train: warning: MLflow store {empty} was half-migrated (leftover table "
+                    "_alembic_tmp_tags) and held no runs: created it anew")
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{full}")
+    run = tracking.start_run(params, stage="train")
+    with pytest.raises(RarelmError) as error:
+        run.require()
+    assert str(error.value) == (
+        f"MLflow tracking store sqlite:///{full} cannot log (MLflow store {full} is half-migrated "
+        f"(leftover table _alembic_tmp_tags from an interrupted schema migration) and holds 1 runs: "
+        f"back it up, then move it aside (mv {full} {full}.broken) to start a new store); fix it, "
+        "or set tracking.required: false to go on without tracking")
+    assert capsys.readouterr().err == "" and "_alembic_tmp_tags" in _store_tables(full)  # untouched
+
+
+def test_required_tracking_fails_in_one_line_and_optional_warns_once(monkeypatch, capsys):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://alice:s3cret@127.0.0.1:9/?token=t0k")
+    run = tracking.start_run(Params(), stage="train")  # tracking.required: true by default
+    run.log_metrics({"train/loss": 1.0}, step=1)
+    with pytest.raises(RarelmError) as error:
+        run.require()
+    assert str(error.value).startswith(
+        "MLflow tracking store http://***@127.0.0.1:9/?token=*** cannot log (MlflowException: ")
+    assert str(error.value).endswith("set tracking.required: false to go on without tracking")
+    optional = tracking.start_run(Params(tracking=TrackingParams(required=False)), stage="train")
+    optional.require()  # not an error
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("rarelm train: warning: MLflow tracking store http://***@127.0.0.1:9/?token=*** ")
+    assert "s3cret" not in str(error.value) + line and "t0k" not in str(error.value) + line
+
+
+def test_git_remote_is_logged_without_user_info(store, workspace, monkeypatch):
+    import mlflow
+
+    subprocess.run(["git", "remote", "add", "origin", "https://oauth2:ghp_s3cret@github.com/org/rarelm.git"],
+                   check=True)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    run = tracking.start_run(Params(tracking=TrackingParams(system_metrics=False)), stage="train")
+    run.finish()
+    tags = mlflow.MlflowClient(store).get_run(run.run_id).data.tags
+    assert tags["mlflow.source.git.repoURL"] == "https://github.com/org/rarelm.git"
+
+
+def test_run_file_names_the_repo_store_relatively_and_evaluate_logs_where_it_is_told(blank_store, workspace,
+                                                                                    monkeypatch):
+    """mlflow_run.json holds no absolute path or credential; evaluate resumes the training run only
+    when the file names the store that this process logs to, else it makes a run of its own."""
+    import mlflow
+
+    other = workspace / "other.db"
+    for db in (workspace / "mlflow.db", other):
+        shutil.copy(blank_store, db)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    params = Params(tracking=TrackingParams(system_metrics=False))
+    trained = tracking.start_run(params, stage="train")
+    trained.save(workspace / "mlflow_run.json")
+    trained.finish()
+    info = json.loads((workspace / "mlflow_run.json").read_text())
+    assert info == {"run_id": trained.run_id, "tracking_uri": "sqlite:///mlflow.db", "experiment": "rarelm"}
+    same = tracking.open_run(workspace / "mlflow_run.json", "evaluate", params)
+    same.finish()
+    assert same.run_id == trained.run_id
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{other}")  # the model's record is no hint here
+    run = tracking.open_run(workspace / "mlflow_run.json", "evaluate", params)
+    run.log_metrics({"eval/ppl": 2.0})
+    run.finish()
+    mlrun = mlflow.MlflowClient(f"sqlite:///{other}").get_run(run.run_id)
+    assert mlrun.data.tags["rarelm.model_run_id"] == trained.run_id
+    assert mlrun.data.metrics == {"eval/ppl": 2.0}
+    assert "eval/ppl" not in mlflow.MlflowClient(f"sqlite:///{workspace / 'mlflow.db'}").get_run(
+        trained.run_id).data.metrics
+
+
+RESUME_AND_LOG = """
+import sys
+from rarelm import tracking
+from rarelm.params import Params, TrackingParams
+
+run = tracking.start_run(Params(tracking=TrackingParams(system_metrics=False)), "train", run_id=sys.argv[1])
+run._client.log_artifact(run.run_id, sys.argv[2], "eval")
+run.require()
+run.finish()
+print(run.run_id)
+"""
+
+
+def test_a_moved_store_points_its_artifacts_at_its_new_folder(blank_store, tmp_path, monkeypatch):
+    """Issue 24.5: a copied checkout carries mlflow.db and mlruns/; the copy's runs must write
+    under the copy, never under the original (MLflow records absolute artifact paths)."""
+    import mlflow
+
+    original, copy = tmp_path / "original", tmp_path / "copy"
+    original.mkdir()
+    shutil.copy(blank_store, original / "mlflow.db")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{original / 'mlflow.db'}")
+    run = tracking.start_run(Params(tracking=TrackingParams(system_metrics=False)), stage="train")
+    (tmp_path / "report.txt").write_text("first")
+    run._client.log_artifact(run.run_id, str(tmp_path / "report.txt"))
+    run.finish()
+    shutil.copytree(original, copy)
+    before = {p: p.stat().st_mtime_ns for p in original.rglob("*")}
+
+    (tmp_path / "report.txt").write_text("second")  # the copy resumes the copied run, in a process of its own
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{copy / 'mlflow.db'}", "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-c", RESUME_AND_LOG, run.run_id, str(tmp_path / "report.txt")],
+                         env=env, capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == run.run_id, out.stderr[-3000:]
+    client = mlflow.MlflowClient(f"sqlite:///{copy / 'mlflow.db'}")
+    assert client.get_run(run.run_id).info.artifact_uri.startswith(f"{copy}/mlruns/rarelm/")
+    assert client.get_experiment_by_name("rarelm").artifact_location == f"{copy}/mlruns/rarelm"
+    assert [p.read_text() for p in sorted(copy.rglob("report.txt"))] == ["second", "first"]  # eval/, then /
+    assert {p: p.stat().st_mtime_ns for p in original.rglob("*")} == before  # nothing written there
+
+
+START_RUN = """
+import sys
+import typer
+from rarelm import tracking
+from rarelm.errors import user_errors
+from rarelm.params import Params, TrackingParams
+
+def main(mode: str):  # as a stage runs it: a RarelmError is one line and exit 2
+    with user_errors("train"):
+        params = Params(tracking=TrackingParams(system_metrics=False, required=mode == "required"))
+        run = tracking.start_run(params, stage="train")
+        run.log_metrics({"train/loss": 1.0}, step=1)
+        run.require()
+        run.finish()
+
+typer.run(main)
+"""
+
+
+@pytest.fixture
+def read_only_store(blank_store, tmp_path):
+    """A store whose file cannot be written: chmod for a user, the immutable attribute for root
+    (whom file modes do not stop); prepared once before, as any store in use is."""
+    db = tmp_path / "mlflow.db"
+    shutil.copy(blank_store, db)
+    tracking.prepare_store(f"sqlite:///{db}", "train")
+    if os.geteuid() != 0:
+        db.chmod(0o444)
+    elif subprocess.run(["chattr", "+i", str(db)], capture_output=True).returncode != 0:
+        pytest.skip("root without chattr +i: no way to make a file read-only here")
+    yield db
+    if os.geteuid() == 0:
+        subprocess.run(["chattr", "-i", str(db)], check=True)
+
+
+@pytest.mark.parametrize("mode", ["optional", "required"])
+def test_a_read_only_store_is_one_line(read_only_store, mode):
+    """Issue 25.6: MLflow logs the failed INSERT with its traceback (~90 lines) before raising it."""
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{read_only_store}", "PYTHONPATH": str(REPO)}
+    result = subprocess.run([sys.executable, "-c", START_RUN, mode], env=env, capture_output=True, text=True)
+    reason = "(sqlite3.OperationalError: attempt to write a readonly database)"
+    if mode == "optional":
+        assert result.returncode == 0 and result.stderr == (
+            f"rarelm train: warning: MLflow tracking store sqlite:///{read_only_store} is not reachable "
+            f"{reason}; going on without tracking\n")
+    else:
+        assert result.returncode == 2 and result.stderr == (
+            f"rarelm train: error: MLflow tracking store sqlite:///{read_only_store} cannot log {reason}; "
+            "fix it, or set tracking.required: false to go on without tracking\n")

@@ -396,7 +396,7 @@ def test_unreachable_tracking_store_warns_once_and_training_finishes(trained, tm
     root, _, _ = trained
     params = tmp_path / "params.yaml"
     shutil.copy(root / "params.yaml", params)
-    set_params(tmp_path, **{"train.nproc": 1, "train.max_steps": 20})
+    set_params(tmp_path, **{"train.nproc": 1, "train.max_steps": 20, "tracking.required": False})
     env = {"MLFLOW_TRACKING_URI": "http://127.0.0.1:9"}  # nothing listens on the discard port
     result = run([sys.executable, "-m", "stages.train", "--params", str(params),
                   *_train_cli("untracked")], root, env=env)
