@@ -950,7 +950,7 @@ def log_to_mlflow(paths: list[Path], baseline: RunData, repo: str | Path = ".") 
             client.log_artifact(run_id, str(path), "compare")
         return run_id
     except Exception as exc:  # tracking never fails the command
-        reason = " ".join(str(exc).split())[:200]
-        print(f"rarelm compare: warning: MLflow tracking store {tracking.tracking_uri()} is not reachable "
-              f"({type(exc).__name__}: {reason}); report not logged", file=sys.stderr)
+        reason = tracking.redact(" ".join(str(exc).split())[:200])
+        print(f"rarelm compare: warning: MLflow tracking store {tracking.redact(tracking.tracking_uri())} "
+              f"is not reachable ({type(exc).__name__}: {reason}); report not logged", file=sys.stderr)
         return None

@@ -538,6 +538,14 @@ def _fmt(value: Any) -> str:
     return str(value) if isinstance(value, int) else f"{value:.6g}"
 
 
+def exit_on_sigterm(*_) -> None:
+    """A SIGTERM handler: SystemExit(143) once, so `finally` and `except` blocks run (the MLflow
+    run ends FAILED); further SIGTERMs (torchrun's shutdown sends more than one) are ignored
+    rather than cutting that short. torchrun's SIGKILL after 30 s still ends a hung process."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    sys.exit(128 + signal.SIGTERM)
+
+
 def save_model(model, data, paths: Paths, run, card: str = "") -> None:
     """models/model: save_pretrained (safetensors, config) + the tokenizer + the run file, made a
     complete Hugging Face folder (rarelm.export: context length, generation defaults, model card)."""
@@ -617,7 +625,7 @@ def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict
         run = tracking.start_run(params, stage="train", run_id=state["run_id"], background=True,
                                  inputs=[paths.tokenized, paths.rare, paths.weights])
         # torchrun stops the other workers with SIGTERM when one fails: end the run as FAILED.
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+        signal.signal(signal.SIGTERM, exit_on_sigterm)
     bar = None
     try:
         seed_everything(params.seed)  # the same initial weights on every rank

@@ -39,7 +39,11 @@ def _die_with_dvc() -> None:
     pr_set_pdeathsig = 1
     ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
     if "LOCAL_RANK" not in os.environ:  # torchrun's workers: train.py decides (a worker blocked in
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))  # a collective must die)
+        def stop(*_) -> None:           # a collective must die); a second SIGTERM must not cut short
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # what the first one started
+            sys.exit(128 + signal.SIGTERM)
+
+        signal.signal(signal.SIGTERM, stop)
     if os.getppid() != parent:  # the parent died before the request: nobody would send it
         os.kill(os.getpid(), signal.SIGTERM)
 

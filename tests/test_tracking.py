@@ -733,3 +733,25 @@ def test_a_read_only_store_is_one_line(read_only_store, mode):
         assert result.returncode == 2 and result.stderr == (
             f"rarelm train: error: MLflow tracking store sqlite:///{read_only_store} cannot log {reason}; "
             "fix it, or set tracking.required: false to go on without tracking\n")
+
+
+def test_test_corpus_text_goes_to_mlflow_only_when_log_text_says(store, workspace, monkeypatch):
+    """Issue 25.4: evaluate's per-occurrence rows are test-corpus text; `auto` sends them only to a
+    store on this machine (a shared server gets the numbers, not the text)."""
+    import mlflow
+
+    from rarelm.evaluate import log_files_to_mlflow
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    rows = workspace / "eval_occurrences.jsonl"
+    rows.write_text(json.dumps({"term": "bilateral pyelomyositis", "output": " start heparin"}) + "\n")
+    (workspace / "eval.json").write_text('{"ppl": 3.0}')
+    client = mlflow.MlflowClient(store)
+    logged = {}
+    for log_text in ("false", "true"):
+        run = tracking.open_run(workspace / "none.json", "evaluate", Params())
+        log_files_to_mlflow(run, [workspace / "eval.json", rows], tracking.logs_text(log_text, store))
+        logged[log_text] = {a.path for a in client.list_artifacts(run.run_id, "eval")}
+    assert logged == {"false": {"eval/eval.json"},
+                      "true": {"eval/eval.json", "eval/eval_occurrences.jsonl", "eval/term_samples.json"}}
+    assert tracking.logs_text("auto", store) and not tracking.logs_text("auto", "http://mlflow.internal:5000")

@@ -409,6 +409,14 @@ def test_unreachable_tracking_store_warns_once_and_training_finishes(trained, tm
     assert not (root / "models/untracked/mlflow_run.json").exists()
     assert (root / "models/untracked/model.safetensors").is_file()
 
+    set_params(tmp_path, **{"tracking.required": True})  # the default: one line, no output
+    result = run([sys.executable, "-m", "stages.train", "--params", str(params),
+                  *_train_cli("required")], root, env=env)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("rarelm train: error: MLflow tracking store http://127.0.0.1:9 cannot log (")
+    assert not (root / "models/required").exists() and not (root / "metrics/required.json").exists()
+
 
 def test_bad_inputs_are_one_line_errors(trained, tmp_path):
     root, env, _ = trained
