@@ -489,6 +489,7 @@ def test_grad_accumulation_and_checkpointing_match_one_big_batch(trained, tmp_pa
     monkeypatch.chdir(root)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")  # no store needed here
     base = load_params(root / "params.yaml")
+    base = dataclasses.replace(base, tracking=dataclasses.replace(base.tracking, required=False))
     base = dataclasses.replace(base, loss=dataclasses.replace(base.loss, rare_weight=0.0),
                                model=dataclasses.replace(base.model, dropout=0.0))
     weights, losses = {}, {}
@@ -555,6 +556,7 @@ def test_alpha_schedule_run_resumes_bit_identical_mid_epoch(trained, tmp_path, m
     monkeypatch.chdir(root)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")  # no store needed here
     base = load_params(root / "params.yaml")
+    base = dataclasses.replace(base, tracking=dataclasses.replace(base.tracking, required=False))
     params = dataclasses.replace(
         base, alpha=0.8, weights=dataclasses.replace(base.weights, schedule="decay"),
         train=dataclasses.replace(base.train, nproc=1, max_steps=12, batch_size=64, log_every=1,
@@ -582,6 +584,7 @@ def test_face_agg_focal_run_resumes_bit_identical(trained, tmp_path, monkeypatch
     monkeypatch.chdir(root)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")  # no store needed here
     base = load_params(root / "params.yaml")
+    base = dataclasses.replace(base, tracking=dataclasses.replace(base.tracking, required=False))
     params = dataclasses.replace(
         base, loss=dataclasses.replace(base.loss, token_weight="face", face_source="predictions",
                                        face_refresh=3, agg=True, focal_gamma=1.0),
@@ -607,6 +610,7 @@ def test_curves_of_a_run_resumed_between_two_rows_equal_the_uninterrupted_ones(t
     monkeypatch.chdir(root)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")  # no store needed here
     base = load_params(root / "params.yaml")
+    base = dataclasses.replace(base, tracking=dataclasses.replace(base.tracking, required=False))
     params = dataclasses.replace(base, train=dataclasses.replace(
         base.train, nproc=1, max_steps=10, batch_size=8, log_every=4, eval_every=10,
         checkpoint_every=3, precision="fp32"))
