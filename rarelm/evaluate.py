@@ -83,6 +83,19 @@ class TokenStats:
     nll: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(len(CLASSES), np.float64))
     top1: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(len(CLASSES), np.int64))
     top5: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(len(CLASSES), np.int64))
+    # term-start tokens (false insertion, b); index 0: targets where no term starts, 1: where one does
+    start_positions: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(2, np.int64))
+    start_mass: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(2, np.float64))
+    start_hits: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(2, np.int64))
+    n_start_ids: int = 0
+
+    def add_starts(self, at_start: np.ndarray, mass: np.ndarray, hit: np.ndarray) -> None:
+        """Per target: whether a term starts there, the model's mass on term-start tokens, whether
+        the target is one."""
+        index = at_start.astype(np.int64)
+        self.start_positions += np.bincount(index, minlength=2)
+        self.start_mass += np.bincount(index, weights=mass, minlength=2)
+        self.start_hits += np.bincount(index, weights=hit, minlength=2).astype(np.int64)
 
     def add(self, cls: np.ndarray, nll: np.ndarray, top1: np.ndarray, top5: np.ndarray) -> None:
         size = len(CLASSES)
@@ -104,7 +117,24 @@ class TokenStats:
             out[f"n_tokens_{name}"] = k
         out["rare_token_acc"] = out["acc_rare"]
         out["rare_token_recall_at_5"] = out["recall_at_5_rare"]
+        if self.n_start_ids:
+            out.update(self.start_metrics())
         return out
+
+    def start_metrics(self) -> dict:
+        """False insertion (b): probability mass on term-start tokens where no term starts.
+
+        `false_insertion_start_mass`: mean over targets where no term occurrence starts of
+        P(next token is a term-start token); `false_insertion_start_freq`: how often the
+        text itself has a term-start token there (a calibrated model's mass equals it);
+        `term_start_mass`: the same mass where a term does start. With mass 0.25 and 0.05 at
+        two non-start targets whose tokens are not term starts: mass 0.15, freq 0.
+        """
+        n, hits, mass = self.start_positions, self.start_hits, self.start_mass
+        return {"false_insertion_start_mass": _ratio(float(mass[0]), int(n[0])),
+                "false_insertion_start_freq": _ratio(int(hits[0]), int(n[0])),
+                "term_start_mass": _ratio(float(mass[1]), int(n[1])),
+                "n_term_start_ids": self.n_start_ids}
 
     def rows(self) -> list[dict]:
         """Plot rows: one for all tokens, one per non-empty bucket, and term tokens."""
@@ -119,7 +149,8 @@ class TokenStats:
 
 
 def _score_batch(model, windows: np.ndarray, buckets: np.ndarray, is_term: np.ndarray,
-                 stats: TokenStats, logit_bias=None) -> None:
+                 stats: TokenStats, logit_bias=None, at_start: np.ndarray | None = None,
+                 start_ids=None) -> None:
     import torch
 
     ids = torch.as_tensor(windows.astype(np.int64), device=model.device)
@@ -129,7 +160,13 @@ def _score_batch(model, windows: np.ndarray, buckets: np.ndarray, is_term: np.nd
     if logit_bias is not None:
         logits = logits + logit_bias
     target_logit = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    nll = torch.logsumexp(logits, dim=-1) - target_logit
+    log_norm = torch.logsumexp(logits, dim=-1)
+    nll = log_norm - target_logit
+    if start_ids is not None:
+        mass = torch.exp(torch.logsumexp(logits[..., start_ids], dim=-1) - log_norm)
+        hit = torch.isin(targets, start_ids)
+        stats.add_starts(at_start.reshape(-1), mass.reshape(-1).double().cpu().numpy(),
+                         hit.reshape(-1).cpu().numpy())
     top = logits.topk(min(5, logits.shape[-1]), dim=-1).indices  # sorted: top[..., 0] is the argmax
     hit1 = top[..., 0] == targets
     hit5 = (top == targets.unsqueeze(-1)).any(-1)
@@ -143,15 +180,24 @@ def _score_batch(model, windows: np.ndarray, buckets: np.ndarray, is_term: np.nd
 
 def score_tokens(model, tokens: np.ndarray, buckets: np.ndarray, block_size: int, batch_size: int,
                  progress: Progress | None = None, term_mask: np.ndarray | None = None,
-                 logit_bias=None) -> TokenStats:
+                 logit_bias=None, start_mask: np.ndarray | None = None) -> TokenStats:
     """Teacher-forced NLL / top-1 / top-5 of every token after the first, summed per class.
 
-    `term_mask` (bool per split position) marks the tokens that cover a term occurrence.
+    `term_mask` (bool per split position) marks the tokens that cover a term occurrence;
+    `start_mask` the first covering token of each occurrence: the tokens found there are the
+    term-start tokens whose probability mass TokenStats.start_metrics reports.
     """
+    import torch
+
     stats = TokenStats()
     n = len(tokens)
     if term_mask is None:
         term_mask = np.zeros(n, dtype=bool)
+    start_ids = None
+    if start_mask is not None and start_mask.any():
+        ids = np.unique(np.asarray(tokens)[start_mask]).astype(np.int64)
+        stats.n_start_ids = len(ids)
+        start_ids = torch.as_tensor(ids, device=model.device)
     starts = np.arange(0, max(n - 1, 0), block_size)
     advance = (progress or _silent)("scoring tokens", max(n - 1, 0))
     for b in range(0, len(starts), batch_size):
@@ -161,7 +207,9 @@ def score_tokens(model, tokens: np.ndarray, buckets: np.ndarray, block_size: int
             first = batch[targets == length]
             rows = [tokens[s:s + length + 1] for s in first]
             terms = np.stack([term_mask[s + 1:s + length + 1] for s in first])
-            _score_batch(model, np.stack(rows), buckets, terms, stats, logit_bias)
+            at_start = None if start_ids is None else \
+                np.stack([start_mask[s + 1:s + length + 1] for s in first])
+            _score_batch(model, np.stack(rows), buckets, terms, stats, logit_bias, at_start, start_ids)
         advance(int(targets.sum()))
     return stats
 
@@ -213,14 +261,18 @@ def evaluate_terms(model, tokenizer, documents: list[str], tokens: np.ndarray, o
     in English; surface: the term as written at that occurrence, "PKI" or "pki");
     `exact_match` = the text starts with lead + surface, `exact_match_ci` = the same
     compared case folded (" Pki" matches " PKI" there). `first_token_hit`
-    = the first greedy token is the document's first covering token; `nll` = mean
-    NLL of the document's covering tokens given the prompt. With `closed_set`, each
-    extracted term (tokenized as lead + term) is scored after the same prompt by
-    summed NLL, and `choice_rank` is 1 + the number of terms the model prefers to
-    the true one (1 = the model would pick the right term from the list); the true
-    term is the one as written at the occurrence, the others their display forms.
+    = the first greedy token is the document's first covering token. Teacher-forced
+    on the document's covering tokens after the prompt (`continuous_figures`): `nll`
+    (mean per token), `nll_sum` (nats per term), `nll_per_char` (per character of the
+    covered text, so tokenizers compare), `token_acc` (share of covering tokens that
+    are the top-1 prediction), `first_token_rank` and `first_token_rr` (its reciprocal).
+    With `closed_set`, each extracted term (tokenized as lead + term) is scored after
+    the same prompt by summed NLL, and `choice_rank` is 1 + the number of terms the
+    model prefers to the true one (1 = the model would pick the right term from the
+    list); the true term is the one as written at the occurrence, the others their
+    display forms.
     """
-    from rarelm.lm import candidates_nll, continuation_nll
+    from rarelm.lm import candidates_nll, continuation_scores
 
     if per_term is None:
         per_term = term_search.find_occurrences(tokenizer, documents, tokens, offsets, terms)
@@ -237,11 +289,13 @@ def evaluate_terms(model, tokenizer, documents: list[str], tokens: np.ndarray, o
         idx = order[b:b + batch_size]
         generated = _generate_text(model, tokenizer, [prompts[i] for i in idx], [expected[i] for i in idx],
                                    [len(covers[i]) for i in idx], eot_id, logit_bias)
-        nlls = continuation_nll(model, [prompts[i] for i in idx], [covers[i] for i in idx], eot_id,
-                                logit_bias)
+        scored = continuation_scores(model, [prompts[i] for i in idx], [covers[i] for i in idx], eot_id,
+                                     logit_bias)
+        nlls = [nll for nll, _ in scored]
         for row, i in enumerate(idx):
             o, term = chosen[i], terms[chosen[i].term]
             text = tokenizer.decode(generated[row], skip_special_tokens=False)
+            covered = tokenizer.decode(covers[i], skip_special_tokens=False)
             rank = None
             if closed_set:
                 if o.lead not in candidate_ids:
@@ -262,10 +316,25 @@ def evaluate_terms(model, tokenizer, documents: list[str], tokens: np.ndarray, o
                        "exact_match": text.startswith(expected[i]),
                        "exact_match_ci": text.casefold().startswith(expected[i].casefold()),
                        "first_token_hit": bool(generated[row][0] == covers[i][0]),
-                       "nll": float(nlls[row].mean()), "choice_rank": rank,
-                       "n_choices": len(terms) if closed_set else None}
+                       "nll": float(nlls[row].mean()),
+                       **continuous_figures(*scored[row], covered),
+                       "choice_rank": rank, "n_choices": len(terms) if closed_set else None}
         advance(len(idx))
     return rows
+
+
+def continuous_figures(nll: np.ndarray, rank: np.ndarray, covered_text: str) -> dict:
+    """One occurrence's continuous figures from its covering tokens' NLL and rank (teacher forced).
+
+    >>> f = continuous_figures(np.array([0.5, 1.5]), np.array([3, 1]), " acute MI")
+    >>> f["nll_sum"], f["n_chars"], round(f["nll_per_char"], 4), f["token_acc"], f["first_token_rr"]
+    (2.0, 9, 0.2222, 0.5, 0.3333333333333333)
+    """
+    n_chars = max(len(covered_text), 1)
+    total = float(nll.sum())
+    return {"n_tokens": len(nll), "n_chars": n_chars, "nll_sum": total, "nll_per_char": total / n_chars,
+            "token_acc": float((rank == 1).mean()), "first_token_rank": int(rank[0]),
+            "first_token_rr": 1.0 / int(rank[0])}
 
 
 def _mean(values) -> float | None:
@@ -310,12 +379,17 @@ def em50_train_count(counts: np.ndarray, hits: np.ndarray) -> float | None:
 
 
 def _figures(rows: list[dict]) -> dict:
-    """Exact match (as written, and in any case), first-token accuracy, NLL and closed-set
-    choice: means over some rows."""
+    """Means over some rows: exact match (as written, and in any case), first-token accuracy,
+    NLL (per token, per term, per character), term-token accuracy, first-token reciprocal rank
+    and closed-set choice."""
     return {"exact_match": _mean(r["exact_match"] for r in rows),
             "exact_match_ci": _mean(r.get("exact_match_ci") for r in rows),  # None: rows from before it
             "first_token_acc": _mean(r["first_token_hit"] for r in rows),
             "nll": _mean(r["nll"] for r in rows),
+            "nll_per_term": _mean(r.get("nll_sum") for r in rows),
+            "nll_per_char": _mean(r.get("nll_per_char") for r in rows),
+            "token_acc": _mean(r.get("token_acc") for r in rows),
+            "first_token_mrr": _mean(r.get("first_token_rr") for r in rows),
             "choice_acc": _mean(None if r["choice_rank"] is None else r["choice_rank"] == 1 for r in rows)}
 
 
@@ -336,8 +410,10 @@ def term_metrics(rows: list[dict], n_terms: int, n_occurrences: int) -> dict:
     for r in rows:
         by_term.setdefault(r["term"], []).append(r)
     per_term = [_figures(group) for group in by_term.values()]
-    for key in ("exact_match", "first_token_acc", "choice_acc"):
+    for key in ("exact_match", "first_token_acc", "choice_acc", "nll_per_char", "token_acc"):
         out[f"term_{key}_macro"] = _mean(m[key] for m in per_term)
+    ranks = [r["first_token_rank"] for r in rows if r.get("first_token_rank") is not None]
+    out["term_first_token_rank_median"] = float(np.median(ranks)) if ranks else None
     for mention in ("first", "repeat"):
         out.update(block([r for r in rows if r["mention"] == mention], f"_{mention}"))
     out.update(block([r for r in rows if r["train_count"] <= 15], "_le15"))
@@ -373,29 +449,44 @@ def band_rows(rows: list[dict]) -> list[dict]:
 # ---------------------------------------------------------------- diversity of free generation
 
 
-def diversity(model, tokens: np.ndarray, offsets: np.ndarray, buckets: np.ndarray, *, n_prompts: int,
-              n_new: int, context_tokens: int, batch_size: int, eot_id: int, seed: int,
-              progress: Progress | None = None, logit_bias=None) -> dict:
-    """Unique tokens and rare-bucket share: sampled continuations vs the human text that followed."""
+def sampled_continuations(model, tokens: np.ndarray, offsets: np.ndarray, *, n_prompts: int, n_new: int,
+                          context_tokens: int, batch_size: int, eot_id: int, seed: int,
+                          progress: Progress | None = None, logit_bias=None,
+                          what: str = "sampling continuations") -> tuple[np.ndarray, np.ndarray] | None:
+    """(generated, human) int64 [prompts, n_new]: `n_prompts` prompts spread evenly over the split,
+    each continued by `n_new` tokens sampled at temperature 1, beside the tokens that followed it
+    in the text. None when there is nothing to sample (n_prompts 0 or a split too short)."""
     import torch
 
     from rarelm.lm import sample_continue
 
     if n_prompts == 0 or len(tokens) < n_new + 2:
-        return {"n_gen_tokens": 0}
+        return None
     positions = np.unique(np.linspace(1, len(tokens) - n_new, n_prompts).round().astype(np.int64))
     starts = term_search.document_starts(offsets, positions)
     prompts = [term_search.prompt_before(tokens, int(d), int(p), context_tokens, eot_id)
                for p, d in zip(positions, starts, strict=True)]
     human = np.stack([np.asarray(tokens[p:p + n_new], dtype=np.int64) for p in positions])
-    advance = (progress or _silent)("sampling continuations", len(prompts))
+    advance = (progress or _silent)(what, len(prompts))
     torch.manual_seed(seed)
     generated = []
     for b in range(0, len(prompts), batch_size):
         generated.append(sample_continue(model, prompts[b:b + batch_size], n_new, eot_id,
                                          logit_bias=logit_bias).numpy())
         advance(len(prompts[b:b + batch_size]))
-    gen = np.concatenate(generated)
+    return np.concatenate(generated), human
+
+
+def diversity(model, tokens: np.ndarray, offsets: np.ndarray, buckets: np.ndarray, *, n_prompts: int,
+              n_new: int, context_tokens: int, batch_size: int, eot_id: int, seed: int,
+              progress: Progress | None = None, logit_bias=None) -> dict:
+    """Unique tokens and rare-bucket share: sampled continuations vs the human text that followed."""
+    sampled = sampled_continuations(model, tokens, offsets, n_prompts=n_prompts, n_new=n_new,
+                                    context_tokens=context_tokens, batch_size=batch_size, eot_id=eot_id,
+                                    seed=seed, progress=progress, logit_bias=logit_bias)
+    if sampled is None:
+        return {"n_gen_tokens": 0}
+    gen, human = sampled
 
     def bucket_of(ids: np.ndarray) -> np.ndarray:  # ids past the tokenizer's vocabulary count as unseen
         safe = np.minimum(ids, len(buckets) - 1)
@@ -405,6 +496,68 @@ def diversity(model, tokens: np.ndarray, offsets: np.ndarray, buckets: np.ndarra
             "gen_rare_share": float((bucket_of(gen) == RARE).mean()),
             "human_rare_share": float((bucket_of(human) == RARE).mean()),
             "n_gen_tokens": int(gen.size)}
+
+
+# ---------------------------------------------------------------- false insertion
+
+
+def count_terms(texts: list[str], terms: list[term_search.Term]) -> int:
+    """Term occurrences in some texts, found as in the evaluated split (term_search.find_in_text).
+
+    >>> count_terms(["the acute MI was", "acute MIs; acute MI"], [term_search.Term("acute MI", 3)])
+    2
+    """
+    joined = "\n".join(texts)
+    return sum(len(term_search.find_in_text(joined, t.text)) for t in terms if "\n" not in t.text)
+
+
+def term_start_mask(per_term: list[list[term_search.Occurrence]], n_tokens: int) -> np.ndarray:
+    """Boolean per split position: the first token covering a term occurrence is there."""
+    mask = np.zeros(n_tokens, dtype=bool)
+    for occurrences in per_term:
+        for o in occurrences:
+            mask[o.start] = True
+    return mask
+
+
+def insertion_rates(generated: list[str], human: list[str], n_generated: int, n_human: int,
+                    terms: list[term_search.Term], text_occurrences: int, text_tokens: int) -> dict:
+    """False insertion (a): extracted terms per 1,000 tokens written by the model vs in the text.
+
+    `false_insertion_gen_per_1k`: in the sampled continuations; `_human_per_1k`: in the text
+    that followed the same prompts; `_text_per_1k`: in the whole split (its term occurrences
+    over its tokens); `false_insertion_ratio` = gen / text (1 = the model writes terms as often
+    as the text has them; above 1 it inserts terms where the text has none). A worked example:
+    3 terms in 1,000 sampled tokens, 300 occurrences in a 50,000-token split: 3 vs 6 per 1,000,
+    ratio 0.5.
+    """
+    gen = 1000.0 * count_terms(generated, terms) / n_generated
+    text = _ratio(1000.0 * text_occurrences, text_tokens)
+    return {"false_insertion_gen_per_1k": gen,
+            "false_insertion_human_per_1k": 1000.0 * count_terms(human, terms) / n_human,
+            "false_insertion_text_per_1k": text,
+            "false_insertion_ratio": None if not text else gen / text,
+            "n_false_insertion_tokens": n_generated}
+
+
+def false_insertion(model, tokenizer, tokens: np.ndarray, offsets: np.ndarray,
+                    terms: list[term_search.Term], text_occurrences: int, *, n_prompts: int, n_new: int,
+                    context_tokens: int, batch_size: int, eot_id: int, seed: int,
+                    progress: Progress | None = None, logit_bias=None) -> dict:
+    """insertion_rates on `n_prompts` continuations of `n_new` sampled tokens (sampled_continuations)."""
+    sampled = sampled_continuations(model, tokens, offsets, n_prompts=n_prompts, n_new=n_new,
+                                    context_tokens=context_tokens, batch_size=batch_size, eot_id=eot_id,
+                                    seed=seed, progress=progress, logit_bias=logit_bias,
+                                    what="sampling for false insertion")
+    if sampled is None:
+        return {"n_false_insertion_tokens": 0}
+
+    def texts(rows: np.ndarray) -> list[str]:
+        return [tokenizer.decode([int(t) for t in row], skip_special_tokens=False) for row in rows]
+
+    gen, human = sampled
+    return insertion_rates(texts(gen), texts(human), gen.size, human.size, terms, text_occurrences,
+                           len(tokens))
 
 
 # ---------------------------------------------------------------- the whole stage
@@ -440,16 +593,19 @@ def evaluate_split(model, tokenizer, data, documents: list[str], split: str, buc
     longest = max((o.end - o.start for occ in per_term for o in occ), default=1)
     context = params.context_tokens
     if limit:  # the prompt and what the model writes must fit in the model's context
-        generated = max(2 * longest + 4, params.diversity_tokens if params.diversity_prompts else 0)
+        generated = max(2 * longest + 4, params.diversity_tokens if params.diversity_prompts else 0,
+                        params.insertion_tokens if params.insertion_prompts else 0)
         context = min(context, limit - generated)
         if context < 1:
             raise RarelmError(f"the model's context of {limit} tokens is too short for terms of "
-                              f"{longest} tokens and eval.diversity_tokens = {params.diversity_tokens}")
+                              f"{longest} tokens, eval.diversity_tokens = {params.diversity_tokens} and "
+                              f"eval.insertion_tokens = {params.insertion_tokens}")
     if params.logit_adjust_tau and log_prior is None:
         raise ValueError("eval.logit_adjust_tau > 0 needs the train log prior")
     bias = logit_adjustment(model, log_prior, params.logit_adjust_tau)
     stats = score_tokens(model, tokens, buckets, block, params.batch_size, progress,
-                         term_search.term_token_mask(per_term, len(tokens)), logit_bias=bias)
+                         term_search.term_token_mask(per_term, len(tokens)), logit_bias=bias,
+                         start_mask=term_start_mask(per_term, len(tokens)))
     rows = evaluate_terms(model, tokenizer, documents, tokens, offsets, terms, max_terms=params.max_terms,
                           context_tokens=context, batch_size=params.batch_size, eot_id=data.eot_id,
                           closed_set=params.closed_set, split=split, per_term=per_term, progress=progress,
@@ -457,7 +613,12 @@ def evaluate_split(model, tokenizer, data, documents: list[str], split: str, buc
     div = diversity(model, tokens, offsets, buckets, n_prompts=params.diversity_prompts,
                     n_new=params.diversity_tokens, context_tokens=context, batch_size=params.batch_size,
                     eot_id=data.eot_id, seed=seed, progress=progress, logit_bias=bias)
-    metrics = {**stats.metrics(), **term_metrics(rows, len(terms), sum(map(len, per_term))), **div}
+    found = sum(map(len, per_term))
+    inserted = false_insertion(model, tokenizer, tokens, offsets, terms, found,
+                               n_prompts=params.insertion_prompts, n_new=params.insertion_tokens,
+                               context_tokens=context, batch_size=params.batch_size, eot_id=data.eot_id,
+                               seed=seed, progress=progress, logit_bias=bias)
+    metrics = {**stats.metrics(), **term_metrics(rows, len(terms), found), **div, **inserted}
     return SplitResult(metrics, stats.rows(), band_rows(rows), rows)
 
 

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from rarelm.errors import RarelmError
 
 
@@ -179,11 +181,22 @@ def _log_softmax(logits, logit_bias):
 
 def continuation_nll(model, prompts: list[list[int]], continuations: list[list[int]], pad_id: int,
                      logit_bias=None):
-    """Teacher-forced NLL (nats) of each continuation token given its prompt: a list of float arrays.
+    """Teacher-forced NLL (nats) of each continuation token given its prompt: a list of float arrays."""
+    return [nll for nll, _ in continuation_scores(model, prompts, continuations, pad_id, logit_bias)]
 
-    One right-padded forward pass per call: prompt + continuation, scored at the
-    continuation's positions. Right padding needs no position ids, and padding
-    after a sequence cannot change a causal model's outputs before it.
+
+def continuation_scores(model, prompts: list[list[int]], continuations: list[list[int]], pad_id: int,
+                        logit_bias=None):
+    """Per continuation token given its prompt: (NLL in nats, rank) as two arrays per row.
+
+    rank = 1 + the number of vocabulary tokens with a strictly higher probability
+    at that position (1 = the top-1 prediction). One right-padded forward pass per
+    call: prompt + continuation, scored at the continuation's positions. Right
+    padding needs no position ids, and padding after a sequence cannot change a
+    causal model's outputs before it.
+
+    Worked example: next-token probabilities (0.5, 0.25, 0.25) and a true token 1
+    give NLL ln 4 = 1.386 and rank 2 (token 0 is above it; token 2 ties, not above).
     """
     import torch
 
@@ -200,7 +213,10 @@ def continuation_nll(model, prompts: list[list[int]], continuations: list[list[i
     out = []
     for row, (prompt, cont) in enumerate(zip(prompts, continuations, strict=True)):
         positions = torch.arange(len(prompt) - 1, len(prompt) - 1 + len(cont))
-        out.append((-logprobs[row, positions, torch.as_tensor(cont)]).double().numpy())
+        scores = logprobs[row, positions]  # [len(cont), V]
+        true = scores.gather(-1, torch.as_tensor(cont)[:, None])
+        ranks = 1 + (scores > true).sum(-1)
+        out.append(((-true[:, 0]).double().numpy(), ranks.numpy().astype(np.int64)))
     return out
 
 

@@ -199,6 +199,9 @@ class EvalParams:
     context_tokens: int = param(64, ge=1)  # prompt: up to this many tokens before the term
     diversity_prompts: int = param(64, ge=0)  # free continuations sampled; 0 = skip
     diversity_tokens: int = param(64, ge=1)  # tokens per continuation
+    # false insertion: sampled continuations in which extracted terms are counted; 0 = skip
+    insertion_prompts: int = param(128, ge=0)
+    insertion_tokens: int = param(64, ge=1)  # tokens per continuation
     device: Literal["auto", "cpu", "cuda"] = "auto"
     # CPU threads for evaluation; 0 = torch's default (all cores). Scoring a small model is a stream
     # of tiny forward passes, which threads only slow down, badly so on a CPU shared with other jobs

@@ -143,6 +143,65 @@ def test_term_rows_are_exact():
     assert (m["n_eval_term_types"], m["n_term_occurrences"], m["n_terms"]) == (5, 5, 6)
 
 
+def test_continuous_term_metrics_are_exact():
+    """Three occurrences; the covering tokens' bits and ranks after each prompt, by hand (rank = bits)."""
+    rows = ev.evaluate_terms(bigram(), char_tokenizer(), DOCS, TOKENS, OFFSETS, TERMS, max_terms=3,
+                             context_tokens=2, batch_size=2, eot_id=0, closed_set=False)
+    # 五六 after 三: 2 + 1 bits; 四五 after end-of-text: 4 + 1; 一二三 after end-of-text: 1 + 1 + 1
+    got = [(r["term"], r["n_tokens"], r["n_chars"], r["first_token_rank"], r["token_acc"]) for r in rows]
+    assert got == [("五六", 2, 2, 2, 0.5), ("四五", 2, 2, 4, 0.5), ("一二三", 3, 3, 1, 1.0)]
+    assert [r["nll_sum"] / LN2 for r in rows] == pytest.approx([3, 5, 3], rel=1e-6)
+    assert [r["nll_per_char"] / LN2 for r in rows] == pytest.approx([1.5, 2.5, 1.0], rel=1e-6)
+    assert [r["first_token_rr"] for r in rows] == [0.5, 0.25, 1.0]
+    m = ev.term_metrics(rows, n_terms=len(TERMS), n_occurrences=5)
+    assert m["term_nll_per_term"] == pytest.approx(11 / 3 * LN2)
+    assert m["term_nll_per_char"] == pytest.approx(5 / 3 * LN2)
+    assert m["term_token_acc"] == pytest.approx(2 / 3)
+    assert m["term_first_token_mrr"] == pytest.approx(1.75 / 3)
+    assert m["term_first_token_rank_median"] == 2.0 and m["term_token_acc_first"] == pytest.approx(2 / 3)
+    assert m["term_exact_match"] == 1 / 3  # exact match stays: only 一二三 is written
+
+
+def test_term_start_mass_where_no_term_starts():
+    """False insertion (b): the bigram model's mass on term-start tokens, by hand from its bit table."""
+    per_term = term_search.find_occurrences(char_tokenizer(), DOCS, TOKENS, OFFSETS, TERMS)
+    starts = ev.term_start_mask(per_term, len(TOKENS))
+    assert np.flatnonzero(starts).tolist() == [0, 2, 3, 6, 11]  # 一二三, 三五, 五六, 四五, 六六
+    start_ids = [1, 3, 5, 4, 6]  # the tokens found there
+    m = ev.score_tokens(bigram(), TOKENS, BUCKETS, 4, 2, start_mask=starts).metrics()
+
+    def mass(p: int) -> float:  # P(next token starts a term | token p-1)
+        return sum(2.0 ** -bits(int(TOKENS[p - 1]), s) for s in start_ids)
+
+    plain = [p for p in range(1, len(TOKENS)) if not starts[p]]  # 9 targets where no term starts
+    assert m["false_insertion_start_mass"] == pytest.approx(np.mean([mass(p) for p in plain]), rel=1e-6)
+    assert m["false_insertion_start_freq"] == 4 / 9  # targets 6, 5, 1, 6 at positions 4, 7, 9, 12
+    assert m["term_start_mass"] == pytest.approx(np.mean([mass(p) for p in (2, 3, 6, 11)]), rel=1e-6)
+    assert m["n_term_start_ids"] == 5
+    # e.g. at position 12, after token 6, tokens 1, 3, 4, 5, 6 cost 3, 5, 6, 7, 7 bits
+    assert mass(12) == 2 ** -3 + 2 ** -5 + 2 ** -6 + 2 * 2 ** -7 == 0.1875
+    assert "false_insertion_start_mass" not in ev.score_tokens(bigram(), TOKENS, BUCKETS, 4, 2).metrics()
+
+
+def test_false_insertion_counts_terms_in_a_constructed_output():
+    """A model that writes 一二三一二三... after 五 and 〇: the sampled text holds one term every 3 tokens."""
+    model = ScriptedLM({0: 1, 5: 1, 1: 2, 2: 3, 3: 1}, V).eval()
+    m = ev.false_insertion(model, char_tokenizer(), TOKENS, OFFSETS, TERMS, text_occurrences=5, n_prompts=2,
+                           n_new=6, context_tokens=2, batch_size=2, eot_id=0, seed=0)
+    # prompts end before positions 1 and 8: after 一 the model writes 二三一二三一 (one 一二三), after 五
+    # 一二三一二三 (two); the text there: 二三五六〇四 (三五, 五六) and 七一〇六六〇 (六六)
+    assert m["n_false_insertion_tokens"] == 12
+    assert m["false_insertion_gen_per_1k"] == pytest.approx(3 / 12 * 1000)
+    assert m["false_insertion_human_per_1k"] == pytest.approx(3 / 12 * 1000)
+    assert m["false_insertion_text_per_1k"] == pytest.approx(5 / 14 * 1000)  # 5 occurrences, 14 tokens
+    assert m["false_insertion_ratio"] == pytest.approx(0.7)
+    assert ev.count_terms(["the acute MI was", "subacute MI; acute MIs; acute MI"],
+                          [Term("acute MI", 3), Term("was", 1)]) == 3
+    none = ev.false_insertion(model, char_tokenizer(), TOKENS, OFFSETS, TERMS, 5, n_prompts=0, n_new=6,
+                              context_tokens=2, batch_size=2, eot_id=0, seed=0)
+    assert none == {"n_false_insertion_tokens": 0}
+
+
 def test_logit_adjustment_lifts_rare_tokens_in_scores_and_terms():
     """tau 0.5 with log pi = -(1, 1, 1, 1, 1, 8, 8, 8) ln 2: tokens 5-7 gain 3.5 bits on the others."""
     model = bigram()
@@ -461,7 +520,8 @@ def workspace(tmp_path_factory, tiny_raw):
     shutil.copy(REPO / "params.yaml", root / "params.yaml")
     set_params(root, **{"corpus.path": str(tiny_raw / "demo_en.txt.gz"), "tokenizer.vocab_size": 300,
                         "eval.max_terms": 40, "eval.batch_size": 8, "eval.diversity_prompts": 4,
-                        "eval.diversity_tokens": 8, "eval.context_tokens": 16})
+                        "eval.diversity_tokens": 8, "eval.insertion_prompts": 4, "eval.insertion_tokens": 8,
+                        "eval.context_tokens": 16})
     params = load_params(root / "params.yaml")
     (root / "data/prepared").mkdir(parents=True)
     (root / "data/tokenized").mkdir()
