@@ -1,4 +1,4 @@
-"""Compare evaluated runs: paired differences with term-level bootstrap intervals (`rarelm compare`).
+"""Compare evaluated runs: paired differences with term x seed bootstrap intervals (`rarelm compare`).
 
 The evaluate stage writes one row per evaluated term occurrence
 (metrics/eval_occurrences.jsonl; `eval/eval_occurrences.jsonl` in the run's MLflow
@@ -28,19 +28,28 @@ Resampling occurrences instead would count twelve copies of one outcome as
 twelve pieces of evidence and give an interval too narrow by about the square
 root of the occurrences per term.
 
-What the interval means: how much the difference could move with another set
-of terms of the same kind, on the same evaluation data. It holds training
-noise only as far as the pooled seeds average it out: with one seed per
-configuration, training noise is not in it at all (one seed is an anecdote).
+Why seeds are resampled too (hierarchical bootstrap). Another training seed
+gives another model; a method's gain measured on one seed can be luck of that
+seed. So each resample also draws, for every configuration, as many seeds as
+it has, with replacement, and averages the drawn replicates (`seed_weights`);
+when both sides have the same seeds, the same seeds are drawn for both
+(paired). The interval then holds the spread between seeds as well as the
+spread between terms; with one seed per side it is the term bootstrap alone,
+and it says nothing about training noise (one seed is an anecdote). Each row
+says how many seeds and terms it rests on. The term-only interval with seeds
+averaged per occurrence (what earlier versions reported) stays in the report
+as a secondary view (`pooled_lo`, `pooled_hi`).
 
-McNemar's exact test (exact match, first-token hit, closed-set choice; over
-occurrences): of the pairs where exactly one side is right, b favour the
-configuration and c the baseline; with no difference each such pair goes
+The paired test is a sign test over terms (`sign_test_p`): per term, the
+configuration's mean minus the baseline's (over its occurrences and seeds); b
+terms go one way, c the other (ties dropped); with no difference each goes
 either way with probability 1/2, so p = min(1, 2 P(X <= min(b, c))) for
-X ~ Binomial(b + c, 1/2). With replicates, replicate i is paired with the
-baseline's replicate of the same seed (or the i-th, if the seeds differ) and
-all pairs are pooled. It treats occurrences as independent, so it is a check
-beside the interval, not a replacement for it.
+X ~ Binomial(b + c, 1/2). Terms, not occurrence x seed pairs, are the units
+that can be taken as independent.
+
+Run-level figures (eval.json: perplexity, false insertion) have one value per
+run; their intervals are over seeds only (`seed_interval`: mean +- t s / sqrt(n),
+paired by seed when both sides have the same seeds).
 
 A worked example: terms A (two occurrences) and B (one); the baseline writes
 only B, the method writes all three:
@@ -52,7 +61,7 @@ only B, the method writes all three:
     (0.6667, 0.0, 1.0)
     >>> round(paired_bootstrap(term, method, base, macro=True).value, 4)   # per term: (1 + 0) / 2
     0.5
-    >>> mcnemar_p(2, 0)                  # two discordant pairs, both for the method: 2 * 1/4
+    >>> sign_test_p(2, 0)                # two terms, both for the method: 2 * 1/4
     0.5
 """
 
@@ -92,10 +101,19 @@ METRICS: dict[str, tuple[str, Any]] = {
     "first_token_acc": ("first_token_hit", lambda v: float(bool(v))),
     "nll": ("nll", float),
     "choice_acc": ("choice_rank", lambda v: float(int(v) == 1)),
+    "nll_per_char": ("nll_per_char", float),  # term NLL per character of its covering tokens' text
+    "nll_per_term": ("nll_sum", float),  # summed over the term's covering tokens
+    "token_acc": ("token_acc", float),  # share of the term's tokens predicted top-1 (teacher forced)
+    "first_token_rr": ("first_token_rr", float),  # reciprocal rank of the first term token
 }
-BINARY = {"exact_match", "first_token_acc", "choice_acc"}
-LOWER_IS_BETTER = {"nll"}
+LOWER_IS_BETTER = {"nll", "nll_per_char", "nll_per_term"}
 PPL_KEYS = ("ppl_frequent", "ppl_medium", "ppl_rare", "ppl_term")
+# eval.json figures with one value per run, shown with intervals over seeds
+RUN_METRICS = ("ppl", "ppl_frequent", "ppl_medium", "ppl_rare", "ppl_term", "false_insertion_ratio",
+               "false_insertion_gen_per_1k", "false_insertion_start_mass")
+# t quantiles (0.975) by degrees of freedom, for intervals over a handful of seeds
+_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
+         10: 2.228, 15: 2.131, 20: 2.086, 30: 2.042}
 MAIN_SLICES = ("all", "first mention", "repeat mention", f"train_count<={LOW_COUNT}")
 _KEY_FIELDS = ("split", "doc", "char_start", "term")
 
@@ -179,12 +197,67 @@ def paired_bootstrap(term: Sequence, a: np.ndarray, b: np.ndarray | None = None,
     return estimate(term_draws(n_terms, n_boot, seed), sums, counts, macro)[0]
 
 
-def mcnemar_p(b: int, c: int) -> float:
-    """Exact two-sided McNemar p-value for b and c discordant pairs.
+def seed_weights(n_seeds: int, n_boot: int = 2000, seed: int = 0,
+                 draws: np.ndarray | None = None) -> np.ndarray:
+    """Each replicate's weight in each resample: float [n_boot, n_seeds], rows sum to 1.
 
-    >>> round(mcnemar_p(9, 1), 4)        # 2 * (C(10,0) + C(10,1)) / 2^10
+    Every resample draws n_seeds seeds with replacement; a replicate drawn twice weighs 2/n.
+    `draws` (int [n_boot, n_seeds], seed indices) gives the draws instead, so that two
+    configurations with the same seeds draw the same ones (see `compare`).
+
+    >>> (3 * seed_weights(3, draws=np.array([[0, 0, 2], [1, 2, 0]]))).tolist()
+    [[2.0, 0.0, 1.0], [1.0, 1.0, 1.0]]
+    """
+    if draws is None:
+        draws = np.random.default_rng([seed, 1]).integers(0, n_seeds, size=(n_boot, n_seeds))
+    flat = (draws + (np.arange(len(draws)) * n_seeds)[:, None]).ravel()
+    counts = np.bincount(flat, minlength=len(draws) * n_seeds).reshape(len(draws), n_seeds)
+    return counts / n_seeds
+
+
+def _per_term(sums: np.ndarray, counts: np.ndarray, macro: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(numerator, denominator) per term: sums and counts, or per-term means and presence (macro)."""
+    if not macro:
+        return sums, np.broadcast_to(counts, sums.shape[-2:])
+    present = counts > 0
+    means = np.divide(sums, counts, out=np.zeros_like(sums), where=np.broadcast_to(present, sums.shape))
+    return means, present.astype(np.float64)
+
+
+def hierarchical_estimate(draws: np.ndarray, counts: np.ndarray,
+                          sides: list[tuple[float, np.ndarray, np.ndarray]],
+                          macro: bool = False) -> list[Interval]:
+    """Mean (or a paired difference) per slice, with the bootstrap over terms and seeds together.
+
+    `draws`: term_draws [n_boot, n_terms]; `counts`: occurrences per term and slice
+    [n_terms, slices]; `sides`: (sign, seed_weights [n_boot, replicates], per-replicate
+    term sums [replicates, n_terms, slices]) for each configuration, +1 for the
+    configuration and -1 for the baseline in a difference. In resample b a side's
+    term sums are the seed-weighted mean of its replicates' sums, and the statistic
+    is (sum over drawn terms of the signed sums) / (drawn occurrences), as in `estimate`.
+    With one replicate per side this is `estimate` exactly.
+    """
+    num_point = num_boot = 0.0
+    den = None
+    for sign, weights, sums in sides:
+        num, den = _per_term(sums, counts, macro)
+        num_point = num_point + sign * num.mean(axis=0).sum(axis=0)
+        by_replicate = np.einsum("bt,rts->brs", draws, num)  # each replicate's drawn-term sums
+        num_boot = num_boot + sign * np.einsum("br,brs->bs", weights, by_replicate)
+    with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices
+        point = num_point / den.sum(axis=0)
+        boot = num_boot / (draws @ den)
+        lo, hi = np.nanpercentile(boot, [2.5, 97.5], axis=0)
+    return [Interval(float(p), float(a), float(b)) for p, a, b in zip(point, lo, hi, strict=True)]
+
+
+def sign_test_p(b: int, c: int) -> float:
+    """Exact two-sided sign test: b units better, c worse, each 1/2 under no difference.
+
+    >>> round(sign_test_p(9, 1), 4)      # 2 * (C(10,0) + C(10,1)) / 2^10
     0.0215
-    >>> mcnemar_p(0, 0)
+    >>> sign_test_p(0, 0)
     1.0
     """
     n, k = b + c, min(b, c)
@@ -196,36 +269,52 @@ def mcnemar_p(b: int, c: int) -> float:
     return min(1.0, 2 * tail / 2 ** n)
 
 
-def discordant(config: np.ndarray, base: np.ndarray, config_seeds: list, base_seeds: list,
-               mask: np.ndarray | None = None) -> tuple[int, int]:
-    """(config right and baseline wrong, the reverse), pooled over paired replicates.
+def term_signs(config_sums: np.ndarray, base_sums: np.ndarray, counts: np.ndarray) -> tuple[int, int]:
+    """(terms where the configuration's mean is higher, terms where it is lower) within one slice.
 
-    `config`, `base`: 0/1 arrays [replicates, occurrences]. Replicates are paired
-    by seed when both sides have the same set of distinct seeds, else by order
-    (as many pairs as the smaller side has replicates).
+    Sums and counts per term (seeds averaged); terms without occurrences in the slice and ties
+    are left out.
+
+    >>> term_signs(np.array([2.0, 0.0, 1.0, 0.0]), np.array([1.0, 1.0, 1.0, 0.0]), np.array([2, 1, 1, 0]))
+    (1, 1)
     """
-    pairs = _replicate_pairs(config_seeds, base_seeds)
-    b = c = 0
-    for i, j in pairs:
-        x, y = config[i] > 0.5, base[j] > 0.5
-        if mask is not None:
-            x, y = x[mask], y[mask]
-        b += int(np.sum(x & ~y))
-        c += int(np.sum(~x & y))
-    return b, c
+    present = counts > 0
+    diff = (config_sums[present] - base_sums[present]) / counts[present]
+    return int((diff > 1e-12).sum()), int((diff < -1e-12).sum())
 
 
-def _replicate_pairs(config_seeds: list, base_seeds: list) -> list[tuple[int, int]]:
+def seed_interval(values: Sequence[float], base: Sequence[float] | None = None,
+                  paired: bool = False) -> Interval | None:
+    """Mean of per-run values (or of their difference to the baseline's) with a 95% t interval.
+
+    Paired (the same seeds on both sides): the interval of the mean per-seed difference.
+    Otherwise the two means' difference with sqrt(s1^2/n1 + s2^2/n2) and min(n1, n2) - 1
+    degrees of freedom (conservative). None below two seeds on a side.
+
+    >>> r = seed_interval([2.0, 4.0])          # mean 3, s = 1.414, t(1) = 12.706: 3 +- 12.706
+    >>> r.value, round(r.lo, 3), round(r.hi, 3)
+    (3.0, -9.706, 15.706)
+    >>> seed_interval([3.0, 5.0], [1.0, 2.0], paired=True).value   # differences 2 and 3
+    2.5
     """
-    >>> _replicate_pairs([2, 1], [1, 2])
-    [(0, 1), (1, 0)]
-    >>> _replicate_pairs([5, 6, 7], [1, 2])
-    [(0, 0), (1, 1)]
-    """
-    unique = len(set(config_seeds)) == len(config_seeds) and len(set(base_seeds)) == len(base_seeds)
-    if unique and set(config_seeds) == set(base_seeds):
-        return [(i, base_seeds.index(s)) for i, s in enumerate(config_seeds)]
-    return [(i, i) for i in range(min(len(config_seeds), len(base_seeds)))]
+    a = np.asarray(values, dtype=np.float64)
+    if base is None or paired:
+        x = a if base is None else a - np.asarray(base, dtype=np.float64)
+        if len(x) < 2:
+            return None
+        half = _t975(len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x))
+        return Interval(float(x.mean()), float(x.mean() - half), float(x.mean() + half))
+    b = np.asarray(base, dtype=np.float64)
+    if min(len(a), len(b)) < 2:
+        return None
+    diff = a.mean() - b.mean()
+    half = _t975(min(len(a), len(b)) - 1) * math.sqrt(a.var(ddof=1) / len(a) + b.var(ddof=1) / len(b))
+    return Interval(float(diff), float(diff - half), float(diff + half))
+
+
+def _t975(df: int) -> float:
+    """The 0.975 quantile of Student's t (the table's next lower df, so never too narrow)."""
+    return _T975[max(k for k in _T975 if k <= df)]
 
 
 # ---------------------------------------------------------------- loading runs
@@ -321,7 +410,25 @@ def load_run(ref: str, repo: str | Path = ".", split: str = "") -> RunData:
         run.rows = [r for r in run.rows if r["split"] == split]
         if not run.rows:
             raise RarelmError(f"{run.name}: no evaluated occurrences in split {split!r}")
+        run.summary = split_summary(run.summary, run.params, split)
     return run
+
+
+def split_summary(summary: dict, params: dict[str, str], split: str) -> dict:
+    """eval.json's figures for one split: the top level is eval.splits' first, the others nest.
+
+    >>> split_summary({"ppl": 2.0, "val": {"ppl": 3.0}}, {"eval.splits": '["test", "val"]'}, "val")
+    {'ppl': 3.0}
+    >>> split_summary({"ppl": 2.0}, {}, "val")      # a split the run did not score
+    {}
+    """
+    if isinstance(summary.get(split), dict):
+        return summary[split]
+    try:
+        first = json.loads(params.get("eval.splits", '["test"]'))[0]
+    except (ValueError, IndexError, TypeError):
+        first = "test"
+    return {k: v for k, v in summary.items() if not isinstance(v, dict)} if first == split else {}
 
 
 def _read_file(path: Path) -> str | None:
@@ -666,32 +773,42 @@ def compare(baseline: list[RunData], runs: list[RunData], metrics: Sequence[str]
     n_terms = len(occ.terms)
     draws = term_draws(n_terms, n_boot, seed)
     _, counts = term_sums(occ.term, n_terms, np.zeros(len(occ.keys)), masks)
-    rows = []
     base = configs[0]
+    weights = _all_seed_weights(configs, n_boot, seed)
+    rows = []
     for metric in available:
-        base_sums, _ = term_sums(occ.term, n_terms, base.mean(metric), masks)
+        per_seed = {id(c): np.stack([term_sums(occ.term, n_terms, v, masks)[0] for v in c.values[metric]])
+                    for c in configs}
+        base_sums = per_seed[id(base)].mean(axis=0)
         for config in configs:
-            sums, _ = term_sums(occ.term, n_terms, config.mean(metric), masks)
+            mine = (1.0, weights[id(config)], per_seed[id(config)])
+            theirs = (-1.0, weights[id(base)], per_seed[id(base)])
+            sums = per_seed[id(config)].mean(axis=0)  # seeds averaged per occurrence: the pooled view
             for aggregate, macro in (("occurrences", False), ("terms", True)):
-                values = estimate(draws, sums, counts, macro)
-                diffs = estimate(draws, sums - base_sums, counts, macro) if config is not base else None
-                for j, (name, mask) in enumerate(named):
-                    row = {"configuration": config.label, "seeds": len(config.runs), "metric": metric,
-                           "slice": name, "aggregate": aggregate, "occurrences": int(counts[:, j].sum()),
+                values = hierarchical_estimate(draws, counts, [mine], macro)
+                diffs = pooled = None
+                if config is not base:
+                    diffs = hierarchical_estimate(draws, counts, [mine, theirs], macro)
+                    pooled = estimate(draws, sums - base_sums, counts, macro)
+                for j, (name, _) in enumerate(named):
+                    row = {"configuration": config.label, "seeds": len(config.runs),
+                           "baseline_seeds": len(base.runs), "metric": metric, "slice": name,
+                           "aggregate": aggregate, "occurrences": int(counts[:, j].sum()),
                            "terms": int((counts[:, j] > 0).sum()), **_interval("value", values[j])}
                     if diffs is not None:
                         row.update(_interval("diff", diffs[j]))
-                        if metric in BINARY and aggregate == "occurrences":
-                            b, c = discordant(config.values[metric], base.values[metric],
-                                              config.seeds, base.seeds, mask)
-                            row.update({"p": mcnemar_p(b, c), "discordant": [b, c]})
+                        row.update({"pooled_lo": _num(pooled[j].lo), "pooled_hi": _num(pooled[j].hi)})
+                        if aggregate == "occurrences":
+                            b, c = term_signs(sums[:, j], base_sums[:, j], counts[:, j])
+                            row.update({"p": sign_test_p(b, c), "term_signs": [b, c]})
                     rows.append(row)
     return {
         "configurations": [{"label": c.label, "baseline": c is base, "seeds": c.seeds,
                             "runs": [{"ref": r.ref, "name": r.name, "source": r.source, "id": r.ident,
                                       "seed": r.seed, "experiment": r.experiment} for r in c.runs],
                             "summary": _mean_summary(c.runs)} for c in configs],
-        "bootstrap": {"resamples": n_boot, "seed": seed, "unit": "term", "interval": "95% percentile"},
+        "bootstrap": {"resamples": n_boot, "seed": seed, "unit": "term x seed", "interval": "95% percentile",
+                      "test": "sign test over terms"},
         "occurrences": len(occ.keys), "terms": n_terms,
         "splits": sorted({k[0] for k in occ.keys}),
         "metrics": available,
@@ -700,7 +817,67 @@ def compare(baseline: list[RunData], runs: list[RunData], metrics: Sequence[str]
         "curve_x": {name: float(occ.train_count[mask].mean()) for name, mask in named
                     if name.startswith("band ")},
         "rows": rows,
+        "run_rows": run_rows(configs),
     }
+
+
+def _all_seed_weights(configs: list[Configuration], n_boot: int, seed: int) -> dict[int, np.ndarray]:
+    """seed_weights per configuration (by id): the baseline's seed draws, re-used (paired) by every
+    configuration with the same distinct seeds; the others draw their own."""
+    base = configs[0]
+    rng = np.random.default_rng([seed, 1])
+    base_draws = rng.integers(0, len(base.runs), size=(n_boot, len(base.runs)))
+    out = {}
+    for config in configs:
+        if _same_seeds(config, base):
+            draws = np.array([config.seeds.index(s) for s in base.seeds])[base_draws]
+        else:
+            draws = rng.integers(0, len(config.runs), size=(n_boot, len(config.runs)))
+        out[id(config)] = seed_weights(len(config.runs), draws=draws)
+    return out
+
+
+def _same_seeds(a: Configuration, b: Configuration) -> bool:
+    """Both sides hold the same distinct seeds, so replicates pair by seed."""
+    return len(set(a.seeds)) == len(a.seeds) == len(b.seeds) and set(a.seeds) == set(b.seeds)
+
+
+def run_rows(configs: list[Configuration]) -> list[dict]:
+    """RUN_METRICS of eval.json per configuration: mean over seeds, its interval, the difference to
+    the baseline (paired by seed when the seeds are the same) and the relative change."""
+    base = configs[0]
+    rows = []
+    for key in RUN_METRICS:
+        base_values = _run_values(base, key)
+        if base_values is None:
+            continue
+        for config in configs:
+            values = _run_values(config, key)
+            if values is None:
+                continue
+            row = {"configuration": config.label, "seeds": len(values), "metric": key,
+                   "value": float(np.mean(values))}
+            row.update(_interval("value", seed_interval(values)) if len(values) > 1 else
+                       {"value_lo": None, "value_hi": None})
+            if config is not base:
+                paired = _same_seeds(config, base)
+                other = [base_values[base.seeds.index(s)] for s in config.seeds] if paired else base_values
+                diff = seed_interval(values, other, paired=paired)
+                row["diff"] = float(np.mean(values) - np.mean(base_values))
+                row.update({"diff_lo": None, "diff_hi": None} if diff is None else
+                           {"diff_lo": _num(diff.lo), "diff_hi": _num(diff.hi)})
+                mean_base = float(np.mean(base_values))
+                row["relative"] = None if mean_base == 0 else row["value"] / mean_base - 1
+            rows.append(row)
+    return rows
+
+
+def _run_values(config: Configuration, key: str) -> list[float] | None:
+    """The key's value in every replicate's eval.json, or None if some replicate lacks it."""
+    values = [r.summary.get(key) for r in config.runs]
+    if any(not isinstance(v, (int, float)) or isinstance(v, bool) for v in values):
+        return None
+    return [float(v) for v in values]
 
 
 def _interval(prefix: str, r: Interval) -> dict:
@@ -753,28 +930,56 @@ def main_rows(report: dict) -> list[dict]:
                                        r["aggregate"] == "terms", labels[r["configuration"]]))
 
 
+def _ci(row: dict, prefix: str = "diff") -> str:
+    if row.get(f"{prefix}_lo") is None:
+        return ""
+    signed = prefix != "value"
+    return f"[{_fmt(row[f'{prefix}_lo'], signed)}, {_fmt(row[f'{prefix}_hi'], signed)}]"
+
+
+def _rests_on(report: dict) -> str:
+    b = report["bootstrap"]
+    lower = ", ".join(report["lower_is_better"])
+    return (f"{report['occurrences']} term occurrences of {report['terms']} terms (split "
+            f"{', '.join(report['splits'])}), paired across runs. 95% CI: bootstrap over terms and seeds "
+            f"together ({b['resamples']} resamples, seed {b['seed']}): each row's interval rests on its "
+            f"seeds (the baseline's: {len(report['configurations'][0]['runs'])}) and terms. p: exact sign "
+            f"test over terms. Lower is better: {lower or 'none of these'}.")
+
+
+def run_table(report: dict) -> list[list[str]]:
+    """Rows of the run-level table: eval.json figures with intervals over seeds."""
+    return [[r["configuration"], str(r["seeds"]), r["metric"], f"{r['value']:.4g}", _ci(r, "value"),
+             _fmt(r.get("diff"), True) if "diff" in r else "", _ci(r),
+             f"{r['relative']:+.1%}" if r.get("relative") is not None else ""]
+            for r in report.get("run_rows", [])]
+
+
+RUN_HEADER = ["configuration", "seeds", "metric", "mean", "95% CI", "diff vs baseline", "95% CI", "relative"]
+
+
 def markdown(report: dict) -> str:
-    """The difference table (and which runs make each configuration) as markdown."""
+    """The difference table, the run-level table and which runs make each configuration, as markdown."""
     lines = ["# rarelm compare", ""]
     for c in report["configurations"]:
         runs = ", ".join(f"{r['name']} (seed {r['seed']})" for r in c["runs"])
         lines.append(f"- **{c['label']}**: {runs}")
-    b = report["bootstrap"]
-    lines += ["", f"{report['occurrences']} term occurrences of {report['terms']} terms "
-              f"(split {', '.join(report['splits'])}), paired across runs. 95% CI: paired bootstrap "
-              f"over terms ({b['resamples']} resamples, seed {b['seed']}); p: exact McNemar over "
-              "occurrence pairs. nll: lower is better.", ""]
+    lines += ["", _rests_on(report), ""]
     if report["left_out"]:
         lines += [f"Left out (not in every run): {', '.join(report['left_out'])}.", ""]
-    lines += ["| configuration | seeds | metric | over | value | diff vs baseline | 95% CI | p |",
-              "| --- | ---: | --- | --- | ---: | ---: | --- | ---: |"]
+    lines += ["| configuration | seeds | terms | metric | over | value | diff vs baseline | 95% CI | p |",
+              "| --- | ---: | ---: | --- | --- | ---: | ---: | --- | ---: |"]
     for r in main_rows(report):
-        if "diff" in r:
-            diff, ci = _fmt(r["diff"], True), f"[{_fmt(r['diff_lo'], True)}, {_fmt(r['diff_hi'], True)}]"
-        else:
-            diff, ci = "", ""
-        lines.append(f"| {r['configuration']} | {r['seeds']} | {r['metric']} | {_over(r)} | "
-                     f"{_fmt(r['value'])} | {diff} | {ci} | {_fmt_p(r.get('p'))} |")
+        diff = _fmt(r["diff"], True) if "diff" in r else ""
+        lines.append(f"| {r['configuration']} | {r['seeds']} | {r['terms']} | {r['metric']} | {_over(r)} | "
+                     f"{_fmt(r['value'])} | {diff} | {_ci(r)} | {_fmt_p(r.get('p'))} |")
+    table = run_table(report)
+    if table:
+        lines += ["", "Run-level figures (metrics/eval.json of each run; 95% t interval over seeds, paired "
+                  "by seed when both sides have the same seeds; none with one seed):", "",
+                  "| " + " | ".join(RUN_HEADER) + " |",
+                  "| --- | ---: | --- | ---: | --- | ---: | --- | ---: |"]
+        lines += ["| " + " | ".join(row) + " |" for row in table]
     return "\n".join(lines) + "\n"
 
 
@@ -799,12 +1004,12 @@ def _svg(plt, fig) -> str:
     return text[text.index("<svg"):]
 
 
-def curve_svg(report: dict, plt) -> str:
-    """Exact match per train-count band, one line per configuration with its bootstrap band."""
+def curve_svg(report: dict, plt, metric: str = "exact_match") -> str:
+    """A metric per train-count band, one line per configuration with its bootstrap band."""
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
     xs = report["curve_x"]
     for c in report["configurations"]:
-        rows = [r for r in report["rows"] if r["configuration"] == c["label"] and r["metric"] == "exact_match"
+        rows = [r for r in report["rows"] if r["configuration"] == c["label"] and r["metric"] == metric
                 and r["aggregate"] == "occurrences" and r["slice"] in xs]
         rows.sort(key=lambda r: xs[r["slice"]])
         x = [xs[r["slice"]] for r in rows]
@@ -813,9 +1018,11 @@ def curve_svg(report: dict, plt) -> str:
         ax.fill_between(x, [r["value_lo"] for r in rows], [r["value_hi"] for r in rows],
                         color=line.get_color(), alpha=0.15, linewidth=0)
     ax.set_xscale("symlog", linthresh=1)
-    ax.set_ylim(-0.02, 1.02)
+    if metric not in LOWER_IS_BETTER:
+        ax.set_ylim(-0.02, 1.02)
     ax.set_xlabel("train count of the term (mean of its band; log scale)")
-    ax.set_ylabel("term exact match")
+    ax.set_ylabel({"exact_match": "term exact match", "nll_per_char": "term NLL per character (nats)"}
+                  .get(metric, metric))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return _svg(plt, fig)
@@ -853,45 +1060,54 @@ def _table(header: list[str], body: list[list[str]]) -> str:
 
 
 def html_report(report: dict) -> str:
-    """One self-contained page: figures inline as SVG, the mention table and the difference table."""
+    """One self-contained page: figures inline as SVG, the difference, run-level and mention tables, and
+    the term-only intervals (seeds averaged per occurrence) as a secondary view."""
     plt = _figures()
-    if plt is None:
-        curve = ppl = "<p>(figures need matplotlib, which is not installed)</p>"
-    else:
-        curve = curve_svg(report, plt) if "exact_match" in report["metrics"] else "<p>(no exact match)</p>"
-        ppl = ppl_svg(report, plt) or "<p>(no per-bucket perplexity in eval.json)</p>"
+    curves = []
+    for metric in ("exact_match", "nll_per_char"):
+        if metric in report["metrics"]:
+            curves.append(f"<h2>{html.escape(metric)} by the term's train count</h2>\n"
+                          + (curve_svg(report, plt, metric) if plt else "<p>(figures need matplotlib)</p>"))
+    ppl = (ppl_svg(report, plt) if plt else None) or "<p>(no per-bucket perplexity, or no matplotlib)</p>"
     mention = [[r["configuration"], r["metric"], r["slice"], r["occurrences"], _fmt(r["value"]),
-                f"[{_fmt(r['value_lo'])}, {_fmt(r['value_hi'])}]"]
+                _ci(r, "value")]
                for r in report["rows"] if r["aggregate"] == "occurrences"
                and r["slice"] in ("first mention", "repeat mention")]
-    diffs = [[r["configuration"], r["seeds"], r["metric"], _over(r), _fmt(r["value"]),
-              _fmt(r.get("diff"), True) if "diff" in r else "",
-              f"[{_fmt(r['diff_lo'], True)}, {_fmt(r['diff_hi'], True)}]" if "diff" in r else "",
-              _fmt_p(r.get("p"))] for r in main_rows(report)]
+    diffs = [[r["configuration"], r["seeds"], r["terms"], r["metric"], _over(r), _fmt(r["value"]),
+              _fmt(r.get("diff"), True) if "diff" in r else "", _ci(r), _fmt_p(r.get("p"))]
+             for r in main_rows(report)]
+    pooled = [[r["configuration"], r["seeds"], r["terms"], r["metric"], _over(r), _fmt(r["diff"], True),
+               _ci(r), _ci(r, "pooled")] for r in main_rows(report) if "diff" in r]
     runs = "".join(f"<li><b>{html.escape(c['label'])}</b>: "
                    + html.escape(", ".join(f"{r['name']} (seed {r['seed']})" for r in c["runs"])) + "</li>"
                    for c in report["configurations"])
-    b = report["bootstrap"]
     style = ("body{font-family:sans-serif;max-width:60em;margin:2em auto;color:#222}"
              "table{border-collapse:collapse;font-size:90%}td,th{border:1px solid #ccc;padding:2px 6px}"
              "td:nth-child(n+4){text-align:right}svg{max-width:100%;height:auto}")
+    newline = "\n"
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>rarelm compare</title><style>{style}</style></head>
 <body>
 <h1>rarelm compare</h1>
 <ul>{runs}</ul>
-<p>{report['occurrences']} term occurrences of {report['terms']} terms (split
-{html.escape(', '.join(report['splits']))}), paired across runs. Intervals: 95% percentile, paired
-bootstrap over terms ({b['resamples']} resamples, seed {b['seed']}); p: exact McNemar over occurrence
-pairs. Replicates (runs differing only by seed) are averaged per occurrence.</p>
-<h2>Exact match by the term's train count</h2>
-{curve}
+<p>{html.escape(_rests_on(report))} Replicates (runs differing only by seed) are drawn with the terms in
+every resample.</p>
+{newline.join(curves)}
 <h2>Perplexity by token bucket</h2>
 {ppl}
+<h2>Differences to the baseline</h2>
+{_table(["configuration", "seeds", "terms", "metric", "over", "value", "diff vs baseline", "95% CI", "p"],
+        diffs)}
+<h2>Run-level figures (eval.json, intervals over seeds)</h2>
+{_table(RUN_HEADER, run_table(report))}
 <h2>First and repeat mentions</h2>
 {_table(["configuration", "metric", "mention", "occurrences", "value", "95% CI"], mention)}
-<h2>Differences to the baseline</h2>
-{_table(["configuration", "seeds", "metric", "over", "value", "diff vs baseline", "95% CI", "p"], diffs)}
+<h2>Secondary: term-only intervals, seeds averaged per occurrence</h2>
+<p>The interval earlier versions reported: terms resampled, each occurrence's value averaged over the
+seeds first, so training noise is only in it as far as the seeds average it out. Beside the
+terms-and-seeds interval for comparison.</p>
+{_table(["configuration", "seeds", "terms", "metric", "over", "diff", "95% CI (terms x seeds)",
+         "95% CI (terms only)"], pooled)}
 </body></html>
 """
 

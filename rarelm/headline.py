@@ -6,21 +6,28 @@
 The plan (headline.yaml) lists configurations as `dvc exp run -S` overrides on top of
 `common`, and `decode` variants that change only `evaluate`'s params of a trained
 configuration (DVC's run cache restores that configuration's trained model, so only
-`evaluate` runs). Three rounds, each a batch of queued experiments run by `dvc queue start
--j 1` (the experiments share the machine's cores), named `hl-<configuration>-s<seed>`:
+`evaluate` runs). `common` must make evaluate score both splits (`eval.splits=[val,test]`).
+Three rounds, each a batch of queued experiments run by `dvc queue start -j 1` (the
+experiments share the machine's cores), named `hl-<configuration>-s<seed>`:
 
-1. screen: every configuration and decode variant on the first seed;
+1. screen: every configuration and decode variant on the `screen_seeds`, judged on the
+   `screen_split` (val);
 2. combine: the best `combine` screened configurations whose overrides do not clash, merged
-   into one configuration (`combination`), on the first seed;
-3. replicate: the baseline and the `finalists` best configurations on every other seed.
+   into one configuration (`combination`), on the screening seeds, judged on val;
+3. confirm: the baseline and the `finalists` best configurations on the `final_seeds`, which
+   must differ from the screening seeds, compared on the `final_split` (test). No run that took
+   part in the choice, and no test figure, is in the final comparison.
 
-"Best" is the difference to the baseline in exact match on term occurrences seen at most 15
-times in train (the paired term bootstrap of `rarelm.compare`), among the configurations whose
-frequent-bucket perplexity stays within `ppl_frequent_tolerance` (2%) of the baseline's. An
-experiment that already exists under its name is not run again, so an interrupted command picks
-up where it stopped.
-Then two comparisons (`rarelm.compare.compare`): the screening round (first seed, every
-configuration) and the final one (every seed, baseline and finalists), written to
+The rules, fixed in the plan before any result is seen: a configuration is ranked only if its
+overall perplexity (all tokens, not one bucket) is within `ppl_tolerance` (2%) of the
+baseline's and its false-insertion ratio (`false_insertion_ratio`: extracted terms per 1,000
+sampled tokens over the same rate in the text) within `insertion_tolerance` (10%, relative) of
+the baseline's; the ranked ones are ordered by their difference to the baseline in term NLL
+per character (lower first), ties by term-token accuracy (higher first), both from the paired
+term x seed bootstrap of `rarelm.compare` on the screening split. An experiment that already
+exists under its name is not run again, so an interrupted command picks up where it stopped.
+Then two comparisons (`rarelm.compare.compare`): the screening round (screening seeds, val,
+every configuration) and the final one (final seeds, test, baseline and finalists), written to
 `<out>/screen/` and `<out>/final/` (index.html, report.md, report.json; `<out>` is
 docs/headline by default, kept in git), the exact-match curve to
 `<out>/exact_match_by_train_count.svg`, and both tables with the rounds' durations into the
@@ -47,7 +54,9 @@ from rarelm.errors import RarelmError
 
 PREFIX = "hl-"
 START, END = "<!-- headline:start -->", "<!-- headline:end -->"
-RANK_SLICE = "train_count<=15"
+RANK_SLICE = "all"
+RANK_METRIC, TIE_METRIC = "nll_per_char", "token_acc"  # lower first; then higher first
+TABLE_METRICS = (RANK_METRIC, TIE_METRIC, "exact_match")
 FIGURE = "exact_match_by_train_count.svg"
 
 
@@ -56,14 +65,19 @@ class Plan:
     """headline.yaml: what to run."""
 
     common: list[str]
-    seeds: list[int]
+    screen_seeds: list[int]  # the seeds that choose the finalists
+    final_seeds: list[int]  # fresh seeds that confirm them (none of the screening seeds)
     configurations: dict[str, list[str]]  # name -> overrides; the first is the baseline
     decode: dict[str, dict[str, Any]]  # name -> {"of": configuration, "set": overrides}
     finalists: int = 2
     combine: int = 2
-    # only configurations whose frequent-bucket perplexity is within this fraction of the
+    # only configurations whose overall perplexity (all tokens) is within this fraction of the
     # baseline's are ranked: a remedy must not buy rare terms with the common text
-    ppl_frequent_tolerance: float = 0.02
+    ppl_tolerance: float = 0.02
+    # ... and whose false-insertion ratio is within this fraction (relative) of the baseline's
+    insertion_tolerance: float = 0.10
+    screen_split: str = "val"  # the split the choice is made on
+    final_split: str = "test"  # the split the finalists are confirmed on
 
     @classmethod
     def load(cls, path: str | Path) -> Plan:
@@ -74,18 +88,27 @@ class Plan:
             raise RarelmError(f"{path}: cannot read the headline plan ({exc})") from None
         try:
             plan = cls(common=[str(s) for s in raw.get("common") or []],
-                       seeds=[int(s) for s in raw["seeds"]],
+                       screen_seeds=[int(s) for s in raw["screen_seeds"]],
+                       final_seeds=[int(s) for s in raw["final_seeds"]],
                        configurations={str(k): [str(s) for s in v or []]
                                        for k, v in raw["configurations"].items()},
                        decode={str(k): {"of": str(v["of"]), "set": [str(s) for s in v["set"]]}
                                for k, v in (raw.get("decode") or {}).items()},
                        finalists=int(raw.get("finalists", 2)), combine=int(raw.get("combine", 2)),
-                       ppl_frequent_tolerance=float(raw.get("ppl_frequent_tolerance", 0.02)))
+                       ppl_tolerance=float(raw.get("ppl_tolerance", 0.02)),
+                       insertion_tolerance=float(raw.get("insertion_tolerance", 0.10)),
+                       screen_split=str(raw.get("screen_split", "val")),
+                       final_split=str(raw.get("final_split", "test")))
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise RarelmError(f"{path}: not a headline plan ({type(exc).__name__}: {exc}); "
                               "see rarelm/headline.py") from None
-        if not plan.seeds or not plan.configurations:
-            raise RarelmError(f"{path}: the plan needs seeds and at least one configuration (the baseline)")
+        if not plan.screen_seeds or not plan.final_seeds or not plan.configurations:
+            raise RarelmError(f"{path}: the plan needs screen_seeds, final_seeds and at least one "
+                              "configuration (the baseline)")
+        reused = sorted(set(plan.screen_seeds) & set(plan.final_seeds))
+        if reused:
+            raise RarelmError(f"{path}: final_seeds repeat screening seed {reused[0]}; the finalists are "
+                              "confirmed on seeds that took no part in choosing them")
         unknown = [d["of"] for d in plan.decode.values() if d["of"] not in plan.configurations]
         if unknown:
             raise RarelmError(f"{path}: decode variant of unknown configuration {unknown[0]!r}")
@@ -186,53 +209,56 @@ def run_batch(repo: Path, batch: list[tuple[str, list[str]]], log: Callable[[str
 # ---------------------------------------------------------------- the rounds
 
 
-def ranking(repo: Path, plan: Plan, names: list[str], seed: int) -> list[tuple[str, float]]:
-    """Screened configurations by their exact-match difference on terms seen <= 15 times, best first.
+def ranking(repo: Path, plan: Plan, names: list[str], seeds: list[int]) -> list[tuple[str, float]]:
+    """Screened configurations that pass the guard, best first: (name, term NLL/char difference).
 
-    Those whose frequent-bucket perplexity exceeds the baseline's by more than
-    `ppl_frequent_tolerance` are left out (they stay in the screening table).
+    The guard (fixed in the plan): overall perplexity within `ppl_tolerance` of the baseline's
+    and false-insertion ratio within `insertion_tolerance` of the baseline's, on the screening
+    split; a figure a run lacks does not exclude it. The others stay in the screening table.
     """
-    report = _compare(repo, plan, [plan.baseline], names, [seed])
+    report = _compare(repo, plan, [plan.baseline], names, seeds, plan.screen_split)
     summaries = {c["label"]: c["summary"] for c in report["configurations"]}
-    base = summaries[plan.baseline].get("ppl_frequent")
+    base = summaries[plan.baseline]
 
     def within(name: str) -> bool:
-        ppl = summaries[name].get("ppl_frequent")
-        return base is None or ppl is None or ppl <= base * (1 + plan.ppl_frequent_tolerance)
+        return all(base.get(key) is None or summaries[name].get(key) is None
+                   or summaries[name][key] <= base[key] * (1 + tolerance)
+                   for key, tolerance in (("ppl", plan.ppl_tolerance),
+                                          ("false_insertion_ratio", plan.insertion_tolerance)))
 
-    return sorted(((c, _diff(report, c)) for c in names if within(c)), key=lambda x: -x[1])
+    scored = [(c, _diff(report, c, RANK_METRIC), _diff(report, c, TIE_METRIC)) for c in names if within(c)]
+    return [(c, rank) for c, rank, _ in sorted(scored, key=lambda x: (x[1], -x[2]))]
 
 
-def _compare(repo: Path, plan: Plan, base: list[str], names: list[str], seeds: list[int]) -> dict:
+def _compare(repo: Path, plan: Plan, base: list[str], names: list[str], seeds: list[int], split: str) -> dict:
     from rarelm import compare as cmp
 
     def runs(name: str) -> list:
-        return [cmp.load_run(experiment(name, s), repo) for s in seeds]
+        return [cmp.load_run(experiment(name, s), repo, split=split) for s in seeds]
 
-    report = cmp.compare(runs(base[0]), [r for n in names for r in runs(n)], metrics=["exact_match"])
+    report = cmp.compare(runs(base[0]), [r for n in names for r in runs(n)], metrics=TABLE_METRICS)
     labels = {experiment(n, s): n for n in [*base, *names] for s in seeds}
     for c in report["configurations"]:  # the plan's names, not the params that differ
         old, c["label"] = c["label"], labels[c["runs"][0]["name"]]
-        for row in report["rows"]:
+        for row in [*report["rows"], *report["run_rows"]]:
             if row["configuration"] == old:
                 row["configuration"] = c["label"]
     return report
 
 
-def _row(report: dict, config: str, slice_: str) -> dict:
+def _row(report: dict, config: str, slice_: str, metric: str = "exact_match") -> dict:
     return next(r for r in report["rows"] if r["configuration"] == config and r["slice"] == slice_
-                and r["aggregate"] == "occurrences" and r["metric"] == "exact_match")
+                and r["aggregate"] == "occurrences" and r["metric"] == metric)
 
 
-def _diff(report: dict, config: str) -> float:
-    return _row(report, config, RANK_SLICE).get("diff") or 0.0
+def _diff(report: dict, config: str, metric: str) -> float:
+    return _row(report, config, RANK_SLICE, metric).get("diff") or 0.0
 
 
 def headline(repo: Path, plan: Plan, out: Path, readme: Path | None,
              log: Callable[[str], None] = print, poll: float = 20) -> dict:
     """Run the three rounds and write the comparisons; returns what the README table shows."""
     repo, out = Path(repo).resolve(), Path(out)
-    first, others = plan.seeds[0], plan.seeds[1:]
     extra: dict[str, list[str]] = {}
 
     def batch(names: list[str], seeds: list[int]) -> list[tuple[str, list[str]]]:
@@ -253,21 +279,21 @@ def headline(repo: Path, plan: Plan, out: Path, readme: Path | None,
         rounds[name] = time.time() - t0 if ran or name not in previous else previous[name]
 
     screened = [*plan.configurations, *plan.decode]
-    timed("screen", batch(screened, [first]))
-    ranked = ranking(repo, plan, screened[1:], first)
+    timed("screen", batch(screened, plan.screen_seeds))
+    ranked = ranking(repo, plan, screened[1:], plan.screen_seeds)
     trained = [n for n, _ in ranked if n in plan.configurations]
     if plan.combine >= 2:
         sets = combination(trained, lambda n: plan.overrides(n, extra), plan.combine)
         if sets and sets not in [plan.overrides(n, extra) for n in plan.configurations]:
             extra["combination"] = sets
-            timed("combine", batch(["combination"], [first]))
+            timed("combine", batch(["combination"], plan.screen_seeds))
             screened.append("combination")
-            ranked = ranking(repo, plan, screened[1:], first)
+            ranked = ranking(repo, plan, screened[1:], plan.screen_seeds)
     finalists = [n for n, _ in ranked[:plan.finalists]]
-    timed("replicate", batch([plan.baseline, *finalists], others))
+    timed("confirm", batch([plan.baseline, *finalists], plan.final_seeds))
 
-    screen = _compare(repo, plan, [plan.baseline], screened[1:], [first])
-    final = _compare(repo, plan, [plan.baseline], finalists, plan.seeds)
+    screen = _compare(repo, plan, [plan.baseline], screened[1:], plan.screen_seeds, plan.screen_split)
+    final = _compare(repo, plan, [plan.baseline], finalists, plan.final_seeds, plan.final_split)
     result = {"rounds_s": rounds, "cpu": cpu_name(), "plan": dataclasses.asdict(plan),
               "combination": extra.get("combination", []), "finalists": finalists,
               "ranking": ranked, "screen": screen, "final": final}
@@ -319,22 +345,32 @@ def _ci(row: dict) -> str:
     return f"{row['diff']:+.3f} [{row['diff_lo']:+.3f}, {row['diff_hi']:+.3f}]"
 
 
+def _run_cell(report: dict, config: str, key: str) -> str:
+    """A run-level figure's mean over seeds and its change to the baseline's, e.g. `1.7046 (+0.4%)`."""
+    row = next((r for r in report.get("run_rows", []) if r["configuration"] == config and r["metric"] == key),
+               None)
+    if row is None:
+        return "n/a"
+    rel = f" ({row['relative']:+.1%})" if row.get("relative") is not None else ""
+    return f"{row['value']:.4f}{rel}"
+
+
 def table(report: dict) -> str:
-    """Markdown: per configuration, exact match (all, <= 15) with differences, ppl_frequent, em50."""
-    base = report["configurations"][0]["summary"]
-    lines = ["| configuration | seeds | exact match | diff [95% CI] | exact match <= 15 | diff [95% CI] "
-             "| ppl frequent (vs baseline) | em50 |",
-             "| --- | ---: | ---: | --- | ---: | --- | ---: | ---: |"]
+    """Markdown: per configuration, the term metrics with differences and intervals (terms x seeds),
+    overall perplexity and false-insertion ratio beside the baseline's."""
+    names = {"nll_per_char": "term NLL/char", "token_acc": "term-token acc", "exact_match": "exact match"}
+    metrics = [m for m in TABLE_METRICS if m in report["metrics"]]
+    head = "".join(f" {names[m]} | diff [95% CI] |" for m in metrics)
+    lines = [f"| configuration | seeds | terms |{head} ppl (vs baseline) | false insertion (vs baseline) |",
+             "| --- | ---: | ---: |" + " ---: | --- |" * len(metrics) + " ---: | ---: |"]
     for c in report["configurations"]:
-        label, summary = c["label"], c["summary"]
-        every, rare = _row(report, label, "all"), _row(report, label, RANK_SLICE)
-        ppl = summary.get("ppl_frequent")
-        rel = f" ({ppl / base['ppl_frequent'] - 1:+.1%})" if ppl and base.get("ppl_frequent") else ""
-        em50 = summary.get("em50_train_count")
-        lines.append(f"| {label} | {len(c['runs'])} | {every['value']:.3f} | {_ci(every)} | "
-                     f"{rare['value']:.3f} | {_ci(rare)} | "
-                     f"{'' if ppl is None else f'{ppl:.4f}'}{rel} | "
-                     f"{'< 2 or n/a' if em50 is None else f'{em50:.1f}'} |")
+        label = c["label"]
+        cells = [label, str(len(c["runs"])), str(report["terms"])]
+        for m in metrics:
+            row = _row(report, label, RANK_SLICE, m)
+            cells += [f"{row['value']:.3f}", _ci(row)]
+        cells += [_run_cell(report, label, "ppl"), _run_cell(report, label, "false_insertion_ratio")]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -343,23 +379,28 @@ def readme_section(result: dict, figure: str) -> str:
     plan = result["plan"]
     combo = (f" The combination round merged: `{' '.join(result['combination'])}`."
              if result["combination"] else "")
+    final_seeds = ", ".join(map(str, plan["final_seeds"]))
     return "\n".join([
         START,
         f"Generated by `make headline` (rarelm/headline.py, plan headline.yaml: "
-        f"`{' '.join(plan['common'])}`, seeds {', '.join(map(str, plan['seeds']))}). "
-        f"Rounds on {result['cpu']} (2 cores): {rounds}.{combo}",
+        f"`{' '.join(plan['common'])}`). Rounds on {result['cpu']} (2 cores): {rounds}.{combo}",
         "",
-        "**Final round** (every seed; intervals: paired bootstrap over terms, seeds pooled; "
-        "em50 is the mean over seeds, missing where a seed's rarest band is above 50%):",
+        f"Rules fixed in the plan before any result was seen: configurations are chosen on the "
+        f"{plan['screen_split']} split with seed(s) {', '.join(map(str, plan['screen_seeds']))}; only "
+        f"those within {plan['ppl_tolerance']:.0%} of the baseline's overall perplexity and "
+        f"{plan['insertion_tolerance']:.0%} (relative) of its false-insertion ratio are ranked, by term "
+        f"NLL per character (then term-token accuracy); the {plan['finalists']} best are confirmed on "
+        f"the {plan['final_split']} split with seeds {final_seeds}, which took no part in the choice.",
+        "",
+        f"**Final round** ({plan['final_split']} split, seeds {final_seeds}; intervals: paired "
+        "bootstrap over terms and seeds together; ppl and false insertion: means over seeds):",
         "",
         table(result["final"]),
         "",
         f"![exact match by train count]({figure})",
         "",
-        f"**Screening round** (seed {plan['seeds'][0]} only; the finalists were the best "
-        f"{plan['finalists']} on terms seen <= 15 times among those within "
-        f"{plan['ppl_frequent_tolerance']:.0%} of the baseline's frequent-token perplexity: "
-        f"{', '.join(result['finalists'])}):",
+        f"**Screening round** ({plan['screen_split']} split, seed(s) "
+        f"{', '.join(map(str, plan['screen_seeds']))}; finalists: {', '.join(result['finalists'])}):",
         "",
         table(result["screen"]),
         END,

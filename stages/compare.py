@@ -1,4 +1,4 @@
-"""`rarelm compare`: evaluated runs against a baseline, with paired term-bootstrap intervals.
+"""`rarelm compare`: evaluated runs against a baseline, with paired term x seed bootstrap intervals.
 
     rarelm compare exp-a1b2c exp-d3e4f --baseline HEAD
     rarelm compare alpha07-s1 alpha07-s2 --baseline base-s1 --baseline base-s2 --out reports
@@ -8,7 +8,9 @@
 A RUN is a DVC experiment name, a git revision, an MLflow run id (32 hex digits)
 or `workspace`; each must hold per-occurrence results (metrics/eval_occurrences.jsonl,
 or eval/eval_occurrences.jsonl in the MLflow run). Runs that differ only by `seed`
-are pooled as replicates. Prints a markdown table; `--out DIR` also writes
+are replicates: the bootstrap resamples their seeds together with the terms. Prints
+the difference table and a table of run-level figures (perplexity, false insertion;
+intervals over seeds); `--out DIR` also writes
 DIR/index.html (self-contained), DIR/report.md and DIR/report.json. The statistics
 are explained in rarelm/compare.py. Not a DVC stage.
 """
@@ -30,11 +32,13 @@ def compare(
                                      help="also compare every DVC experiment of HEAD"),
     out: Path = typer.Option(None, "--out", help="write index.html, report.md and report.json here"),
     metric: list[str] = typer.Option(None, "--metric",
-                                     help="exact_match | first_token_acc | nll | choice_acc (repeatable; "
-                                          "default all)"),
-    bootstrap: int = typer.Option(2000, "--bootstrap", help="bootstrap resamples (of terms)"),
+                                     help="exact_match | first_token_acc | nll | choice_acc | nll_per_char | "
+                                          "nll_per_term | token_acc | first_token_rr (repeatable; default "
+                                          "all)"),
+    bootstrap: int = typer.Option(2000, "--bootstrap", help="bootstrap resamples (of terms and seeds)"),
     seed: int = typer.Option(0, "--seed", help="bootstrap seed: same seed, same intervals"),
-    split: str = typer.Option("", "--split", help="only this split's occurrences (default: all)"),
+    split: str = typer.Option("", "--split", help="only this split's occurrences and eval.json figures "
+                                                  "(default: every split's occurrences)"),
     log_mlflow: bool = typer.Option(False, "--log-mlflow",
                                     help="also log the report into the baseline's MLflow run (compare/)"),
 ) -> None:

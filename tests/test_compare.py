@@ -43,7 +43,10 @@ def occurrence_rows(seed, alpha, n_terms=40):
                          "prompt_tokens": 64, "expected": f" term {t:02d}",
                          "output": f" term {t:02d}" if hit else " something else",
                          "exact_match": hit, "first_token_hit": hit or noise < 0.3,
-                         "nll": round(0.2 + 3 * (1 - p), 4),
+                         "nll": round(0.2 + 3 * (1 - p), 4), "nll_sum": round(0.4 + 6 * (1 - p), 4),
+                         "nll_per_char": round((0.4 + 6 * (1 - p)) / 8, 4),
+                         "token_acc": 1.0 if hit else 0.5 if noise < 0.5 else 0.0,
+                         "first_token_rr": 1.0 if hit or noise < 0.3 else 1 / (2 + t % 5),
                          "choice_rank": 1 if hit or noise < 0.2 else 2 + t,
                          "n_choices": n_terms})
     return rows
@@ -51,7 +54,8 @@ def occurrence_rows(seed, alpha, n_terms=40):
 
 def summary(seed, alpha):
     return {"ppl": 1.9 - 0.1 * alpha, "ppl_frequent": 1.25 + 0.01 * alpha, "ppl_medium": 6.7,
-            "ppl_rare": 38.0 - 5 * alpha + seed % 3, "term_exact_match": 0.5}
+            "ppl_rare": 38.0 - 5 * alpha + seed % 3, "term_exact_match": 0.5,
+            "false_insertion_ratio": 1.0 + 0.1 * alpha + 0.01 * (seed % 3)}
 
 
 if __name__ == "__main__":
@@ -144,29 +148,80 @@ def test_the_bootstrap_is_deterministic_given_its_seed_and_fast():
     assert draws.shape == (2000, 300) and (draws.sum(axis=1) == 300).all()
 
 
-# ---------------------------------------------------------------- McNemar
+def _simulated_seeds(rng, n_terms: int = 40, n_seeds: int = 6, seed_sd: float = 0.3):
+    """Per-replicate term sums of two configurations with no true difference: a shared term effect
+    (cancels in the pair), a seed effect of known sd per configuration and seed, small occurrence noise."""
+    term = np.repeat(np.arange(n_terms), 2)
+    term_effect = rng.normal(0, 1, n_terms)[term]
+    sides = []
+    for _ in range(2):
+        values = [term_effect + rng.normal(0, seed_sd) + rng.normal(0, 0.05, len(term))
+                  for _ in range(n_seeds)]
+        sides.append(np.stack([cmp.term_sums(term, n_terms, v, np.ones((1, len(term)), bool))[0]
+                               for v in values]))
+    counts = np.full((n_terms, 1), 2.0)
+    return sides, counts
 
 
-def test_mcnemar_exact_by_hand():
-    assert cmp.mcnemar_p(9, 1) == pytest.approx(2 * (1 + 10) / 2 ** 10)  # 0.021484375
-    assert cmp.mcnemar_p(1, 9) == pytest.approx(0.021484375)
-    assert cmp.mcnemar_p(5, 5) == 1.0 and cmp.mcnemar_p(0, 0) == 1.0
-    assert cmp.mcnemar_p(3, 0) == pytest.approx(2 / 8)
-    assert cmp.mcnemar_p(0, 60) == 2 / 2 ** 60 and cmp.mcnemar_p(5000, 5001) == 1.0  # big n: exact ints
+def test_hierarchical_bootstrap_covers_the_seed_spread_the_term_bootstrap_misses():
+    """100 simulated comparisons, true difference 0, seed sd 0.3 on 6 seeds a side: the term x seed
+    interval holds 0 in most; the term-only interval (seeds averaged per occurrence) almost never."""
+    rng = np.random.default_rng(0)
+    held = {"terms x seeds": 0, "terms only": 0}
+    widths = []
+    for k in range(100):
+        (config, base), counts = _simulated_seeds(rng)
+        draws = cmp.term_draws(40, 400, seed=k)
+        weights = cmp.seed_weights(6, 400, seed=k)  # the same seeds drawn for both sides (paired)
+        both = cmp.hierarchical_estimate(draws, counts, [(1.0, weights, config), (-1.0, weights, base)])[0]
+        pooled = cmp.estimate(draws, config.mean(0) - base.mean(0), counts)[0]
+        assert both.value == pytest.approx(pooled.value)  # the same point estimate
+        held["terms x seeds"] += both.lo <= 0 <= both.hi
+        held["terms only"] += pooled.lo <= 0 <= pooled.hi
+        widths.append((both.hi - both.lo, pooled.hi - pooled.lo))
+    assert held["terms x seeds"] >= 80 and held["terms only"] <= 10, held
+    width, term_width = np.mean(widths, axis=0)
+    # the difference of two means of 6 seeds with sd 0.3: sd 0.173, a 95% interval ~0.68 wide
+    assert 0.45 < width < 0.8 and term_width < 0.05
+
+
+def test_one_seed_a_side_is_the_term_bootstrap():
+    rng = np.random.default_rng(1)
+    (config, base), counts = _simulated_seeds(rng, n_seeds=1)
+    draws = cmp.term_draws(40, 300, seed=2)
+    ones = np.ones((300, 1))
+    both = cmp.hierarchical_estimate(draws, counts, [(1.0, ones, config), (-1.0, ones, base)], macro=True)[0]
+    terms_only = cmp.estimate(draws, config[0] - base[0], counts, macro=True)[0]
+    assert (both.value, both.lo, both.hi) == pytest.approx((terms_only.value, terms_only.lo, terms_only.hi))
+
+
+def test_sign_test_by_hand():
+    assert cmp.sign_test_p(9, 1) == pytest.approx(2 * (1 + 10) / 2 ** 10)  # 0.021484375
+    assert cmp.sign_test_p(1, 9) == pytest.approx(0.021484375)
+    assert cmp.sign_test_p(5, 5) == 1.0 and cmp.sign_test_p(0, 0) == 1.0
+    assert cmp.sign_test_p(3, 0) == pytest.approx(2 / 8)
+    assert cmp.sign_test_p(0, 60) == 2 / 2 ** 60 and cmp.sign_test_p(5000, 5001) == 1.0  # big n: exact ints
     stats = pytest.importorskip("scipy.stats")  # the same numbers as scipy's exact binomial test
     for b, c in ((9, 1), (30, 12), (250, 301), (0, 7)):
-        assert cmp.mcnemar_p(b, c) == pytest.approx(stats.binomtest(min(b, c), b + c, 0.5).pvalue, rel=1e-9)
+        assert cmp.sign_test_p(b, c) == pytest.approx(stats.binomtest(min(b, c), b + c, 0.5).pvalue, rel=1e-9)
 
 
-def test_discordant_pairs_pool_replicates_by_seed():
-    config = np.array([[1, 1, 0, 0], [1, 0, 0, 0]], dtype=float)  # seeds 2, 1
-    base = np.array([[0, 1, 0, 1], [0, 0, 0, 0]], dtype=float)  # seeds 1, 2
-    # by seed: config seed 2 [1,1,0,0] vs base seed 2 [0,0,0,0]: b 2;
-    # config seed 1 [1,0,0,0] vs base seed 1 [0,1,0,1]: b 1, c 2
-    assert cmp.discordant(config, base, ["2", "1"], ["1", "2"]) == (3, 2)
-    # other seeds: by order
-    assert cmp.discordant(config, base, ["5", "6"], ["1", "2"]) == (2, 1)
-    assert cmp.discordant(config, base, ["2", "1"], ["1", "2"], mask=np.array([1, 0, 0, 0], bool)) == (2, 0)
+def test_the_sign_test_counts_terms_not_occurrences_or_seeds():
+    # term 0: 3 occurrences, the configuration better at all; term 1 worse; term 2 tied; term 3 absent
+    config, base = np.array([3.0, 0.0, 1.0, 0.0]), np.array([0.0, 1.0, 1.0, 0.0])
+    assert cmp.term_signs(config, base, np.array([3, 1, 1, 0])) == (1, 1)
+
+
+def test_seed_intervals_of_run_level_figures():
+    r = cmp.seed_interval([1.0, 2.0, 3.0])  # mean 2, s 1, t(2) 4.303
+    assert (r.value, r.lo, r.hi) == pytest.approx((2.0, 2 - 4.303 / 3 ** 0.5, 2 + 4.303 / 3 ** 0.5))
+    paired = cmp.seed_interval([2.0, 3.0, 5.0], [1.0, 2.0, 3.0], paired=True)  # differences 1, 1, 2
+    assert paired.value == pytest.approx(4 / 3) and paired.hi - paired.value == pytest.approx(
+        4.303 * np.std([1, 1, 2], ddof=1) / 3 ** 0.5)
+    welch = cmp.seed_interval([2.0, 4.0, 6.0], [1.0, 2.0])  # df min(3, 2) - 1 = 1
+    assert welch.value == pytest.approx(2.5)
+    assert welch.hi - welch.value == pytest.approx(12.706 * (4 / 3 + 0.5 / 2) ** 0.5)
+    assert cmp.seed_interval([1.0]) is None and cmp.seed_interval([1.0, 2.0], [1.0]) is None
 
 
 # ---------------------------------------------------------------- configurations
@@ -213,11 +268,12 @@ def test_runs_of_other_data_or_mixed_baselines_are_refused():
 
 
 def test_a_metric_missing_in_a_run_is_left_out_and_slices_by_band():
-    old = _run_data("old", 1, 0.7, [{k: v for k, v in r.items() if k != "choice_rank"}
+    newer = ("choice_rank", "nll_sum", "nll_per_char", "token_acc", "first_token_rr")  # older rows lack them
+    old = _run_data("old", 1, 0.7, [{k: v for k, v in r.items() if k not in newer}
                                      for r in GEN["occurrence_rows"](1, 0.7)])
     report = cmp.compare([_run_data("base", 1, 0.0)], [old], n_boot=50)
     assert report["metrics"] == ["exact_match", "first_token_acc", "nll"]
-    assert report["left_out"] == ["choice_acc"]
+    assert report["left_out"] == ["choice_acc", "nll_per_char", "nll_per_term", "token_acc", "first_token_rr"]
     slices = list(dict.fromkeys(r["slice"] for r in report["rows"]))
     assert slices[:4] == ["all", "first mention", "repeat mention", "train_count<=15"]
     assert slices[4:7] == ["band 0", "band 1", "band 2-3"]
@@ -264,13 +320,35 @@ def dvc_repo(tmp_path_factory) -> dict:
 
 
 def _table(stdout: str) -> dict[tuple[str, str, str], list[str]]:
-    """The markdown table's cells by (configuration, metric, over)."""
+    """The difference table's cells by (configuration, metric, over): configuration, seeds, terms,
+    metric, over, value, diff, 95% CI, p."""
+    out = {}
+    for line in stdout.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 9 and cells[0] not in ("configuration", "---"):
+            out[(cells[0], cells[3], cells[4])] = cells
+    return out
+
+
+def _run_table(stdout: str) -> dict[tuple[str, str], list[str]]:
+    """The run-level table's cells by (configuration, metric)."""
     out = {}
     for line in stdout.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) == 8 and cells[0] not in ("configuration", "---"):
-            out[(cells[0], cells[2], cells[3])] = cells
+            out[(cells[0], cells[2])] = cells
     return out
+
+
+def _term_signs(config: list[dict], base: list[dict]) -> tuple[int, int]:
+    """Terms whose exact match is higher / lower in config than in base, by hand."""
+    def per_term(rows):
+        out: dict[str, list[float]] = {}
+        for r in rows:
+            out.setdefault(r["term"], []).append(float(r["exact_match"]))
+        return {t: np.mean(v) for t, v in out.items()}
+    a, b = per_term(config), per_term(base)
+    return sum(a[t] > b[t] for t in a), sum(a[t] < b[t] for t in a)
 
 
 def test_cli_compares_two_git_revisions(dvc_repo, tmp_path):
@@ -282,19 +360,24 @@ def test_cli_compares_two_git_revisions(dvc_repo, tmp_path):
     base_em, method_em = _em(GEN["occurrence_rows"](1, 0.0)), _em(GEN["occurrence_rows"](1, 0.7))
     base_row = table[("baseline", "exact_match", "all")]
     method_row = table[("alpha=0.7", "exact_match", "all")]
-    assert base_row[1] == method_row[1] == "1"
-    assert float(base_row[4]) == pytest.approx(base_em.mean(), abs=5e-5)
-    assert float(method_row[4]) == pytest.approx(method_em.mean(), abs=5e-5)
+    assert base_row[1] == method_row[1] == "1" and method_row[2] == "40"  # one seed, 40 terms
+    assert float(base_row[5]) == pytest.approx(base_em.mean(), abs=5e-5)
+    assert float(method_row[5]) == pytest.approx(method_em.mean(), abs=5e-5)
     diff = method_em.mean() - base_em.mean()
-    assert float(method_row[5]) == pytest.approx(diff, abs=5e-5) and diff > 0.1
-    lo, hi = map(float, re.fullmatch(r"\[(\S+), (\S+)\]", method_row[6]).groups())
+    assert float(method_row[6]) == pytest.approx(diff, abs=5e-5) and diff > 0.1
+    lo, hi = map(float, re.fullmatch(r"\[(\S+), (\S+)\]", method_row[7]).groups())
     assert lo < diff < hi and lo > 0  # alpha 0.7 is clearly better in the generator
-    b = int(np.sum((method_em == 1) & (base_em == 0)))
-    c = int(np.sum((method_em == 0) & (base_em == 1)))
-    assert float(method_row[7]) == pytest.approx(cmp.mcnemar_p(b, c), rel=1e-2)
+    b, c = _term_signs(GEN["occurrence_rows"](1, 0.7), GEN["occurrence_rows"](1, 0.0))
+    assert float(method_row[8]) == pytest.approx(cmp.sign_test_p(b, c), rel=1e-2) and b > c
     assert ("alpha=0.7", "nll", "train_count<=15, per term") in table
+    assert ("alpha=0.7", "nll_per_char", "all") in table and ("alpha=0.7", "token_acc", "all") in table
+    # run-level: one seed a side, so a mean and no interval; 1.08 vs 1.01 is +6.9%
+    inserted = _run_table(result.stdout)[("alpha=0.7", "false_insertion_ratio")]
+    assert inserted[1] == "1" and float(inserted[3]) == pytest.approx(1.08) and inserted[4] == ""
+    assert inserted[7] == "+6.9%"
     page = (out / "index.html").read_text()
-    assert page.count("<svg") == 2 and "First and repeat mentions" in page and "<script" not in page
+    assert page.count("<svg") == 3 and "First and repeat mentions" in page and "<script" not in page
+    assert "term-only intervals" in page
     report = json.loads((out / "report.json").read_text())
     assert report["occurrences"] == len(base_em) and report["terms"] == 40
     assert (out / "report.md").read_text() == result.stdout
@@ -316,8 +399,9 @@ def test_cli_pools_the_dvc_experiments_of_head(dvc_repo, tmp_path):
     pooled = (_em(GEN["occurrence_rows"](1, 0.7)) + _em(GEN["occurrence_rows"](2, 0.7))) / 2
     base = (_em(GEN["occurrence_rows"](1, 0.0)) + _em(GEN["occurrence_rows"](2, 0.0))) / 2
     row = table[("alpha=0.7", "exact_match", "all")]
-    assert row[1] == "2" and float(row[4]) == pytest.approx(pooled.mean(), abs=5e-5)
-    assert float(row[5]) == pytest.approx(pooled.mean() - base.mean(), abs=5e-5)
+    assert row[1] == "2" and float(row[5]) == pytest.approx(pooled.mean(), abs=5e-5)
+    assert float(row[6]) == pytest.approx(pooled.mean() - base.mean(), abs=5e-5)
+    assert "each row's interval rests on its seeds (the baseline's: 2) and terms" in result.stdout
     # an experiment by name, against a revision
     named = stage("compare", root, "a07-s2", "--baseline", "HEAD", "--bootstrap", "100")
     assert named.returncode == 0, named.stderr
@@ -372,7 +456,7 @@ def test_cli_compares_mlflow_runs_by_id(tmp_path, monkeypatch):
     table = _table(result.stdout)
     base_em, method_em = _em(GEN["occurrence_rows"](1, 0.0)), _em(GEN["occurrence_rows"](1, 0.7))
     row = table[("alpha=0.7", "exact_match", "all")]
-    assert float(row[5]) == pytest.approx(method_em.mean() - base_em.mean(), abs=5e-5)
+    assert float(row[6]) == pytest.approx(method_em.mean() - base_em.mean(), abs=5e-5)
     assert f"a07 ({ids['a07'][:8]}) (seed 1)" in result.stdout
     logged = {a.path for a in client.list_artifacts(ids["base"], "compare")}
     assert logged == {"compare/index.html", "compare/report.md", "compare/report.json"}

@@ -2,8 +2,9 @@
 
 The repo's `train` stage writes a "model" (its params) and counts its own runs; `evaluate` turns
 it into the per-occurrence rows of tests/test_compare.py's generator, where a larger effective
-alpha writes more terms. Real `dvc exp run --queue`, `dvc queue start`, run cache and
-`rarelm.compare`; no model is trained, so the three rounds take seconds, not 90 minutes.
+alpha writes more terms, for a val and a test split (other outcomes on each). Real `dvc exp run
+--queue`, `dvc queue start`, run cache and `rarelm.compare`; no model is trained, so the three
+rounds take seconds, not 90 minutes.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -31,13 +33,15 @@ seed, alpha, beta = open("model.txt").read().split()
 tau = yaml.safe_load(open("params.yaml"))["tau"]
 os.makedirs("metrics", exist_ok=True)
 effective = float(alpha) + float(beta) - 0.5 * tau
-rows = occurrence_rows(int(seed), effective)
+test = occurrence_rows(int(seed), effective)
+val = [{**r, "split": "val"} for r in occurrence_rows(int(seed) + 100, effective)]
 with open("metrics/eval_occurrences.jsonl", "w") as f:
-    f.writelines(json.dumps(r) + "\\n" for r in rows)
-with open("metrics/eval.json", "w") as f:
-    json.dump(summary(int(seed), effective), f)
+    f.writelines(json.dumps(r) + "\\n" for r in test + val)
+with open("metrics/eval.json", "w") as f:  # the first split (test, the default) on top, val nested
+    json.dump({**summary(int(seed), effective), "val": summary(int(seed) + 100, effective)}, f)
 """
-PLAN = {"common": [], "seeds": [1, 2], "finalists": 1, "combine": 2,  # one method: nothing to combine
+PLAN = {"common": [], "screen_seeds": [1], "final_seeds": [2, 3], "finalists": 1,
+        "combine": 2,  # one method: nothing to combine
         "configurations": {"baseline": [], "good": ["alpha=0.7"]},
         "decode": {"tuned": {"of": "baseline", "set": ["tau=0.2"]}}}
 
@@ -83,25 +87,28 @@ def repo(tmp_path_factory) -> dict:
 def test_the_rounds_run_the_plan(repo):
     root, result = repo["root"], repo["result"]
     names = {n for n in hl.existing(root) if n.startswith(hl.PREFIX)}
-    assert names == {"hl-baseline-s1", "hl-good-s1", "hl-tuned-s1", "hl-baseline-s2", "hl-good-s2"}
+    assert names == {"hl-baseline-s1", "hl-good-s1", "hl-tuned-s1", "hl-baseline-s2", "hl-good-s2",
+                     "hl-baseline-s3", "hl-good-s3"}
     assert result["combination"] == [] and result["finalists"] == ["good"]
+    # ranked by term NLL per character on val: good lowers it, tuned (effective alpha -0.1) raises it
     assert [n for n, _ in result["ranking"]] == ["good", "tuned"]
-    assert set(result["rounds_s"]) == {"screen", "replicate"}
-    # the decode variant re-used the baseline's trained model: 4 trainings for 5 experiments
+    assert result["ranking"][0][1] < 0 < result["ranking"][1][1]
+    assert set(result["rounds_s"]) == {"screen", "confirm"}
+    # the decode variant re-used the baseline's trained model: 6 trainings for 7 experiments
     trained = repo["trained"].read_text().splitlines()
-    assert sorted(trained) == sorted(["1 0.0 0.0", "1 0.7 0.0", "2 0.0 0.0", "2 0.7 0.0"])
+    assert sorted(trained) == sorted(f"{s} {a} 0.0" for s in (1, 2, 3) for a in ("0.0", "0.7"))
 
 
 def test_the_combination_round_merges_the_best_two_and_replicates_the_best(monkeypatch, tmp_path):
     """The rounds' logic with the experiments faked (the DVC side is the test above)."""
-    plan = hl.Plan(common=["train.max_steps=5"], seeds=[7, 8], finalists=2, combine=2,
+    plan = hl.Plan(common=["train.max_steps=5"], screen_seeds=[7], final_seeds=[8], finalists=2, combine=2,
                    configurations={"baseline": [], "a": ["loss.targets=terms", "loss.rare_weight=2"],
                                    "b": ["loss.rare_weight=4"], "c": ["alpha=1"]},
                    decode={"d": {"of": "c", "set": ["eval.logit_adjust_tau=0.5"]}})
     gains = {"a": 0.3, "b": 0.25, "c": 0.2, "d": 0.1, "combination": 0.5}
     batches: list[tuple[str, list]] = []
     monkeypatch.setattr(hl, "run_batch", lambda repo, batch, log, poll: batches.append(batch) or len(batch))
-    monkeypatch.setattr(hl, "ranking", lambda repo, plan, names, seed: sorted(
+    monkeypatch.setattr(hl, "ranking", lambda repo, plan, names, seeds: sorted(
         ((n, gains[n]) for n in names), key=lambda x: -x[1]))
     monkeypatch.setattr(hl, "_compare", lambda *args: {})
     monkeypatch.setattr(hl, "write_outputs", lambda *args: None)
@@ -114,16 +121,20 @@ def test_the_combination_round_merges_the_best_two_and_replicates_the_best(monke
                                               "loss.rare_weight=2", "alpha=1"])]
     assert result["finalists"] == ["combination", "a"]
     assert [n for n, _ in replicate] == ["hl-baseline-s8", "hl-combination-s8", "hl-a-s8"]
-    assert set(result["rounds_s"]) == {"screen", "combine", "replicate"}
+    assert set(result["rounds_s"]) == {"screen", "combine", "confirm"}
 
 
 def test_reports_and_readme_table(repo):
     root, result = repo["root"], repo["result"]
     final = json.loads((root / "reports" / "final" / "report.json").read_text())
     assert [c["label"] for c in final["configurations"]] == ["baseline", "good"]
-    assert [len(c["runs"]) for c in final["configurations"]] == [2, 2]
+    assert [c["seeds"] for c in final["configurations"]] == [["2", "3"], ["2", "3"]]  # fresh seeds only
+    assert final["splits"] == ["test"]
     screen = json.loads((root / "reports" / "screen" / "report.json").read_text())
     assert [c["label"] for c in screen["configurations"]] == ["baseline", "good", "tuned"]
+    assert screen["splits"] == ["val"] and [c["seeds"] for c in screen["configurations"]] == [["1"]] * 3
+    # the guard reads val's eval.json figures: the stand-in's summary at seed 101 (1 + 100)
+    assert screen["configurations"][0]["summary"]["false_insertion_ratio"] == pytest.approx(1.02)
     assert (root / "reports" / hl.FIGURE).read_text().startswith("<svg")
     readme = (root / "README.md").read_text()
     assert readme.startswith("# demo\n\nbefore\n\n") and readme.endswith("\n\nafter\n")
@@ -131,12 +142,16 @@ def test_reports_and_readme_table(repo):
     rows = [line for line in readme.splitlines() if line.startswith("| good |")]
     assert len(rows) == 2  # final and screening tables
     cells = [c.strip() for c in rows[0].strip("|").split("|")]
-    row = hl._row(result["final"], "good", "all")
-    assert cells[1] == "2" and cells[2] == f"{row['value']:.3f}"
-    assert cells[3] == f"{row['diff']:+.3f} [{row['diff_lo']:+.3f}, {row['diff_hi']:+.3f}]"
-    assert row["diff_lo"] > 0  # alpha 0.7 writes clearly more terms in the generator
-    ppl = final["configurations"][1]["summary"]["ppl_frequent"]
-    assert f"{ppl:.4f} (+" in rows[0]
+    per_char = hl._row(result["final"], "good", "all", "nll_per_char")
+    assert cells[1:3] == ["2", "40"] and cells[3] == f"{per_char['value']:.3f}"
+    assert cells[4] == f"{per_char['diff']:+.3f} [{per_char['diff_lo']:+.3f}, {per_char['diff_hi']:+.3f}]"
+    assert per_char["diff_hi"] < 0  # alpha 0.7 lowers term NLL clearly in the generator
+    exact = hl._row(result["final"], "good", "all")
+    assert cells[7] == f"{exact['value']:.3f}" and exact["diff_lo"] > 0
+    ppl = np.mean([1.9 - 0.07] * 2)  # the stand-in's ppl at alpha 0.7, both seeds
+    assert cells[9] == f"{ppl:.4f} ({ppl / 1.9 - 1:+.1%})"
+    assert cells[10] == "1.0800 (+6.9%)"  # false-insertion ratio: seeds 2, 3 -> 1.09, 1.07 vs 1.02, 1.00
+    assert "took no part in the choice" in readme
 
 
 def test_an_interrupted_headline_resumes_without_rerunning(repo):
@@ -147,14 +162,17 @@ def test_an_interrupted_headline_resumes_without_rerunning(repo):
     assert not any(line.startswith("queue") for line in log)
     assert again["finalists"] == repo["result"]["finalists"]
     assert again["rounds_s"] == repo["result"]["rounds_s"]  # the times measured when they ran
-    assert len(repo["trained"].read_text().splitlines()) == 4
+    assert len(repo["trained"].read_text().splitlines()) == 6
 
 
 def test_bad_plans_are_one_line(tmp_path):
-    cases = [("seeds: [1]\n", "not a headline plan"),
-             ("seeds: []\nconfigurations: {baseline: []}\n", "needs seeds"),
-             ("seeds: [1]\nconfigurations: {baseline: []}\ndecode: {x: {of: nope, set: [a=1]}}\n",
+    seeds = "screen_seeds: [1]\nfinal_seeds: [2]\n"
+    cases = [(seeds, "not a headline plan"),
+             ("screen_seeds: [1]\nfinal_seeds: []\nconfigurations: {baseline: []}\n", "needs screen_seeds"),
+             (seeds + "configurations: {baseline: []}\ndecode: {x: {of: nope, set: [a=1]}}\n",
               "unknown configuration 'nope'"),
+             ("screen_seeds: [1]\nfinal_seeds: [2, 1]\nconfigurations: {baseline: []}\n",
+              "final_seeds repeat screening seed 1"),
              (": [\n", "cannot read")]
     for text, message in cases:
         path = tmp_path / "plan.yaml"
@@ -163,13 +181,19 @@ def test_bad_plans_are_one_line(tmp_path):
             hl.Plan.load(path)
 
 
-def test_ranking_leaves_out_configurations_that_cost_frequent_perplexity(monkeypatch):
-    plan = hl.Plan(common=[], seeds=[1], configurations={"baseline": [], "a": ["x=1"], "b": ["y=1"],
-                                                         "c": ["z=1"]}, decode={})
-    summaries = {"baseline": 1.25, "a": 1.27, "b": 1.30, "c": 1.2749}  # +1.6%, +4%, +1.99%
-    diffs = {"a": 0.1, "b": 0.3, "c": 0.2}
-    report = {"configurations": [{"label": k, "summary": {"ppl_frequent": v}} for k, v in summaries.items()],
-              "rows": [{"configuration": k, "slice": hl.RANK_SLICE, "aggregate": "occurrences",
-                        "metric": "exact_match", "diff": v} for k, v in diffs.items()]}
+def test_ranking_guards_overall_perplexity_and_false_insertion(monkeypatch):
+    plan = hl.Plan(common=[], screen_seeds=[1], final_seeds=[2], decode={},
+                   configurations={"baseline": [], "a": ["x=1"], "b": ["y=1"], "c": ["z=1"], "d": ["w=1"],
+                                   "e": ["v=1"]})
+    # ppl: +1.6%, +4% (out), +1.99%, +0%, +0%; false insertion: +0%, +0%, +9.9%, +12% (out), +0%
+    summaries = {"baseline": (2.0, 1.0), "a": (2.032, 1.0), "b": (2.08, 1.0), "c": (2.0398, 1.099),
+                 "d": (2.0, 1.12), "e": (2.0, 1.0)}
+    per_char = {"a": -0.1, "b": -0.3, "c": -0.2, "d": -0.4, "e": -0.1}
+    token_acc = {"a": 0.01, "b": 0.0, "c": 0.0, "d": 0.0, "e": 0.05}  # breaks the a / e tie
+    rows = [{"configuration": k, "slice": "all", "aggregate": "occurrences", "metric": m, "diff": v[k]}
+            for m, v in (("nll_per_char", per_char), ("token_acc", token_acc)) for k in per_char]
+    report = {"configurations": [{"label": k, "summary": {"ppl": p, "false_insertion_ratio": f}}
+                                 for k, (p, f) in summaries.items()], "rows": rows}
     monkeypatch.setattr(hl, "_compare", lambda *args: report)
-    assert hl.ranking(Path("."), plan, ["a", "b", "c"], 1) == [("c", 0.2), ("a", 0.1)]
+    ranked = hl.ranking(Path("."), plan, ["a", "b", "c", "d", "e"], [1])
+    assert ranked == [("c", -0.2), ("e", -0.1), ("a", -0.1)]
