@@ -1,6 +1,6 @@
 """The `evaluate` stage's measurements: how well a model predicts and writes rare tokens and terms.
 
-For each split in `eval.splits`, three measurements, each with the counts behind it:
+For each split in `eval.splits`, four measurements, each with the counts behind it:
 
 1. Teacher-forced scoring (`score_tokens`): the split is cut into consecutive,
    non-overlapping windows of `block_size` targets (every token but the first is
@@ -14,19 +14,26 @@ For each split in `eval.splits`, three measurements, each with the counts behind
    capped at `eval.max_terms`, round robin over terms); prompt = up to
    `eval.context_tokens` tokens before the first token covering the term; greedy
    decoding until the text covers lead + term as written there. One row per
-   occurrence (exact match, also case folded, first-token hit, NLL, closed-set
-   rank among all terms, mention type, band); `term_metrics` turns the rows
-   into `term_exact_match`, `term_exact_match_ci`,
-   `term_first_token_acc`, `term_nll`, `term_choice_acc`, their `_first` /
-   `_repeat` / `_le15` / `_band_<lo-hi>` / `_macro` variants and
-   `em50_train_count`. The tokens covering term occurrences are also scored as
-   their own class in (1): `ppl_term`, `acc_term`, `recall_at_5_term`.
+   occurrence (exact match, also case folded, first-token hit, closed-set rank
+   among all terms, mention type, band, and teacher-forced on the term's covering
+   tokens: NLL per token, per term and per character, term-token accuracy,
+   first-token rank); `term_metrics` turns the rows into `term_exact_match`,
+   `term_exact_match_ci`, `term_first_token_acc`, `term_nll`, `term_nll_per_term`,
+   `term_nll_per_char`, `term_token_acc`, `term_first_token_mrr`,
+   `term_choice_acc`, their `_first` / `_repeat` / `_le15` / `_band_<lo-hi>` /
+   `_macro` variants and `em50_train_count`. The tokens covering term occurrences
+   are also scored as their own class in (1): `ppl_term`, `acc_term`,
+   `recall_at_5_term`; and the model's probability mass on term-start tokens
+   where no term starts (`false_insertion_start_mass`).
 3. Diversity (`diversity`): `eval.diversity_prompts` prompts spread evenly over
    the split, each continued by `eval.diversity_tokens` tokens sampled at
    temperature 1 (the model's own distribution), against the human text that
    followed: unique tokens and share of rare-bucket tokens for both.
+4. False insertion (`false_insertion`): `eval.insertion_prompts` sampled
+   continuations of `eval.insertion_tokens` tokens; extracted terms per 1,000
+   tokens in them vs in the split's text (`false_insertion_ratio`).
 
-With `eval.logit_adjust_tau` > 0 all three measure the post-hoc logit-adjusted
+With `eval.logit_adjust_tau` > 0 all four measure the post-hoc logit-adjusted
 model, `logits - tau * log pi` (pi: the train unigram prior, rare.log_prior), the
 model a user would deploy: its scores, greedy terms, closed-set ranks and samples
 (`logit_bias`, rarelm.lm.logit_adjustment; None = the model as trained).

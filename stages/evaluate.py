@@ -6,7 +6,8 @@
 Writes metrics/eval.json (see rarelm/evaluate.py for every key),
 metrics/eval_occurrences.jsonl (one row per evaluated term occurrence: the term, its
 train count and band, mention type, what was due and what the model wrote, exact match,
-first-token hit, NLL, closed-set rank; `rarelm compare` pairs runs on these rows),
+first-token hit, NLL per token, per term and per character, term-token accuracy, first-token
+rank, closed-set rank; `rarelm compare` pairs runs on these rows),
 plots/eval_buckets.csv (perplexity and accuracy per frequency bucket and on term tokens)
 and plots/eval_term_bands.csv (term generation accuracy per train-count band), and logs
 the same into the MLflow run that trained the model (models/model/mlflow_run.json, when it
@@ -39,7 +40,7 @@ def evaluate(
                                      help="per-occurrence results (JSON lines)"),
     plots: Path = typer.Option(PLOTS, help="folder for the plot CSVs"),
 ) -> None:
-    """Perplexity per frequency bucket, rare-token accuracy, rare-term generation, diversity."""
+    """Perplexity per bucket, rare-token accuracy, rare-term generation, diversity, false insertion."""
     import json
     import time
 
@@ -91,6 +92,8 @@ def evaluate(
           f"{_fmt(m['rare_token_acc'])}, term exact match {_fmt(m['term_exact_match'])} over "
           f"{m['n_eval_terms']} occurrences (first mentions {_fmt(m['term_exact_match_first'])}, terms seen "
           f"<= 15 times {_fmt(m['term_exact_match_le15'])}), closed-set choice {_fmt(m['term_choice_acc'])}, "
+          f"term NLL/char {_fmt(m['term_nll_per_char'])}, term-token acc {_fmt(m['term_token_acc'])}, "
+          f"false insertion {_fmt(m.get('false_insertion_ratio'))}x the text's rate, "
           f"em50 {_fmt(m['em50_train_count'])} train occurrences, {m['n_eval_tokens']} tokens, "
           f"{seconds:.1f} s")
 
