@@ -598,7 +598,10 @@ def test_stage_writes_metrics_plots_and_logs_into_the_training_run(workspace, tm
     assert math.exp(sum(k * math.log(p) for k, p in parts) / n) == pytest.approx(m["ppl"], rel=1e-9)
     assert 0 < m["n_eval_terms"] <= 40 and 0 <= m["term_exact_match"] <= m["term_first_token_acc"] <= 1
     assert m["n_tokens_term"] > 0 and m["ppl_term"] > 1 and 0 <= m["term_choice_acc"] <= 1
-    assert m["n_gen_tokens"] == 4 * 8
+    assert m["n_gen_tokens"] == 4 * 8 and m["n_false_insertion_tokens"] == 4 * 8
+    assert m["false_insertion_text_per_1k"] == pytest.approx(1000 * m["n_term_occurrences"] / (n + 1))
+    assert 0 < m["false_insertion_start_mass"] < 1 and 0 <= m["false_insertion_start_freq"] < 1
+    assert 0 < m["term_nll_per_char"] < m["term_nll_per_term"] and 0 <= m["term_token_acc"] <= 1
     val_tokens = TokenizedData.open(ws / "data/tokenized").tokens("val")
     assert m["val"]["n_eval_tokens"] == len(val_tokens) - 1 and m["val"]["ppl"] > 1
 
