@@ -33,7 +33,8 @@ def test_chinese_demo_by_params_alone(repo):
                         "corpus.reference_glossary": "data/raw/demo_zh.glossary.tsv",
                         "model.n_layer": 1, "model.n_embd": 32, "model.n_head": 2, "model.block_size": 64,
                         "train.nproc": 1, "train.max_steps": 4, "train.batch_size": 4,
-                        "eval.max_terms": 60, "eval.diversity_prompts": 0, "eval.context_tokens": 16})
+                        "eval.max_terms": 60, "eval.diversity_prompts": 0, "eval.insertion_prompts": 0,
+                        "eval.context_tokens": 16})
     run(["dvc", "repro", "evaluate"], repo, check=True, env={"MLFLOW_TRACKING_URI": f"sqlite:///{repo}/m.db"})
     assert read_json(repo / "metrics/prepare.json")["language"] == "zh"
     from transformers import AutoTokenizer

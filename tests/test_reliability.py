@@ -137,7 +137,8 @@ TINY_DAG = {"tokenizer.vocab_size": 512, "model.n_layer": 1, "model.n_head": 2, 
             "train.log_every": 4, "train.eval_every": 20, "train.eval_batches": 2,
             "train.checkpoint_every": 5, "train.warmup_steps": 2, "eval.batch_size": 8,
             "eval.max_terms": 20, "eval.diversity_prompts": 4, "eval.diversity_tokens": 8,
-            "tracking.log_model": False, "tracking.required": False}
+            "eval.insertion_prompts": 4, "eval.insertion_tokens": 8, "tracking.log_model": False,
+            "tracking.required": False}
 EVAL_KEYS = ("ppl", "ppl_frequent", "ppl_medium", "ppl_rare", "rare_token_acc", "rare_token_recall_at_5",
              "term_exact_match", "term_first_token_acc", "n_eval_tokens", "n_eval_terms")
 
