@@ -252,6 +252,15 @@ def test_replicates_are_pooled_per_occurrence():
     assert row["value"] == pytest.approx(expected.mean())
     assert row["diff"] == pytest.approx(expected.mean() - base_mean.mean())
     assert row["diff_lo"] <= row["diff"] <= row["diff_hi"] and row["seeds"] == 2
+    assert (row["baseline_seeds"], row["terms"]) == (3, 40)
+    assert row["pooled_lo"] <= row["diff"] <= row["pooled_hi"]
+    # run-level: ppl_rare = 38 - 5 alpha + seed % 3: 35.5, 36.5 (seeds 1, 2) vs 39, 40, 38 (seeds 1, 2, 3);
+    # other seeds, so unpaired: -3 +- t(1) sqrt(0.5 / 2 + 1 / 3)
+    rare = next(r for r in report["run_rows"]
+                if r["configuration"] == "alpha=0.7" and r["metric"] == "ppl_rare")
+    assert (rare["value"], rare["value_hi"]) == pytest.approx((36.0, 36.0 + 12.706 * 0.5))
+    assert (rare["diff"], rare["diff_hi"]) == pytest.approx((-3.0, -3.0 + 12.706 * (0.5 / 2 + 1 / 3) ** 0.5))
+    assert rare["relative"] == pytest.approx(36 / 39 - 1)
 
 
 def test_runs_of_other_data_or_mixed_baselines_are_refused():
