@@ -1,5 +1,5 @@
-"""compare: the term bootstrap and McNemar by hand, replicate pooling, and the CLI on real git, DVC
-experiments and a real MLflow store (the per-occurrence rows are synthetic; no model is trained)."""
+"""compare: the term x seed bootstrap and the sign test by hand, replicate pooling, and the CLI on real
+git, DVC experiments and a real MLflow store (the per-occurrence rows are synthetic; no model is trained)."""
 
 from __future__ import annotations
 
