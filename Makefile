@@ -65,9 +65,9 @@ demo: $(VENV)/.installed  ## rebuild the committed demo corpora under data/raw/
 report: $(VENV)/.installed  ## compare the DVC experiments of HEAD with the committed run -> reports/
 	rarelm compare --experiments --baseline HEAD --out reports
 
-# headline.yaml's configurations as queued DVC experiments in three rounds (screen on one seed,
-# combine the best two, replicate the best on every seed), compared with paired term-bootstrap
-# intervals: docs/headline/ and README's headline table. About 90 minutes on 2 CPU cores;
+# headline.yaml's configurations as queued DVC experiments in three rounds (screen on one seed on
+# val, combine the best two, confirm the best on test with fresh seeds), compared with paired
+# term x seed bootstrap intervals: docs/headline/ and README's headline table. About 90 minutes on 2 CPU cores;
 # interrupted, it re-uses the experiments already finished.
 headline: $(VENV)/.installed  ## every rare-term remedy vs the baseline -> docs/headline, README table
 	rarelm headline

@@ -4,10 +4,11 @@
     rarelm headline --plan my_plan.yaml --no-readme   # another plan; leave README.md alone
 
 Queues the plan's configurations as `dvc exp run --queue` experiments, runs them with
-`dvc queue start -j 1` in three rounds (screen on one seed, combine the best, replicate the
-best on every seed), compares them with `rarelm compare`'s paired term bootstrap and writes
-the tables; rounds and rules in rarelm/headline.py. About 90 minutes for headline.yaml on 2
-CPU cores; interrupted, it picks up the experiments already finished. Not a DVC stage.
+`dvc queue start -j 1` in three rounds (screen on one seed on the val split, combine the
+best, confirm the best on the test split with fresh seeds), compares them with `rarelm
+compare`'s paired term x seed bootstrap and writes the tables; rounds and rules in
+rarelm/headline.py. About 90 minutes for headline.yaml on 2 CPU cores; interrupted, it picks
+up the experiments already finished. Not a DVC stage.
 """
 
 from pathlib import Path
