@@ -67,7 +67,8 @@ report: $(VENV)/.installed  ## compare the DVC experiments of HEAD with the comm
 
 # headline.yaml's configurations as queued DVC experiments in three rounds (screen on one seed on
 # val, combine the best two, confirm the best on test with fresh seeds), compared with paired
-# term x seed bootstrap intervals: docs/headline/ and README's headline table. About 90 minutes on 2 CPU cores;
+# term x seed bootstrap intervals: docs/headline/ and README's headline table. The previous plan took
+# about 90 minutes on 2 CPU cores; this one runs three more experiments and scores val too (not timed);
 # interrupted, it re-uses the experiments already finished.
 headline: $(VENV)/.installed  ## every rare-term remedy vs the baseline -> docs/headline, README table
 	rarelm headline

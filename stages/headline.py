@@ -7,8 +7,9 @@ Queues the plan's configurations as `dvc exp run --queue` experiments, runs them
 `dvc queue start -j 1` in three rounds (screen on one seed on the val split, combine the
 best, confirm the best on the test split with fresh seeds), compares them with `rarelm
 compare`'s paired term x seed bootstrap and writes the tables; rounds and rules in
-rarelm/headline.py. About 90 minutes for headline.yaml on 2 CPU cores; interrupted, it picks
-up the experiments already finished. Not a DVC stage.
+rarelm/headline.py. The previous plan took about 90 minutes on 2 CPU cores; headline.yaml now
+runs three more experiments (three fresh final seeds) and scores val as well (not timed yet);
+interrupted, it picks up the experiments already finished. Not a DVC stage.
 """
 
 from pathlib import Path
