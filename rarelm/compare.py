@@ -109,7 +109,7 @@ METRICS: dict[str, tuple[str, Any]] = {
 LOWER_IS_BETTER = {"nll", "nll_per_char", "nll_per_term"}
 PPL_KEYS = ("ppl_frequent", "ppl_medium", "ppl_rare", "ppl_term")
 # eval.json figures with one value per run, shown with intervals over seeds
-RUN_METRICS = ("ppl", "ppl_frequent", "ppl_medium", "ppl_rare", "ppl_term", "false_insertion_ratio",
+RUN_METRICS = ("ppl", "ppl_frequent", "ppl_medium", "ppl_rare", "ppl_term", "false_insertion_rate",
                "false_insertion_gen_per_1k", "false_insertion_start_mass")
 # t quantiles (0.975) by degrees of freedom, for intervals over a handful of seeds
 _T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,

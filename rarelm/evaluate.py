@@ -31,7 +31,7 @@ For each split in `eval.splits`, four measurements, each with the counts behind 
    followed: unique tokens and share of rare-bucket tokens for both.
 4. False insertion (`false_insertion`): `eval.insertion_prompts` sampled
    continuations of `eval.insertion_tokens` tokens; extracted terms per 1,000
-   tokens in them vs in the split's text (`false_insertion_ratio`).
+   tokens in them vs in the split's text (`false_insertion_rate`).
 
 With `eval.logit_adjust_tau` > 0 all four measure the post-hoc logit-adjusted
 model, `logits - tau * log pi` (pi: the train unigram prior, rare.log_prior), the
@@ -533,7 +533,7 @@ def insertion_rates(generated: list[str], human: list[str], n_generated: int, n_
 
     `false_insertion_gen_per_1k`: in the sampled continuations; `_human_per_1k`: in the text
     that followed the same prompts; `_text_per_1k`: in the whole split (its term occurrences
-    over its tokens); `false_insertion_ratio` = gen / text (1 = the model writes terms as often
+    over its tokens); `false_insertion_rate` = gen / text (1 = the model writes terms as often
     as the text has them; above 1 it inserts terms where the text has none). A worked example:
     3 terms in 1,000 sampled tokens, 300 occurrences in a 50,000-token split: 3 vs 6 per 1,000,
     ratio 0.5.
@@ -543,7 +543,7 @@ def insertion_rates(generated: list[str], human: list[str], n_generated: int, n_
     return {"false_insertion_gen_per_1k": gen,
             "false_insertion_human_per_1k": 1000.0 * count_terms(human, terms) / n_human,
             "false_insertion_text_per_1k": text,
-            "false_insertion_ratio": None if not text else gen / text,
+            "false_insertion_rate": None if not text else gen / text,
             "n_false_insertion_tokens": n_generated}
 
 

@@ -20,7 +20,7 @@ experiments share the machine's cores), named `hl-<configuration>-s<seed>`:
 
 The rules, fixed in the plan before any result is seen: a configuration is ranked only if its
 overall perplexity (all tokens, not one bucket) is within `ppl_tolerance` (2%) of the
-baseline's and its false-insertion ratio (`false_insertion_ratio`: extracted terms per 1,000
+baseline's and its false-insertion rate (`false_insertion_rate`: extracted terms per 1,000
 sampled tokens over the same rate in the text) within `insertion_tolerance` (10%, relative) of
 the baseline's; the ranked ones are ordered by their difference to the baseline in term NLL
 per character (lower first), ties by term-token accuracy (higher first), both from the paired
@@ -74,7 +74,7 @@ class Plan:
     # only configurations whose overall perplexity (all tokens) is within this fraction of the
     # baseline's are ranked: a remedy must not buy rare terms with the common text
     ppl_tolerance: float = 0.02
-    # ... and whose false-insertion ratio is within this fraction (relative) of the baseline's
+    # ... and whose false-insertion rate is within this fraction (relative) of the baseline's
     insertion_tolerance: float = 0.10
     screen_split: str = "val"  # the split the choice is made on
     final_split: str = "test"  # the split the finalists are confirmed on
@@ -213,7 +213,7 @@ def ranking(repo: Path, plan: Plan, names: list[str], seeds: list[int]) -> list[
     """Screened configurations that pass the guard, best first: (name, term NLL/char difference).
 
     The guard (fixed in the plan): overall perplexity within `ppl_tolerance` of the baseline's
-    and false-insertion ratio within `insertion_tolerance` of the baseline's, on the screening
+    and false-insertion rate within `insertion_tolerance` of the baseline's, on the screening
     split; a figure a run lacks does not exclude it. The others stay in the screening table.
     """
     report = _compare(repo, plan, [plan.baseline], names, seeds, plan.screen_split)
@@ -224,7 +224,7 @@ def ranking(repo: Path, plan: Plan, names: list[str], seeds: list[int]) -> list[
         return all(base.get(key) is None or summaries[name].get(key) is None
                    or summaries[name][key] <= base[key] * (1 + tolerance)
                    for key, tolerance in (("ppl", plan.ppl_tolerance),
-                                          ("false_insertion_ratio", plan.insertion_tolerance)))
+                                          ("false_insertion_rate", plan.insertion_tolerance)))
 
     scored = [(c, _diff(report, c, RANK_METRIC), _diff(report, c, TIE_METRIC)) for c in names if within(c)]
     return [(c, rank) for c, rank, _ in sorted(scored, key=lambda x: (x[1], -x[2]))]
@@ -315,7 +315,7 @@ def _log_sweep(repo: Path, out: Path, swept: list[str], finalists: list[str]) ->
     commit = tracking.git_commit(repo)[:7]
     tracking.log_sweep(experiment, f"headline-{commit}", swept, out / "final", uri=uri, note=(
         f"rarelm headline at commit {commit}: {len(swept)} experiments in three rounds; finalists "
-        f"{', '.join(finalists) or 'none'}. The final comparison (paired term bootstrap over seeds) "
+        f"{', '.join(finalists) or 'none'}. The final comparison (paired bootstrap over terms and seeds) "
         "is in this run's artifacts; the screening round in docs/headline/screen."))
 
 
@@ -357,7 +357,7 @@ def _run_cell(report: dict, config: str, key: str) -> str:
 
 def table(report: dict) -> str:
     """Markdown: per configuration, the term metrics with differences and intervals (terms x seeds),
-    overall perplexity and false-insertion ratio beside the baseline's."""
+    overall perplexity and false-insertion rate beside the baseline's."""
     names = {"nll_per_char": "term NLL/char", "token_acc": "term-token acc", "exact_match": "exact match"}
     metrics = [m for m in TABLE_METRICS if m in report["metrics"]]
     head = "".join(f" {names[m]} | diff [95% CI] |" for m in metrics)
@@ -369,7 +369,7 @@ def table(report: dict) -> str:
         for m in metrics:
             row = _row(report, label, RANK_SLICE, m)
             cells += [f"{row['value']:.3f}", _ci(row)]
-        cells += [_run_cell(report, label, "ppl"), _run_cell(report, label, "false_insertion_ratio")]
+        cells += [_run_cell(report, label, "ppl"), _run_cell(report, label, "false_insertion_rate")]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -388,7 +388,7 @@ def readme_section(result: dict, figure: str) -> str:
         f"Rules fixed in the plan before any result was seen: configurations are chosen on the "
         f"{plan['screen_split']} split with seed(s) {', '.join(map(str, plan['screen_seeds']))}; only "
         f"those within {plan['ppl_tolerance']:.0%} of the baseline's overall perplexity and "
-        f"{plan['insertion_tolerance']:.0%} (relative) of its false-insertion ratio are ranked, by term "
+        f"{plan['insertion_tolerance']:.0%} (relative) of its false-insertion rate are ranked, by term "
         f"NLL per character (then term-token accuracy); the {plan['finalists']} best are confirmed on "
         f"the {plan['final_split']} split with seeds {final_seeds}, which took no part in the choice.",
         "",

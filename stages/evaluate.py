@@ -93,7 +93,7 @@ def evaluate(
           f"{m['n_eval_terms']} occurrences (first mentions {_fmt(m['term_exact_match_first'])}, terms seen "
           f"<= 15 times {_fmt(m['term_exact_match_le15'])}), closed-set choice {_fmt(m['term_choice_acc'])}, "
           f"term NLL/char {_fmt(m['term_nll_per_char'])}, term-token acc {_fmt(m['term_token_acc'])}, "
-          f"false insertion {_fmt(m.get('false_insertion_ratio'))}x the text's rate, "
+          f"false insertion {_fmt(m.get('false_insertion_rate'))}x the text's rate, "
           f"em50 {_fmt(m['em50_train_count'])} train occurrences, {m['n_eval_tokens']} tokens, "
           f"{seconds:.1f} s")
 

@@ -55,7 +55,7 @@ def occurrence_rows(seed, alpha, n_terms=40):
 def summary(seed, alpha):
     return {"ppl": 1.9 - 0.1 * alpha, "ppl_frequent": 1.25 + 0.01 * alpha, "ppl_medium": 6.7,
             "ppl_rare": 38.0 - 5 * alpha + seed % 3, "term_exact_match": 0.5,
-            "false_insertion_ratio": 1.0 + 0.1 * alpha + 0.01 * (seed % 3)}
+            "false_insertion_rate": 1.0 + 0.1 * alpha + 0.01 * (seed % 3)}
 
 
 if __name__ == "__main__":
@@ -381,7 +381,7 @@ def test_cli_compares_two_git_revisions(dvc_repo, tmp_path):
     assert ("alpha=0.7", "nll", "train_count<=15, per term") in table
     assert ("alpha=0.7", "nll_per_char", "all") in table and ("alpha=0.7", "token_acc", "all") in table
     # run-level: one seed a side, so a mean and no interval; 1.08 vs 1.01 is +6.9%
-    inserted = _run_table(result.stdout)[("alpha=0.7", "false_insertion_ratio")]
+    inserted = _run_table(result.stdout)[("alpha=0.7", "false_insertion_rate")]
     assert inserted[1] == "1" and float(inserted[3]) == pytest.approx(1.08) and inserted[4] == ""
     assert inserted[7] == "+6.9%"
     page = (out / "index.html").read_text()

@@ -194,7 +194,7 @@ def test_false_insertion_counts_terms_in_a_constructed_output():
     assert m["false_insertion_gen_per_1k"] == pytest.approx(3 / 12 * 1000)
     assert m["false_insertion_human_per_1k"] == pytest.approx(3 / 12 * 1000)
     assert m["false_insertion_text_per_1k"] == pytest.approx(5 / 14 * 1000)  # 5 occurrences, 14 tokens
-    assert m["false_insertion_ratio"] == pytest.approx(0.7)
+    assert m["false_insertion_rate"] == pytest.approx(0.7)
     assert ev.count_terms(["the acute MI was", "subacute MI; acute MIs; acute MI"],
                           [Term("acute MI", 3), Term("was", 1)]) == 3
     none = ev.false_insertion(model, char_tokenizer(), TOKENS, OFFSETS, TERMS, 5, n_prompts=0, n_new=6,

@@ -134,7 +134,7 @@ def test_reports_and_readme_table(repo):
     assert [c["label"] for c in screen["configurations"]] == ["baseline", "good", "tuned"]
     assert screen["splits"] == ["val"] and [c["seeds"] for c in screen["configurations"]] == [["1"]] * 3
     # the guard reads val's eval.json figures: the stand-in's summary at seed 101 (1 + 100)
-    assert screen["configurations"][0]["summary"]["false_insertion_ratio"] == pytest.approx(1.02)
+    assert screen["configurations"][0]["summary"]["false_insertion_rate"] == pytest.approx(1.02)
     assert (root / "reports" / hl.FIGURE).read_text().startswith("<svg")
     readme = (root / "README.md").read_text()
     assert readme.startswith("# demo\n\nbefore\n\n") and readme.endswith("\n\nafter\n")
@@ -150,7 +150,7 @@ def test_reports_and_readme_table(repo):
     assert cells[7] == f"{exact['value']:.3f}" and exact["diff_lo"] > 0
     ppl = np.mean([1.9 - 0.07] * 2)  # the stand-in's ppl at alpha 0.7, both seeds
     assert cells[9] == f"{ppl:.4f} ({ppl / 1.9 - 1:+.1%})"
-    assert cells[10] == "1.0800 (+6.9%)"  # false-insertion ratio: seeds 2, 3 -> 1.09, 1.07 vs 1.02, 1.00
+    assert cells[10] == "1.0800 (+6.9%)"  # false-insertion rate: seeds 2, 3 -> 1.09, 1.07 vs 1.02, 1.00
     assert "took no part in the choice" in readme
 
 
@@ -192,7 +192,7 @@ def test_ranking_guards_overall_perplexity_and_false_insertion(monkeypatch):
     token_acc = {"a": 0.01, "b": 0.0, "c": 0.0, "d": 0.0, "e": 0.05}  # breaks the a / e tie
     rows = [{"configuration": k, "slice": "all", "aggregate": "occurrences", "metric": m, "diff": v[k]}
             for m, v in (("nll_per_char", per_char), ("token_acc", token_acc)) for k in per_char]
-    report = {"configurations": [{"label": k, "summary": {"ppl": p, "false_insertion_ratio": f}}
+    report = {"configurations": [{"label": k, "summary": {"ppl": p, "false_insertion_rate": f}}
                                  for k, (p, f) in summaries.items()], "rows": rows}
     monkeypatch.setattr(hl, "_compare", lambda *args: report)
     ranked = hl.ranking(Path("."), plan, ["a", "b", "c", "d", "e"], [1])
