@@ -46,7 +46,7 @@ lint: $(VENV)/.installed-dev  ## ruff on the code, tests and benchmarks
 
 # `dvc exp show` has ~300 columns; these <= 15 are the summary (MLflow's `summary/` family) and
 # the params that experiments vary. Column names that two files share carry the file (params.yaml:alpha).
-SHOW_METRICS := term_nll|acc_term|term_exact_match|term_exact_match_le15|false_insertion_rate|ppl|ppl_frequent|em50_train_count|tokens_per_s
+SHOW_METRICS := term_nll_per_char|term_token_acc|term_exact_match|term_exact_match_le15|false_insertion_rate|ppl|ppl_frequent|em50_train_count|tokens_per_s
 SHOW_PARAMS := params\.yaml:alpha|loss\.rare_weight|loss\.targets|seed|train\.max_steps
 show: $(VENV)/.installed  ## dvc exp show, the summary columns only (<= 15)
 	dvc exp show --no-pager --drop '.*' --keep '^(Experiment|$(SHOW_METRICS)|$(SHOW_PARAMS))$$'
