@@ -33,7 +33,6 @@ class TextGenerator(PythonModel):
     """A causal LM folder (artifact "model") behind MLflow's pyfunc interface."""
 
     def load_context(self, context) -> None:
-        import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
 
@@ -46,7 +45,6 @@ class TextGenerator(PythonModel):
         eos = self.tokenizer.eos_token_id
         self.start = self.tokenizer.bos_token_id if self.tokenizer.bos_token_id is not None else eos
         self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos
-        torch.set_grad_enabled(False)
 
     def predict(self, context, model_input: list[str], params: dict | None = None) -> list[str]:
         settings = {**DEFAULTS, **(params or {})}

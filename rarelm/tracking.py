@@ -77,7 +77,8 @@ EXPERIMENT_NOTE = (  # the experiment's description (mlflow.note.content), shown
     "`final/train.json`) and tags. Register a run's model with `rarelm register RUN`; "
     "`models:/rarelm@champion` is the one chosen to serve (`rarelm champion VERSION`).")
 # summary/<name>: the metrics file key behind it; a short family that a person reads first
-SUMMARY = {"term_nll_per_char": "term_nll_per_char", "term_token_acc": "term_token_acc", "term_exact_match": "term_exact_match",
+SUMMARY = {"term_nll_per_char": "term_nll_per_char", "term_token_acc": "term_token_acc",
+           "term_exact_match": "term_exact_match",
            "term_exact_match_le15": "term_exact_match_le15", "false_insertion": "false_insertion_rate",
            "ppl": "ppl", "ppl_frequent": "ppl_frequent", "em50_train_count": "em50_train_count",
            "tokens_per_s": "tokens_per_s"}

@@ -167,5 +167,5 @@ def test_make_show_is_a_dvc_exp_show_of_at_most_15_columns(repo):
                 check=True).stdout.splitlines()
     header = shown[0].split(",")
     assert len(header) <= 15 and header[0] == "Experiment"
-    assert {"term_nll_per_char", "term_token_acc", "term_exact_match", "term_exact_match_le15", "ppl", "ppl_frequent",
-            "em50_train_count", "tokens_per_s", "params.yaml:alpha", "seed"} <= set(header)
+    assert {"term_nll_per_char", "term_token_acc", "term_exact_match", "term_exact_match_le15", "ppl",
+            "ppl_frequent", "em50_train_count", "tokens_per_s", "params.yaml:alpha", "seed"} <= set(header)

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from rarelm import export, tracking
 from rarelm.errors import RarelmError
@@ -339,6 +340,7 @@ def test_logged_model_serves_any_prompt_through_pyfunc(store, tiny_model, monkey
     assert answer.startswith(long) and len(answer) > len(long)
     (warning,) = [r.getMessage() for r in caplog.records]
     assert warning.endswith("exceeds the model's context of 64 tokens: keeping the prompt's last 60 tokens")
+    assert torch.is_grad_enabled()  # loading and serving leave the caller's autograd mode alone
 
     off = dataclasses.replace(params.tracking, log_model="false")
     registered = dataclasses.replace(params.tracking, log_model="true", register=True)
