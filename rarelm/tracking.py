@@ -259,7 +259,7 @@ def upstream_metrics(metrics_dir: str | Path, stages: list[str]) -> dict[str, fl
 def summary_metrics(metrics: dict[str, Any]) -> dict[str, float]:
     """The `summary/` family from a metrics file's dict (eval.json or train.json): what exists of it.
 
-    >>> summary_metrics({"term_exact_match": 0.5, "acc_term": 0.8, "n_eval_terms": 9, "ppl": None})
+    >>> summary_metrics({"term_exact_match": 0.5, "term_token_acc": 0.8, "n_eval_terms": 9, "ppl": None})
     {'summary/term_token_acc': 0.8, 'summary/term_exact_match': 0.5}
     """
     return {f"summary/{name}": float(metrics[key]) for name, key in SUMMARY.items()

@@ -18,13 +18,14 @@ PLOTS = "plots"
 def _die_with_dvc() -> None:
     """Under DVC ($DVC_STAGE set), end this stage when its parent ends, and on SIGTERM end cleanly.
 
-    DVC runs a stage as `$SHELL -c "<cmd>"`, which execs the one command, and has no SIGTERM
+    DVC runs a stage as `$SHELL -c "<cmd>"`, which bash execs as the one command, and has no SIGTERM
     handler: `kill <dvc pid>` ended dvc alone, and the orphaned stage went on to write outputs
     that no dvc.lock records and, re-run, a second MLflow run. Here the kernel sends SIGTERM
     when the parent dies (Linux `prctl(PR_SET_PDEATHSIG)`; torchrun's workers inherit $DVC_STAGE
     and follow their launcher the same way), and SIGTERM raises SystemExit(143) in the stage's
     own process, so temporary outputs are removed and an MLflow run ends FAILED (the train
-    launcher forwards it to its workers through torchrun and exits 143). Outside DVC
+    launcher forwards it to its workers through torchrun and exits 143). Where the shell stays
+    between (dash, when $SHELL is unset), a thread watches dvc instead. Outside DVC
     (`rarelm <stage>`, `nohup`) nothing changes.
     """
     import os
@@ -46,6 +47,44 @@ def _die_with_dvc() -> None:
         signal.signal(signal.SIGTERM, stop)
     if os.getppid() != parent:  # the parent died before the request: nobody would send it
         os.kill(os.getpid(), signal.SIGTERM)
+    elif _comm(parent) in SHELLS:  # a $SHELL that did not exec (dash): dvc is the grandparent
+        _follow_grandparent(parent, _ppid(parent))
+
+
+SHELLS = {"sh", "dash", "bash", "zsh", "ksh", "mksh", "fish"}
+
+
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _ppid(pid: int) -> int:
+    """The parent of `pid` (0 once it is gone); /proc/<pid>/stat: `pid (comm) state ppid ...`."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _follow_grandparent(shell: int, dvc: int) -> None:
+    """SIGTERM to this process once `dvc` ends: the kernel re-parents the shell between us then,
+    so a changed parent of the shell says so (a zombie dvc still answers kill(pid, 0))."""
+    import os
+    import signal
+    import threading
+    import time
+
+    def watch() -> None:
+        while _ppid(shell) == dvc:
+            time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="follow-dvc", daemon=True).start()
 
 
 _die_with_dvc()
