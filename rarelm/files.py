@@ -14,12 +14,15 @@ the same target removes the temporary siblings of processes that no longer run.
 from __future__ import annotations
 
 import contextlib
+import csv
 import json
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from rarelm.fmt import csv_cell
 
 
 def _tmp_sibling(path: Path) -> Path:
@@ -102,6 +105,22 @@ def write_json(path: str | Path, data: Any) -> None:
     with atomic_file(path) as f:
         json.dump(data, f, indent=2, sort_keys=True, ensure_ascii=False)
         f.write("\n")
+
+
+def write_csv(path: str | Path, header: Sequence[str], rows: Iterable[Mapping[str, Any]],
+              cell: Callable[[Any], Any] = csv_cell) -> None:
+    """Write `rows` (dicts; a missing key is an empty cell) under `header` as CSV, atomically.
+
+    Every cell goes through `cell` (default: floats with 6 significant digits, "" for None or
+    NaN); lines end in "\n"; a cell with a comma or a quote is quoted:
+
+        write_csv("plots/x.csv", ["step", "loss"], [{"step": 1, "loss": 2.0 / 3}, {"step": 2}])
+        # step,loss / 1,0.666667 / 2,
+    """
+    with atomic_file(path) as f:
+        writer = csv.writer(f, lineterminator="\n")
+        writer.writerow(header)
+        writer.writerows([cell(row.get(column)) for column in header] for row in rows)
 
 
 def load_array(path: str | Path, dtype: Any, length: int, stage: str, mismatch: str) -> Any:

@@ -169,7 +169,7 @@ class TrainParams:
     # ddp: every rank holds the whole model and optimizer; fsdp: FSDP2 shards parameters,
     # gradients and optimizer state over the ranks (needs >= 2 ranks; README "Model size")
     strategy: Literal["ddp", "fsdp"] = "ddp"
-    max_steps: int = param(150, ge=1)
+    max_steps: int = param(1000, ge=1)
     batch_size: int = param(16, ge=1)  # micro-batch per process
     grad_accum: int = param(1, ge=1)
     lr: float = param(3e-3, gt=0.0, le=10.0)
@@ -181,9 +181,9 @@ class TrainParams:
     gradient_checkpointing: bool = False
     compile: bool = False
     log_every: int = param(10, ge=1)
-    eval_every: int = param(50, ge=1)
+    eval_every: int = param(100, ge=1)
     eval_batches: int = param(8, ge=1)  # val batches of batch_size per evaluation
-    checkpoint_every: int = param(50, ge=1)
+    checkpoint_every: int = param(100, ge=1)
     max_restarts: int = param(0, ge=0)
 
 

@@ -14,6 +14,13 @@ def test_repo_params_load_and_match_defaults_types():
     assert "train.lr" in flat and "." not in "".join(k for k in flat if "." not in k)
 
 
+def test_defaults_equal_params_yaml():
+    """Params() is what params.yaml says: a stage run with a partial params file gets the demo's values."""
+    defaults, repo = Params().flat(), load_params(REPO / "params.yaml").flat()
+    assert {k: (v, repo[k]) for k, v in defaults.items() if v != repo[k]} == {}
+    assert defaults["train.max_steps"] == 1000 and set(defaults) == set(repo)
+
+
 def test_int_is_accepted_for_float_and_converted():
     params = Params.from_dict({"alpha": 1, "corpus": {"val_fraction": 0}})
     assert params.alpha == 1.0 and isinstance(params.alpha, float)
