@@ -11,10 +11,13 @@
     rarelm --version                       # the installed version (pyproject.toml's)
 """
 
+from importlib.metadata import version
 from pathlib import Path
 
 import typer
 
+from rarelm import demo as demo_corpora
+from rarelm import paths
 from stages.compare import compare
 from stages.evaluate import evaluate
 from stages.generate import generate
@@ -32,8 +35,6 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 
 def _print_version(value: bool) -> None:
     if value:
-        from importlib.metadata import version
-
         print(f"rarelm {version('rarelm')}")
         raise typer.Exit()
 
@@ -60,9 +61,7 @@ app.command()(release)
 
 
 @app.command()
-def demo(out: Path = typer.Option(Path("data/raw"), help="output folder")) -> None:
+def demo(out: Path = typer.Option(paths.RAW, help="output folder")) -> None:
     """Rebuild the demo corpora and their glossaries, bit for bit."""
-    from rarelm.demo import write
-
-    for path in write(out):
+    for path in demo_corpora.write(out):
         print(path)

@@ -15,9 +15,13 @@ DIR/index.html (self-contained), DIR/report.md and DIR/report.json. The statisti
 are explained in rarelm/compare.py. Not a DVC stage.
 """
 
+import sys
+import tempfile
 from pathlib import Path
 
 import typer
+
+from rarelm.errors import user_errors
 
 app = typer.Typer(add_completion=False, help=__doc__)
 
@@ -43,13 +47,8 @@ def compare(
                                     help="also log the report into the baseline's MLflow run (compare/)"),
 ) -> None:
     """Compare RUNs with the --baseline: metrics per configuration, differences, 95% intervals."""
-    import sys
-    import tempfile
-
-    from rarelm.errors import user_errors
-
     with user_errors("compare"):
-        from rarelm import compare as cmp
+        from rarelm import compare as cmp  # on use: numpy would slow every `rarelm` command's start-up
 
         base_runs = [cmp.load_run(ref, split=split) for ref in baseline]
         other = [cmp.load_run(ref, split=split) for ref in runs or []]

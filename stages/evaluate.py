@@ -16,11 +16,18 @@ of its own) as `eval/<key>` metrics and `eval/` artifacts; the per-occurrence ro
 text) only as `tracking.log_text` says.
 """
 
+import json
+import time
 from pathlib import Path
 
 import typer
 
-from stages import METRICS, MODEL, PARAMS, PLOTS, PREPARED, RARE, TOKENIZED
+from rarelm import paths
+from rarelm.corpus import read_split
+from rarelm.errors import RarelmError, user_errors
+from rarelm.files import atomic_file, write_csv, write_json
+from rarelm.fmt import four_digits
+from rarelm.params import load_params
 
 app = typer.Typer(add_completion=False, help=__doc__)
 
@@ -30,29 +37,22 @@ BAND_COLUMNS = ["band", "terms", "occurrences", "exact_match", "first_token_acc"
 
 @app.command()
 def evaluate(
-    params_file: Path = typer.Option(PARAMS, "--params", help="params.yaml to read"),
-    model_dir: Path = typer.Option(MODEL, "--model", help="model folder (any local causal LM)"),
-    prepared: Path = typer.Option(PREPARED, help="the prepare stage's folder (documents' text)"),
-    tokenized: Path = typer.Option(TOKENIZED, help="the tokenize stage's folder"),
-    rare: Path = typer.Option(RARE, help="the rare_terms stage's folder"),
-    metrics: Path = typer.Option(f"{METRICS}/eval.json", help="metrics file"),
-    occurrences: Path = typer.Option(f"{METRICS}/eval_occurrences.jsonl",
-                                     help="per-occurrence results (JSON lines)"),
-    plots: Path = typer.Option(PLOTS, help="folder for the plot CSVs"),
+    params_file: Path = typer.Option(paths.PARAMS, "--params", help="params.yaml to read"),
+    model_dir: Path = typer.Option(paths.MODEL, "--model", help="model folder (any local causal LM)"),
+    prepared: Path = typer.Option(paths.PREPARED, help="the prepare stage's folder (documents' text)"),
+    tokenized: Path = typer.Option(paths.TOKENIZED, help="the tokenize stage's folder"),
+    rare: Path = typer.Option(paths.RARE, help="the rare_terms stage's folder"),
+    metrics: Path = typer.Option(paths.EVAL_METRICS, help="metrics file"),
+    occurrences: Path = typer.Option(paths.EVAL_OCCURRENCES, help="per-occurrence results (JSON lines)"),
+    plots: Path = typer.Option(paths.PLOTS, help="folder for the plot CSVs"),
 ) -> None:
     """Perplexity per bucket, rare-token accuracy, rare-term generation, diversity, false insertion."""
-    import json
-    import time
-
-    from rarelm.errors import user_errors
-
     started = time.perf_counter()
     with user_errors("evaluate"):
+        # on use: numpy, torch and mlflow would add seconds to every `rarelm` command's start-up
         from rarelm import evaluate as ev
         from rarelm import term_search, tracking
         from rarelm.data import TokenizedData
-        from rarelm.files import atomic_file, write_json
-        from rarelm.params import load_params
         from rarelm.rare import load_buckets, load_counts, load_tokenizer, log_prior
 
         params = load_params(params_file)
@@ -74,32 +74,36 @@ def evaluate(
             run.finish("FAILED")
             raise
         first = results[params.eval.splits[0]]
-        bucket_csv, band_csv = plots / "eval_buckets.csv", plots / "eval_term_bands.csv"
-        for path, columns_, rows in ((bucket_csv, BUCKET_COLUMNS, first.bucket_rows),
-                                     (band_csv, BAND_COLUMNS, first.band_rows)):
-            with atomic_file(path) as f:
-                f.write(_csv(columns_, rows))
+        bucket_csv = plots / Path(paths.EVAL_BUCKETS_PLOT).name
+        band_csv = plots / Path(paths.EVAL_BANDS_PLOT).name
+        write_csv(bucket_csv, BUCKET_COLUMNS, first.bucket_rows)
+        write_csv(band_csv, BAND_COLUMNS, first.band_rows)
         with atomic_file(occurrences) as f:
             for result in results.values():
                 f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in result.occurrences))
         write_json(metrics, out)
         ev.log_files_to_mlflow(run, [metrics, occurrences, bucket_csv, band_csv],
                                tracking.logs_text(params.tracking.log_text, run.tracking_uri))
-    seconds = time.perf_counter() - started
-    m = out
-    print(f"evaluate: {params.eval.splits[0]} ppl {_fmt(m['ppl'])} (frequent {_fmt(m['ppl_frequent'])}, "
-          f"medium {_fmt(m['ppl_medium'])}, rare {_fmt(m['ppl_rare'])}), rare-token acc "
-          f"{_fmt(m['rare_token_acc'])}, term exact match {_fmt(m['term_exact_match'])} over "
-          f"{m['n_eval_terms']} occurrences (first mentions {_fmt(m['term_exact_match_first'])}, terms seen "
-          f"<= 15 times {_fmt(m['term_exact_match_le15'])}), closed-set choice {_fmt(m['term_choice_acc'])}, "
-          f"term NLL/char {_fmt(m['term_nll_per_char'])}, term-token acc {_fmt(m['term_token_acc'])}, "
-          f"false insertion {_fmt(m.get('false_insertion_rate'))}x the text's rate, "
-          f"em50 {_fmt(m['em50_train_count'])} train occurrences, {m['n_eval_tokens']} tokens, "
-          f"{seconds:.1f} s")
+    print(_summary(params.eval.splits[0], out, time.perf_counter() - started))
+
+
+def _summary(split: str, m: dict, seconds: float) -> str:
+    """The stage's one-line summary of metrics/eval.json."""
+    f = four_digits
+    return (f"evaluate: {split} ppl {f(m['ppl'])} (frequent {f(m['ppl_frequent'])}, "
+            f"medium {f(m['ppl_medium'])}, rare {f(m['ppl_rare'])}), rare-token acc "
+            f"{f(m['rare_token_acc'])}, term exact match {f(m['term_exact_match'])} over "
+            f"{m['n_eval_terms']} occurrences (first mentions {f(m['term_exact_match_first'])}, terms seen "
+            f"<= 15 times {f(m['term_exact_match_le15'])}), closed-set choice {f(m['term_choice_acc'])}, "
+            f"term NLL/char {f(m['term_nll_per_char'])}, term-token acc {f(m['term_token_acc'])}, "
+            f"false insertion {f(m.get('false_insertion_rate'))}x the text's rate, "
+            f"em50 {f(m['em50_train_count'])} train occurrences, {m['n_eval_tokens']} tokens, "
+            f"{seconds:.1f} s")
 
 
 def _evaluate(params, model, tokenizer, data, buckets, terms, prepared: Path, prior):
     """Every split of eval.splits, with a progress bar on a terminal: (metrics/eval.json, per split)."""
+    # on use: rich, numpy and torch would slow every `rarelm` command's start-up
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -123,9 +127,8 @@ def _evaluate(params, model, tokenizer, data, buckets, terms, prepared: Path, pr
 
 def _load(model_dir: Path, data, device: str, threads: int):
     """The model on its device, checked against the tokenized data's vocabulary."""
-    import torch
+    import torch  # on use: torch and transformers take seconds to import
 
-    from rarelm.errors import RarelmError
     from rarelm.lm import load_causal_lm
 
     if threads:
@@ -142,25 +145,9 @@ def _load(model_dir: Path, data, device: str, threads: int):
 
 
 def _documents(prepared: Path, split: str) -> list[str]:
-    from rarelm.corpus import read_split
-    from rarelm.errors import RarelmError
-
     if not (prepared / f"{split}.jsonl").is_file():
         raise RarelmError(f"{prepared / f'{split}.jsonl'}: no such file; run the prepare stage first")
     return list(read_split(prepared, split))
-
-
-def _fmt(value) -> str:
-    return "n/a" if value is None else f"{value:.4g}"
-
-
-def _csv(columns: list[str], rows: list[dict]) -> str:
-    lines = [",".join(columns)]
-    for row in rows:
-        lines.append(",".join("" if row[c] is None else
-                              f"{row[c]:.6g}" if isinstance(row[c], float) else str(row[c])
-                              for c in columns))
-    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

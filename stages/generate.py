@@ -11,7 +11,8 @@ from pathlib import Path
 
 import typer
 
-from stages import MODEL, RARE
+from rarelm import paths
+from rarelm.errors import RarelmError, user_errors
 
 app = typer.Typer(add_completion=False, help=__doc__)
 
@@ -19,7 +20,7 @@ app = typer.Typer(add_completion=False, help=__doc__)
 @app.command()
 def generate(
     prompt: str = typer.Argument("", help="text to continue ('' starts a fresh document)"),
-    model_dir: Path = typer.Option(MODEL, "--model", help="model folder (any local causal LM)"),
+    model_dir: Path = typer.Option(paths.MODEL, "--model", help="model folder (any local causal LM)"),
     max_tokens: int = typer.Option(100, help="most new tokens"),
     greedy: bool = typer.Option(False, "--greedy", help="always take the likeliest token"),
     temperature: float = typer.Option(0.8, help="sampling temperature (> 0)"),
@@ -29,14 +30,12 @@ def generate(
     device: str = typer.Option("auto", help="auto | cpu | cuda"),
     logit_adjust: float = typer.Option(0.0, "--logit-adjust", metavar="TAU",
                                        help="logit adjustment: logits - TAU * log(train prior); 0 = off"),
-    counts: Path = typer.Option(f"{RARE}/counts.npy", help="train token counts for --logit-adjust "
+    counts: Path = typer.Option(f"{paths.RARE}/counts.npy", help="train token counts for --logit-adjust "
                                 "(the rare_terms stage's, same tokenizer as the model)"),
 ) -> None:
     """Continue PROMPT with a model folder, greedy or sampled, printing tokens as they come."""
-    from rarelm.errors import RarelmError, user_errors
-
     with user_errors("generate"):
-        from rarelm.generate import Sampling, run
+        from rarelm.generate import Sampling, run  # on use: torch takes seconds to import
 
         if device not in ("auto", "cpu", "cuda"):
             raise RarelmError(f"--device = {device} is not allowed (must be one of auto, cpu, cuda)")

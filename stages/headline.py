@@ -16,6 +16,9 @@ from pathlib import Path
 
 import typer
 
+from rarelm.errors import user_errors
+from rarelm.headline import main
+
 app = typer.Typer(add_completion=False, help=__doc__)
 
 
@@ -27,11 +30,7 @@ def headline(
                                 help="rewrite README.md's table between the headline markers"),
 ) -> None:
     """Run the headline experiment (three rounds of queued DVC experiments) and write its tables."""
-    from rarelm.errors import user_errors
-
     with user_errors("headline"):
-        from rarelm.headline import main
-
         main(plan, Path("."), out, Path("README.md") if readme else None)
 
 

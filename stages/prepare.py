@@ -10,23 +10,21 @@ from pathlib import Path
 
 import typer
 
-from stages import METRICS, PARAMS, PREPARED
+from rarelm import corpus, paths
+from rarelm.errors import user_errors
+from rarelm.files import atomic_dir, write_json
+from rarelm.params import load_params
 
 app = typer.Typer(add_completion=False, help=__doc__)
 
 
 @app.command()
 def prepare(
-    params_file: Path = typer.Option(PARAMS, "--params", help="params.yaml to read"),
-    out: Path = typer.Option(PREPARED, help="output folder"),
-    metrics: Path = typer.Option(f"{METRICS}/prepare.json", help="stats file"),
+    params_file: Path = typer.Option(paths.PARAMS, "--params", help="params.yaml to read"),
+    out: Path = typer.Option(paths.PREPARED, help="output folder"),
+    metrics: Path = typer.Option(paths.PREPARE_METRICS, help="stats file"),
 ) -> None:
     """Clean the corpus and split it by document into train/val/test."""
-    from rarelm import corpus
-    from rarelm.errors import user_errors
-    from rarelm.files import atomic_dir, write_json
-    from rarelm.params import load_params
-
     with user_errors("prepare"):
         params = load_params(params_file)
         with atomic_dir(out) as tmp:

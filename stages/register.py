@@ -8,25 +8,23 @@ Not DVC stages: the registry records a person's choice. The registry name is
 params.yaml's `tracking.registered_model`, the store the one `train` logs into.
 """
 
+import logging
 from pathlib import Path
 
 import typer
 
-from stages import MODEL, PARAMS
+from rarelm import paths, registry
+from rarelm.errors import RarelmError, user_errors
+from rarelm.params import load_params
+from rarelm.tracking import tracking_uri
 
 
 def _client_and_params(params_file: Path):
-    from rarelm.errors import RarelmError
-    from rarelm.params import load_params
-
     params = load_params(params_file)
     if not params.tracking.registered_model:
         raise RarelmError("params: tracking.registered_model is empty: name the registered model")
-    import logging
-
+    # on use: mlflow takes seconds to import, which every `rarelm` command would pay
     import mlflow
-
-    from rarelm.tracking import tracking_uri
 
     uri = tracking_uri()
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
@@ -39,16 +37,14 @@ def _client_and_params(params_file: Path):
 def register(
     run: str = typer.Argument("", help="run id, DVC experiment name or run name ('' = models/model's run)"),
     champion: bool = typer.Option(False, "--champion", help="also point the alias `champion` at it"),
-    params_file: Path = typer.Option(PARAMS, "--params", help="params.yaml to read"),
+    params_file: Path = typer.Option(paths.PARAMS, "--params", help="params.yaml to read"),
 ) -> None:
     """Register the model a run logged as a new version, with a description and tags."""
-    from rarelm.errors import user_errors
-
     with user_errors("register"):
-        from rarelm import registry
 
         client, params = _client_and_params(params_file)
-        found = registry.find_run(client, params.tracking.experiment, run, Path(MODEL) / "mlflow_run.json")
+        found = registry.find_run(client, params.tracking.experiment, run,
+                                  Path(paths.MODEL) / paths.MLFLOW_RUN)
         name = params.tracking.registered_model
         version = registry.register(client, name, found.info.run_id, champion)
     alias = f", alias {registry.CHAMPION}" if champion else ""
@@ -57,13 +53,10 @@ def register(
 
 def champion(
     version: int = typer.Argument(..., help="the registered version to serve as models:/<name>@champion"),
-    params_file: Path = typer.Option(PARAMS, "--params", help="params.yaml to read"),
+    params_file: Path = typer.Option(paths.PARAMS, "--params", help="params.yaml to read"),
 ) -> None:
     """Point the alias `champion` at VERSION (the only command that moves it)."""
-    from rarelm.errors import user_errors
-
     with user_errors("champion"):
-        from rarelm import registry
 
         client, params = _client_and_params(params_file)
         name = params.tracking.registered_model

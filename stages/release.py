@@ -6,7 +6,12 @@
 Not a DVC stage (rarelm/release.py says why the tag is needed).
 """
 
+from pathlib import Path
+
 import typer
+
+from rarelm import release as releases
+from rarelm.errors import user_errors
 
 
 def release(
@@ -14,13 +19,7 @@ def release(
     artifact: str = typer.Option("rarelm", help="the artifact's name in dvc.yaml"),
 ) -> None:
     """Tag HEAD as ARTIFACT@vX.Y.Z, the git tag `dvc artifacts get` looks for."""
-    from pathlib import Path
-
-    from rarelm.errors import user_errors
-
     with user_errors("release"):
-        from rarelm import release as releases
-
         tag = releases.release(version, artifact, Path("."))
     remote = releases.default_remote(Path("."))
     where = f"the default DVC remote `{remote}`" if remote else \

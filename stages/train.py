@@ -13,12 +13,16 @@ Writes models/model/ (Hugging Face format + tokenizer + mlflow_run.json),
 metrics/train.json and plots/train.csv; checkpoints go to .cache/train/<key>/.
 """
 
+import logging
+import os
 import time
 from pathlib import Path
 
 import typer
 
-from stages import METRICS, MODEL, PARAMS, PLOTS, RARE, TOKENIZED, WEIGHTS
+from rarelm import paths
+from rarelm.errors import RarelmError, disk_error, user_errors
+from rarelm.params import load_params
 
 app = typer.Typer(add_completion=False, help=__doc__)
 EVERY_RANK_WAIT_S = 120  # at most: rank 0 exits within seconds of the others
@@ -26,9 +30,7 @@ EVERY_RANK_WAIT_S = 120  # at most: rank 0 exits within seconds of the others
 
 def _launch(nproc: int, max_restarts: int, argv: list[str]) -> int:
     """Run this module under torchrun's launcher with `nproc` workers; their exit code."""
-    import logging
-    import os
-
+    # on use: torch takes seconds to import, which every `rarelm` command would pay
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
@@ -57,23 +59,20 @@ def _launch(nproc: int, max_restarts: int, argv: list[str]) -> int:
 
 @app.command()
 def train(
-    params_file: Path = typer.Option(PARAMS, "--params", help="params.yaml to read"),
-    tokenized: Path = typer.Option(TOKENIZED, help="the tokenize stage's folder"),
-    rare: Path = typer.Option(RARE, help="the rare_terms stage's folder"),
-    weights: Path = typer.Option(WEIGHTS, help="the weights stage's folder"),
-    out: Path = typer.Option(MODEL, help="output model folder"),
-    metrics: Path = typer.Option(f"{METRICS}/train.json", help="metrics file"),
-    plots: Path = typer.Option(f"{PLOTS}/train.csv", help="step-wise curves"),
-    cache: Path = typer.Option(Path(".cache/train"), help="checkpoint folder (outside DVC outs)"),
+    params_file: Path = typer.Option(paths.PARAMS, "--params", help="params.yaml to read"),
+    tokenized: Path = typer.Option(paths.TOKENIZED, help="the tokenize stage's folder"),
+    rare: Path = typer.Option(paths.RARE, help="the rare_terms stage's folder"),
+    weights: Path = typer.Option(paths.WEIGHTS, help="the weights stage's folder"),
+    out: Path = typer.Option(paths.MODEL, help="output model folder"),
+    metrics: Path = typer.Option(paths.TRAIN_METRICS, help="metrics file"),
+    plots: Path = typer.Option(paths.TRAIN_PLOT, help="step-wise curves"),
+    cache: Path = typer.Option(paths.TRAIN_CACHE, help="checkpoint folder (outside DVC outs)"),
     progress: bool = typer.Option(True, help="show the progress bar"),
 ) -> None:
     """Train the model (DDP or FSDP over train.nproc processes), resuming from a checkpoint if any."""
-    import os
-
+    # on use: torch and transformers take seconds to import, which every `rarelm` command would pay
     from rarelm import lora
     from rarelm.checkpoint import signing_key
-    from rarelm.errors import RarelmError, disk_error, user_errors
-    from rarelm.params import load_params
     from rarelm.sharding import check_world_size
     from rarelm.train import EveryRankError, Paths, load_inputs, summary
 
