@@ -13,11 +13,11 @@ from tests.conftest import REPO
 BASE = REPO / "base"
 
 
-def test_base_params_validate_and_pretrain_from_scratch_on_one_process():
+def test_base_params_validate_and_pretrain_from_scratch():
     params = load_params(BASE / "params.yaml")
     assert params.corpus.path == "data/raw" and params.corpus.reference_glossary == ""
     assert params.tokenizer.name_or_path == "" and params.model.name_or_path == ""  # own BPE, own model
-    assert params.train.nproc == 1 and params.alpha == 0.0 and params.loss.rare_weight == 0.0
+    assert params.train.nproc == 2 and params.alpha == 0.0 and params.loss.rare_weight == 0.0
     assert params.tracking.log_model == "false"  # base/model is committed in git, not logged
 
 
@@ -56,11 +56,12 @@ def test_committed_base_model_is_small_and_has_no_run_file():
     files = {p.name: p.stat().st_size for p in (BASE / "model").iterdir()}
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(files)
     assert "mlflow_run.json" not in files  # it would name this machine's store by absolute path
-    assert sum(files.values()) < 50 * 2**20
+    assert max(files.values()) < 5 * 2**20  # no large file in git: the weights are stored in fp16
 
 
 def test_committed_base_model_loads_and_has_learned_both_languages(base_model):
-    """Loss on general English and Chinese sentences well under the uniform guess, ln(vocab)."""
+    """Loss on general English and Chinese sentences well under the uniform guess, ln(vocab)
+    (measured: 0.53 and 0.35 of it; the 200-step base before had a validation loss of 0.67 of it)."""
     import torch
 
     model, tokenizer = base_model
@@ -70,4 +71,4 @@ def test_committed_base_model_loads_and_has_learned_both_languages(base_model):
         assert tokenizer.decode(ids[0]) == text
         with torch.no_grad():
             loss = model(ids, labels=ids).loss.item()
-        assert loss < 0.75 * math.log(model.config.vocab_size), (text, loss)
+        assert loss < 0.6 * math.log(model.config.vocab_size), (text, loss)
