@@ -27,7 +27,7 @@ as `rare_overhead` / `terms_overhead`, the extra time of the weighted loss
 positions), timed interleaved with the plain one, median of 40, over the time of
 one plain step, which is all they add per step: the sampler's epoch draw costs the
 same for any weights. `objective_overhead` does the same for each `loss.*` objective
-of rarelm/loss.py (tlat_exp, tlat_chi2, face from targets or predictions, focal,
+of rarelm/objectives/ (tlat_exp, tlat_chi2, face from targets or predictions, focal,
 logit_adjust, unlikelihood at term targets, agg), the output layer included in every
 timing since AGG changes its backward pass. The last line is one JSON object:
 {"ours_tokens_per_s", "trainer_tokens_per_s", "speedup_vs_trainer", "rare_tokens_per_s",
@@ -156,7 +156,7 @@ def loss_cost(params, tokenized: Path, rare_dir: Path, reps: int = 40) -> dict[s
     import torch
 
     from rarelm.data import Samples, TokenizedData
-    from rarelm.loss import Objective
+    from rarelm.objectives.objective import Objective
     from rarelm.params import LossParams
     from rarelm.rare import TermIndex, load_buckets, load_counts
 
@@ -232,8 +232,8 @@ def step_cost(params, tokenized: Path, precisions: list[str], reps: int) -> dict
     import torch
 
     from rarelm.data import Samples, TokenizedData
-    from rarelm.loss import rare_weighted_loss
     from rarelm.model import build_model
+    from rarelm.objectives.rare_weight import rare_weighted_loss
     from rarelm.train import configure_optimizer, pick_precision, seed_everything, to_batch
 
     cpu = torch.device("cpu")

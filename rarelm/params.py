@@ -123,7 +123,7 @@ class LossParams:
     rare_weight: float = param(0.0, ge=0.0, le=1e4)
     # rare_bucket: targets in the rare frequency bucket; terms: tokens of term occurrences; both
     targets: Literal["rare_bucket", "terms", "both"] = "rare_bucket"
-    # per-vocabulary target weight from frequency (rarelm/loss.py): uniform (none); token-level
+    # per-vocabulary target weight from frequency (rarelm/objectives/): uniform (none); token-level
     # adaptive training's exponential / chi-square forms; FACE (frequency-aware cross-entropy)
     token_weight: Literal["uniform", "tlat_exp", "tlat_chi2", "face"] = "uniform"
     tlat_a: float = param(1.0, ge=0.0, le=1e4)  # TLAT: weight 1 + A * f(count)

@@ -19,7 +19,7 @@ per epoch), shuffles and shards them over the ranks; the stream hands the loop t
 windows' start positions (`starts`). The weights are data/weights/weights.npy, or
 with `weights.schedule: decay | grow` recomputed each epoch from
 data/weights/scores.npy at that epoch's alpha (`rarelm.weights.alpha_at`). The loss is
-`rarelm.loss.Objective`: cross-entropy weighted `1 + loss.rare_weight` on the targets
+`rarelm.objectives.objective.Objective`: cross-entropy weighted `1 + loss.rare_weight` on the targets
 `loss.targets` selects (the rare bucket of data/rare/buckets.npy, the tokens of term
 occurrences in data/rare/term_index.npy, or both), times a per-token weight from the
 train counts (TLAT, FACE), optionally focal, logit-adjusted, plus unlikelihood, and
@@ -262,7 +262,7 @@ def evaluate_split(model, samples, windows, batch_size, device, autocast, is_rar
     """
     import torch
 
-    from rarelm.loss import rare_weighted_loss
+    from rarelm.objectives.rare_weight import rare_weighted_loss
 
     stats = torch.zeros(4, device=device)
     block = samples.block_size
@@ -451,7 +451,7 @@ def input_files(paths: Paths, params: Params) -> list[Path]:
 
 
 def _needs_counts(params: Params) -> bool:
-    from rarelm.loss import needs_counts
+    from rarelm.objectives.objective import needs_counts
 
     return needs_counts(params.loss)
 
@@ -575,8 +575,9 @@ def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict
 
     from rarelm import checkpoint, export, tracking
     from rarelm.files import write_json
-    from rarelm.loss import Objective, rare_mask
     from rarelm.model import build_model, fingerprint_files, provenance
+    from rarelm.objectives.objective import Objective
+    from rarelm.objectives.selection import rare_mask
     from rarelm.sampler import WeightedDistributedSampler
 
     tp, block = params.train, params.model.block_size

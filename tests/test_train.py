@@ -25,7 +25,8 @@ import torch.nn.functional as F
 from rarelm.checkpoint import CheckpointStore, run_key
 from rarelm.data import Samples
 from rarelm.errors import RarelmError
-from rarelm.loss import rare_mask, rare_weighted_loss
+from rarelm.objectives.rare_weight import rare_weighted_loss
+from rarelm.objectives.selection import rare_mask
 from rarelm.params import TrainParams
 from rarelm.train import (
     CPU_BF16_ENV,
@@ -437,7 +438,8 @@ def test_bad_inputs_are_one_line_errors(trained, tmp_path):
 def test_crashed_run_is_marked_failed(trained, tmp_path, monkeypatch):
     import mlflow
 
-    from rarelm import loss, train
+    from rarelm import train
+    from rarelm.objectives import objective as loss
     from rarelm.params import load_params
 
     root, _, _ = trained

@@ -1,4 +1,4 @@
-"""The training objective (rarelm/loss.py): which targets count more, by hand."""
+"""The training objectives (rarelm/objectives/): which targets count more, by hand."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from rarelm.loss import Objective, rare_weighted_loss
+from rarelm.objectives.agg import AdaptiveGradientGate
+from rarelm.objectives.objective import Objective
+from rarelm.objectives.rare_weight import rare_weighted_loss
 from rarelm.rare import TermIndex
 
 
@@ -241,8 +243,6 @@ def test_agg_gates_only_rare_output_rows_exactly_as_computed_by_hand():
 
 
 def test_agg_window_keeps_the_last_steps_and_round_trips():
-    from rarelm.loss import AdaptiveGradientGate
-
     gate = AdaptiveGradientGate(4, alpha=0.5, memory=3)
     for step in range(5):  # one target of token `step % 4` per step
         gate.observe(torch.tensor([step % 4]))

@@ -1,0 +1,146 @@
+"""`Objective`: the loss `train` optimises, composed from the remedies `loss.*` turns on.
+
+`REMEDIES` is the registry: every remedy class, in the order their hooks run
+(rarelm/objectives/remedy.py). With no remedy on beyond `loss.rare_weight`, the
+objective is exactly `rare_weighted_loss`: the same loss, gradients and logged sums.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from rarelm.errors import RarelmError
+from rarelm.objectives.agg import AdaptiveGradientGate
+from rarelm.objectives.face import FaceWeights
+from rarelm.objectives.focal import Focal
+from rarelm.objectives.logit_adjust import LogitAdjustment
+from rarelm.objectives.rare_weight import RareWeight, plain_stats, rare_weighted_loss, weighted_mean
+from rarelm.objectives.remedy import Context, Remedy
+from rarelm.objectives.selection import FREQUENT_BUCKET, TargetSelection, rare_mask
+from rarelm.objectives.tlat import TlatWeights
+from rarelm.objectives.unlikelihood import Unlikelihood
+from rarelm.params import LossParams
+
+REMEDIES: list[type[Remedy]] = [RareWeight, TlatWeights, FaceWeights, LogitAdjustment, Focal,
+                                Unlikelihood, AdaptiveGradientGate]
+_NAMES = {remedy.name for remedy in REMEDIES}
+
+
+def needs_counts(loss_params: LossParams) -> bool:
+    """Whether `loss.*` reads the train token counts (data/rare/counts.npy)."""
+    return any(remedy.reads_counts(loss_params) for remedy in REMEDIES)
+
+
+def _check_counts(params: LossParams, counts) -> None:
+    for remedy in REMEDIES:
+        what = remedy.reads_counts(params)
+        if what and counts is None:
+            raise RarelmError(f"{what} needs the train token counts (data/rare/counts.npy); "
+                              "run the rare_terms stage first")
+
+
+class Objective:
+    """The loss `train` optimises, per `loss.*` (rarelm/objectives/__init__.py).
+
+    Called with a batch's logits, targets and the train-split positions its
+    windows start at (`starts`, int64 [B]); the term index turns those into the
+    term positions among the targets (`selected`).
+
+    `loss.targets` and `loss.rare_weight` come as `targets` and `rare_weight`, the
+    other `loss.*` in `params` (a `LossParams`), with the bucket of frequent tokens
+    (`is_frequent`, for unlikelihood), the train `counts` where `needs_counts`, and
+    `steps_per_epoch` (AGG's memory); `from_params` builds it all from buckets. Each
+    remedy that is on is reachable by its name (`objective.face`, `objective.agg`;
+    None where off).
+    """
+
+    def __init__(self, targets: str, rare_weight: float, is_rare: torch.Tensor, term_index=None,
+                 *, params: LossParams | None = None, is_frequent: torch.Tensor | None = None,
+                 counts=None, steps_per_epoch: int = 1):
+        self.selection = TargetSelection(targets, is_rare, term_index)
+        self.rare_weight, self.is_rare = rare_weight, is_rare
+        p = self.params = dataclasses.replace(params or LossParams(), targets=targets,
+                                              rare_weight=rare_weight)
+        _check_counts(p, counts)
+        frequent = is_frequent if is_frequent is not None else torch.zeros_like(is_rare)
+        context = Context(is_rare, frequent, counts, steps_per_epoch)
+        built = (remedy.from_params(p, context) for remedy in REMEDIES)
+        self.remedies: list[Remedy] = [remedy for remedy in built if remedy is not None]
+        self.reshaped = any(remedy.reshapes for remedy in self.remedies)
+        self.uses_selection = any(remedy.uses_selection for remedy in self.remedies)
+
+    @classmethod
+    def from_params(cls, params: LossParams, buckets, vocab_size: int, device, term_index=None,
+                    counts=None, steps_per_epoch: int = 1) -> Objective:
+        """The objective of `params` (LossParams) for a model with `vocab_size` outputs."""
+        return cls(params.targets, params.rare_weight, rare_mask(buckets, vocab_size).to(device),
+                   term_index, params=params, counts=counts, steps_per_epoch=steps_per_epoch,
+                   is_frequent=rare_mask(buckets, vocab_size, FREQUENT_BUCKET).to(device))
+
+    def __getattr__(self, name: str):
+        if name in _NAMES:
+            return next((r for r in self.__dict__.get("remedies", ()) if r.name == name), None)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def selected(self, y: torch.Tensor, starts: np.ndarray) -> torch.Tensor:
+        """Bool [B, T]: the targets that weigh 1 + rare_weight (rarelm/objectives/selection.py)."""
+        return self.selection(y, starts)
+
+    def prepare_model(self, model) -> None:
+        """Once, before DDP or compile wrap the model: AGG routes its output layer through the gate."""
+        for remedy in self.remedies:
+            remedy.prepare_model(model)
+
+    def __call__(self, logits: torch.Tensor, y: torch.Tensor, starts: np.ndarray
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(loss, stats) as `rare_weighted_loss` returns them, for logits [B, T, V], targets [B, T]."""
+        for remedy in self.remedies:
+            remedy.on_batch(logits, y)
+        if self.reshaped:
+            return self._reshaped_loss(logits, y, starts)
+        selected = self.selected(y, starts) if self.rare_weight else None
+        return rare_weighted_loss(logits, y, self.is_rare, self.rare_weight, selected)
+
+    def _reshaped_loss(self, logits: torch.Tensor, y: torch.Tensor, starts: np.ndarray
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits adjusted, per-target loss transformed, weighted mean, penalties added."""
+        raw = logits.float().reshape(-1, logits.size(-1))
+        targets = y.reshape(-1)
+        selected = self.selected(y, starts).reshape(-1) if self.uses_selection else None
+        adjusted = raw
+        for remedy in self.remedies:
+            adjusted = remedy.adjust_logits(adjusted)
+        ce = F.cross_entropy(adjusted, targets, reduction="none")
+        per_target, weights = ce, None
+        for remedy in self.remedies:
+            per_target = remedy.transform(per_target)
+            weights = remedy.target_weights(weights, targets, selected)
+        loss = weighted_mean(per_target, weights)
+        for remedy in self.remedies:
+            penalty = remedy.penalty(raw, targets, selected)
+            loss = loss if penalty is None else loss + penalty
+        # the logged sums are plain cross-entropy of the model's own logits
+        plain = ce if adjusted is raw else F.cross_entropy(raw, targets, reduction="none")
+        return loss, plain_stats(plain, self.is_rare[targets])
+
+    def step_end(self, done: int, dist=None) -> None:
+        """After optimizer step `done`: FACE sums its counts over the ranks (and refreshes), AGG
+        moves the step into its window."""
+        all_reduce = dist.all_reduce if dist is not None else (lambda t: None)
+        for remedy in self.remedies:
+            remedy.on_step_end(done, all_reduce)
+
+    def state(self) -> dict:
+        """This rank's objective state for a checkpoint (CPU tensors, weights_only-loadable)."""
+        states = ((remedy.name, remedy.state()) for remedy in self.remedies)
+        return {name: state for name, state in states if state is not None}
+
+    def load_state(self, state: dict | None) -> None:
+        state = state or {}
+        for remedy in self.remedies:
+            if remedy.name in state:
+                remedy.load_state(state[remedy.name])

@@ -1,0 +1,94 @@
+"""The one protocol every remedy follows, and what `from_params` gets to build one.
+
+A remedy is a small class; `Objective` calls each hook of every remedy that is on,
+in the order of `REMEDIES` (rarelm/objectives/objective.py). Every hook has a
+neutral default here, so a remedy writes only the hooks it needs:
+
+    reads_counts(params)   the setting that makes it read the train counts, or ""
+    from_params(params, context) -> the remedy, or None where its params turn it off
+    prepare_model(model)   once, before DDP / compile wrap the model
+    on_batch(logits, y)    every micro-batch, before the loss
+    adjust_logits(z)       float32 logits [N, V] -> the logits the cross-entropy sees
+    transform(loss)        per-target loss [N] -> per-target loss [N]
+    target_weights(w, targets, selected)   per-target weights [N] (None = all 1) times its own
+    penalty(z, targets, selected)          a scalar added to the weighted mean
+    on_step_end(done, all_reduce)          after optimizer step `done`
+    state() / load_state(state)            its checkpointed state (None = nothing to keep)
+
+`reshapes` says whether it changes the loss beyond `rare_weighted_loss` (when no
+remedy does, the objective is exactly that function); `uses_selection` whether it
+reads the selected targets (`loss.targets`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from rarelm.params import LossParams
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """What a remedy may be built from besides `loss.*`: the model's output vocabulary."""
+
+    is_rare: torch.Tensor  # bool [V]: rare bucket
+    is_frequent: torch.Tensor  # bool [V]: frequent bucket
+    counts: np.ndarray | None = None  # int [V] train token counts, where a remedy reads them
+    steps_per_epoch: int = 1
+
+    @property
+    def device(self) -> torch.device:
+        return self.is_rare.device
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.is_rare)
+
+
+class Remedy:
+    """Base of every remedy: each hook leaves the objective as it is."""
+
+    name: str = ""  # its key in `Objective.state()` and its attribute (`objective.face`)
+    reshapes: bool = True
+    uses_selection: bool = False
+
+    @classmethod
+    def reads_counts(cls, params: LossParams) -> str:
+        return ""
+
+    @classmethod
+    def from_params(cls, params: LossParams, context: Context) -> Remedy | None:
+        raise NotImplementedError
+
+    def prepare_model(self, model) -> None:
+        pass
+
+    def on_batch(self, logits: torch.Tensor, y: torch.Tensor) -> None:
+        pass
+
+    def adjust_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits
+
+    def transform(self, loss: torch.Tensor) -> torch.Tensor:
+        return loss
+
+    def target_weights(self, weights: torch.Tensor | None, targets: torch.Tensor,
+                       selected: torch.Tensor | None) -> torch.Tensor | None:
+        return weights
+
+    def penalty(self, logits: torch.Tensor, targets: torch.Tensor,
+                selected: torch.Tensor | None) -> torch.Tensor | None:
+        return None
+
+    def on_step_end(self, done: int, all_reduce: Callable[[torch.Tensor], None]) -> None:
+        pass
+
+    def state(self) -> dict | None:
+        return None
+
+    def load_state(self, state: dict) -> None:
+        pass

@@ -1,0 +1,56 @@
+"""Which targets count more (`loss.targets`): the rare bucket, term occurrences, or both.
+
+* rare_bucket: the target token is in the rare frequency bucket (data/rare/buckets.npy);
+* terms: the target position is a token of an extracted term's occurrence
+  (data/rare/term_index.npy), so every token of "myocardial infarction"
+  counts, including a medium-frequency modifier, and a number or a one-off
+  word does not;
+* both: either.
+
+`loss.rare_weight` (rarelm/objectives/rare_weight.py) and `loss.unlikelihood` act
+on the selected targets.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+FREQUENT_BUCKET, RARE_BUCKET = 0, 2  # data/rare/buckets.npy: 0 frequent, 1 medium, 2 rare, 3 unseen
+TARGET_CHOICES = ("rare_bucket", "terms", "both")
+
+
+def rare_mask(buckets, vocab_size: int, bucket: int = RARE_BUCKET) -> torch.Tensor:
+    """Bool [vocab_size]: True for token ids in `bucket` (ids past the buckets: False)."""
+    mask = torch.zeros(vocab_size, dtype=torch.bool)
+    b = torch.from_numpy(np.array(buckets[:vocab_size], dtype=np.int64))
+    mask[:len(b)] = b == bucket
+    return mask
+
+
+class TargetSelection:
+    """The selected targets of a batch, from its targets and the train positions its windows start at.
+
+    >>> from rarelm.rare import TermIndex
+    >>> index = TermIndex(np.array([[2, 2, 0]]), max_length=2)  # a term on positions 2, 3
+    >>> is_rare = torch.tensor([False, False, True])          # token 2 is in the rare bucket
+    >>> y = torch.tensor([[2, 0, 1]])                          # targets at positions 1, 2, 3
+    >>> [TargetSelection(t, is_rare, index)(y, np.array([0])).tolist()
+    ...  for t in ("rare_bucket", "terms", "both")]
+    [[[True, False, False]], [[False, True, True]], [[True, True, True]]]
+    """
+
+    def __init__(self, targets: str, is_rare: torch.Tensor, term_index=None):
+        if targets not in TARGET_CHOICES:
+            raise ValueError(f"loss.targets = {targets!r}")
+        if targets != "rare_bucket" and term_index is None:
+            raise ValueError(f"loss.targets = {targets} needs the term index")
+        self.targets, self.is_rare, self.term_index = targets, is_rare, term_index
+
+    def __call__(self, y: torch.Tensor, starts: np.ndarray) -> torch.Tensor:
+        """Bool [B, T] for targets y [B, T] of windows starting at `starts` (int64 [B])."""
+        rare = self.is_rare[y]
+        if self.targets == "rare_bucket":
+            return rare
+        terms = torch.from_numpy(self.term_index.target_mask(starts, y.size(1))).to(y.device)
+        return terms if self.targets == "terms" else terms | rare
