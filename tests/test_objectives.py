@@ -183,6 +183,22 @@ def test_neutral_settings_are_plain_cross_entropy_with_its_gradients(neutral):
         assert torch.equal(stats, plain_stats)
 
 
+def test_every_remedy_is_off_at_its_defaults_and_reachable_by_its_own_name():
+    from rarelm.objectives.objective import REMEDIES, needs_counts
+    from rarelm.objectives.remedy import Context
+    from rarelm.params import LossParams
+
+    context = Context(IS_RARE, torch.zeros_like(IS_RARE), COUNTS)
+    assert [remedy.from_params(LossParams(), context) for remedy in REMEDIES] == [None] * len(REMEDIES)
+    assert not needs_counts(LossParams()) and needs_counts(LossParams(logit_adjust_tau=0.5))
+    assert len({remedy.name for remedy in REMEDIES}) == len(REMEDIES)
+    objective = _objective(COUNTS, token_weight="face", focal_gamma=1.0)
+    assert [r.name for r in objective.remedies] == ["face", "focal"]
+    assert objective.face is objective.remedies[0] and objective.agg is None
+    with pytest.raises(AttributeError):
+        objective.no_such_remedy  # noqa: B018
+
+
 def test_counts_are_required_where_an_objective_reads_them():
     from rarelm.errors import RarelmError
 
