@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import reprlib
 import types
 import typing
@@ -345,6 +346,9 @@ def _shown(value: Any, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
+_EXPONENT_ONLY = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")  # 5e-4, 1E3: no dot, so a string
+
+
 def _check_value(key: str, value: Any, hint: Any, bounds: Any) -> Any:
     given = value
 
@@ -374,6 +378,8 @@ def _check_value(key: str, value: Any, hint: Any, bounds: Any) -> Any:
         if abs(value) > INT_MAX:
             reject(f"an integer of at most {INT_MAX}")
     elif hint is float:
+        if isinstance(value, str) and _EXPONENT_ONLY.fullmatch(value.strip()):
+            value = float(value)  # YAML 1.1 (PyYAML, `dvc exp run -S lr=5e-4`) reads 5e-4 as a string
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             reject("a number")
         try:

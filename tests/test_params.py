@@ -27,6 +27,16 @@ def test_int_is_accepted_for_float_and_converted():
     assert params.corpus.val_fraction == 0.0
 
 
+def test_exponent_without_a_dot_is_a_number(tmp_path):
+    """PyYAML reads 5e-5 (no dot) as a string, as `dvc exp run -S train.min_lr=5e-5` writes it."""
+    path = tmp_path / "params.yaml"
+    path.write_text("train:\n  lr: 5e-4\n  min_lr: '5E-05'\n", encoding="utf-8")
+    params = load_params(path)
+    assert (params.train.lr, params.train.min_lr) == (5e-4, 5e-5)
+    with pytest.raises(RarelmError, match="must be a number"):
+        Params.from_dict({"train": {"lr": "5e-4x"}})
+
+
 @pytest.mark.parametrize(("raw", "message"), [
     ({"alpha": -1}, "params: alpha = -1 is not allowed (must be >= 0)"),
     ({"alpha": "high"}, "params: alpha = 'high' is not allowed (must be a number)"),
