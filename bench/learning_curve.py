@@ -64,7 +64,7 @@ def experiments() -> dict[str, dict]:
     """name -> {"eval": ..., "train": ...} for every finished DVC experiment, whatever its baseline
     commit (`dvc exp show` lists only HEAD's; the experiments live under git's refs/exps/)."""
     sys.path.insert(0, str(ROOT))
-    from rarelm.compare import experiment_refs
+    from rarelm.report.git_runs import experiment_refs
 
     found = {}
     for exp_name, _, commit in experiment_refs(ROOT):

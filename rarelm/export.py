@@ -11,7 +11,7 @@
 - README.md: the model card (YAML metadata, data, params, metrics, intended use).
 
 Everything written is a function of params, data and the trained weights: no time, no
-absolute path, no run id, so `dvc repro` gives the same folder hash (rarelm.reprocheck).
+absolute path, no run id, so `dvc repro` gives the same folder hash (rarelm.report.reprocheck).
 A too-long prompt through transformers' pipeline is cut from the left with
 `handle_long_generation="hole"`, which keeps `model_max_length - max_new_tokens` tokens:
 

@@ -12,7 +12,7 @@ are replicates: the bootstrap resamples their seeds together with the terms. Pri
 the difference table and a table of run-level figures (perplexity, false insertion;
 intervals over seeds); `--out DIR` also writes
 DIR/index.html (self-contained), DIR/report.md and DIR/report.json. The statistics
-are explained in rarelm/compare.py. Not a DVC stage.
+are explained in rarelm/report/statistics.py. Not a DVC stage.
 """
 
 import sys
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import typer
 
-from rarelm.errors import user_errors
+from rarelm.errors import RarelmError, user_errors
 
 app = typer.Typer(add_completion=False, help=__doc__)
 
@@ -48,33 +48,40 @@ def compare(
 ) -> None:
     """Compare RUNs with the --baseline: metrics per configuration, differences, 95% intervals."""
     with user_errors("compare"):
-        from rarelm import compare as cmp  # on use: numpy would slow every `rarelm` command's start-up
+        # on use: numpy would slow every `rarelm` command's start-up
+        from rarelm.report.compare import compare as compare_runs
+        from rarelm.report.git_runs import experiments_of_head
+        from rarelm.report.mlflow_runs import log_report
+        from rarelm.report.occurrences import METRICS, same_occurrences
+        from rarelm.report.page import write_report
+        from rarelm.report.runs import load_run
+        from rarelm.report.tables import markdown
 
-        base_runs = [cmp.load_run(ref, split=split) for ref in baseline]
-        other = [cmp.load_run(ref, split=split) for ref in runs or []]
-        found = cmp.experiments_of_head(Path(".")) if experiments else []
+        base_runs = [load_run(ref, split=split) for ref in baseline]
+        other = [load_run(ref, split=split) for ref in runs or []]
+        found = experiments_of_head(Path(".")) if experiments else []
         for name in found:
             if name in (runs or []) or name in baseline:
                 continue
             try:
-                run = cmp.load_run(name, split=split)
-            except cmp.RarelmError as exc:  # an experiment from before per-occurrence results
+                run = load_run(name, split=split)
+            except RarelmError as exc:  # an experiment from before per-occurrence results
                 print(f"rarelm compare: warning: skipped experiment {exc}", file=sys.stderr)
                 continue
-            if not cmp.same_occurrences(run, base_runs[0]):  # another corpus, split or term list
+            if not same_occurrences(run, base_runs[0]):  # another corpus, split or term list
                 print(f"rarelm compare: warning: skipped experiment {name}: evaluated on other "
                       f"occurrences than {base_runs[0].name}", file=sys.stderr)
                 continue
             other.append(run)
-        report = cmp.compare(base_runs, other, metric or tuple(cmp.METRICS), bootstrap, seed)
-        text = cmp.markdown(report)
-        paths = cmp.write_report(report, out) if out is not None else []
+        report = compare_runs(base_runs, other, metric or tuple(METRICS), bootstrap, seed)
+        text = markdown(report)
+        paths = write_report(report, out) if out is not None else []
     sys.stdout.write(text)
     if paths:
         print(f"rarelm compare: report in {paths[0]}", file=sys.stderr)
     if log_mlflow:
         with tempfile.TemporaryDirectory() as tmp:
-            logged = cmp.log_to_mlflow(paths or cmp.write_report(report, tmp), base_runs[0])
+            logged = log_report(paths or write_report(report, tmp), base_runs[0])
         if logged:
             print(f"rarelm compare: report logged to MLflow run {logged} (compare/)", file=sys.stderr)
 

@@ -7,7 +7,7 @@ Queues the plan's configurations as `dvc exp run --queue` experiments, runs them
 `dvc queue start -j 1` in three rounds (screen on one seed on the val split, combine the
 best, confirm the best on the test split with fresh seeds), compares them with `rarelm
 compare`'s paired term x seed bootstrap and writes the tables; rounds and rules in
-rarelm/headline.py. The previous plan took about 90 minutes on 2 CPU cores; headline.yaml now
+rarelm/report/headline.py. The previous plan took about 90 minutes on 2 CPU cores; headline.yaml now
 runs three more experiments (three fresh final seeds) and scores val as well (not timed yet);
 interrupted, it picks up the experiments already finished. Not a DVC stage.
 """
@@ -17,7 +17,6 @@ from pathlib import Path
 import typer
 
 from rarelm.errors import user_errors
-from rarelm.headline import main
 
 app = typer.Typer(add_completion=False, help=__doc__)
 
@@ -31,6 +30,8 @@ def headline(
 ) -> None:
     """Run the headline experiment (three rounds of queued DVC experiments) and write its tables."""
     with user_errors("headline"):
+        from rarelm.report.headline import main  # on use: numpy would slow every `rarelm` command's start-up
+
         main(plan, Path("."), out, Path("README.md") if readme else None)
 
 

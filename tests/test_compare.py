@@ -1,19 +1,25 @@
-"""compare: the term x seed bootstrap and the sign test by hand, replicate pooling, and the CLI on real
-git, DVC experiments and a real MLflow store (the per-occurrence rows are synthetic; no model is trained)."""
+"""compare: replicate pooling, alignment, the report, and the CLI on real git, DVC experiments and a real
+MLflow store (the per-occurrence rows are synthetic; no model is trained). The statistics by hand:
+tests/test_statistics.py."""
 
 from __future__ import annotations
 
 import json
 import re
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
 
-from rarelm import compare as cmp
 from rarelm.errors import RarelmError
+from rarelm.report.compare import compare as compare_runs
+from rarelm.report.configurations import group_runs
+from rarelm.report.git_runs import experiments_of_head
+from rarelm.report.occurrences import METRICS, align
+from rarelm.report.run_data import OCCURRENCES, SUMMARY, RunData, canonical, occurrence_key
+from rarelm.report.runs import load_run
+from rarelm.report.statistics import sign_test_p
 from tests.conftest import assert_user_error, run, stage
 
 # The evaluate stage's per-occurrence rows for a synthetic model: 40 terms, 1-5 occurrences each, a
@@ -83,145 +89,14 @@ DVC_YAML = """stages:
 """
 
 
-def _run_data(name: str, seed: int, alpha: float, rows: list[dict] | None = None) -> cmp.RunData:
-    params = {"seed": cmp.canonical(seed), "alpha": cmp.canonical(alpha), "train.lr": "0.003"}
+def _run_data(name: str, seed: int, alpha: float, rows: list[dict] | None = None) -> RunData:
+    params = {"seed": canonical(seed), "alpha": canonical(alpha), "train.lr": "0.003"}
     rows = GEN["occurrence_rows"](seed, alpha) if rows is None else rows
-    return cmp.RunData(name, name, "git", name, params, rows, GEN["summary"](seed, alpha))
+    return RunData(name, name, "git", name, params, rows, GEN["summary"](seed, alpha))
 
 
 def _em(rows: list[dict]) -> np.ndarray:
-    return np.array([float(r["exact_match"]) for r in sorted(rows, key=cmp._key)])
-
-
-# ---------------------------------------------------------------- the bootstrap
-
-
-def test_identical_configurations_differ_by_zero():
-    rows = GEN["occurrence_rows"](1, 0.0)
-    term, em = [r["term"] for r in rows], np.array([float(r["exact_match"]) for r in rows])
-    for macro in (False, True):
-        r = cmp.paired_bootstrap(term, em, em.copy(), n_boot=500, seed=3, macro=macro)
-        assert (r.value, r.lo, r.hi) == (0.0, 0.0, 0.0)
-
-
-def test_a_constructed_difference_is_recovered():
-    # 20 terms with 1..4 occurrences; the method writes every occurrence of terms 0-9, the baseline none
-    term = np.repeat(np.arange(20), [1 + t % 4 for t in range(20)])
-    base = np.zeros(len(term))
-    method = (term < 10).astype(float)
-    exact = 23 / 50  # terms 0-9 hold 1+2+3+4+1+2+3+4+1+2 = 23 of the 50 occurrences
-    r = cmp.paired_bootstrap(term, method, base, n_boot=2000, seed=0)
-    assert r.value == pytest.approx(exact)
-    assert r.lo < exact < r.hi and 0.2 < r.lo and r.hi < 0.75
-    per_term = cmp.paired_bootstrap(term, method, base, n_boot=2000, seed=0, macro=True)
-    assert per_term.value == pytest.approx(0.5) and per_term.lo < 0.5 < per_term.hi
-    # the mean of one side alone (b = None) is the same number
-    assert cmp.paired_bootstrap(term, method, n_boot=10).value == pytest.approx(exact)
-
-
-def test_terms_are_resampled_not_occurrences():
-    # 20 terms x 50 perfectly correlated occurrences; the method wins on 10 terms, ties on 10.
-    # Resampling occurrences would see 1000 independent outcomes (interval ~ +-0.03); terms: ~ +-0.22.
-    term = np.repeat(np.arange(20), 50)
-    method, base = (term < 10).astype(float), np.zeros(1000)
-    by_term = cmp.paired_bootstrap(term, method, base, n_boot=2000, seed=0)
-    by_occurrence = cmp.paired_bootstrap(np.arange(1000), method, base, n_boot=2000, seed=0)
-    term_width, occurrence_width = by_term.hi - by_term.lo, by_occurrence.hi - by_occurrence.lo
-    expected = 2 * 1.96 * 0.5 / np.sqrt(20)  # normal approximation, 20 independent terms
-    assert by_term.value == by_occurrence.value == 0.5
-    assert 0.8 * expected < term_width < 1.2 * expected
-    assert term_width > 5 * occurrence_width
-
-
-def test_the_bootstrap_is_deterministic_given_its_seed_and_fast():
-    rng = np.random.default_rng(0)
-    term = rng.integers(0, 300, size=2000)
-    a, b = rng.random(2000) < 0.6, rng.random(2000) < 0.5
-    first = cmp.paired_bootstrap(term, a, b, n_boot=2000, seed=7)
-    assert cmp.paired_bootstrap(term, a, b, n_boot=2000, seed=7) == first
-    assert cmp.paired_bootstrap(term, a, b, n_boot=2000, seed=8) != first
-    started = time.perf_counter()
-    draws = cmp.term_draws(300, 2000, seed=0)
-    sums, counts = cmp.term_sums(term, 300, a - b.astype(float), np.ones((1, 2000), dtype=bool))
-    cmp.estimate(draws, sums, counts)
-    assert time.perf_counter() - started < 1.0
-    assert draws.shape == (2000, 300) and (draws.sum(axis=1) == 300).all()
-
-
-def _simulated_seeds(rng, n_terms: int = 40, n_seeds: int = 6, seed_sd: float = 0.3):
-    """Per-replicate term sums of two configurations with no true difference: a shared term effect
-    (cancels in the pair), a seed effect of known sd per configuration and seed, small occurrence noise."""
-    term = np.repeat(np.arange(n_terms), 2)
-    term_effect = rng.normal(0, 1, n_terms)[term]
-    sides = []
-    for _ in range(2):
-        values = [term_effect + rng.normal(0, seed_sd) + rng.normal(0, 0.05, len(term))
-                  for _ in range(n_seeds)]
-        sides.append(np.stack([cmp.term_sums(term, n_terms, v, np.ones((1, len(term)), bool))[0]
-                               for v in values]))
-    counts = np.full((n_terms, 1), 2.0)
-    return sides, counts
-
-
-def test_hierarchical_bootstrap_covers_the_seed_spread_the_term_bootstrap_misses():
-    """100 simulated comparisons, true difference 0, seed sd 0.3 on 6 seeds a side: the term x seed
-    interval holds 0 in most; the term-only interval (seeds averaged per occurrence) almost never."""
-    rng = np.random.default_rng(0)
-    held = {"terms x seeds": 0, "terms only": 0}
-    widths = []
-    for k in range(100):
-        (config, base), counts = _simulated_seeds(rng)
-        draws = cmp.term_draws(40, 400, seed=k)
-        weights = cmp.seed_weights(6, 400, seed=k)  # the same seeds drawn for both sides (paired)
-        both = cmp.hierarchical_estimate(draws, counts, [(1.0, weights, config), (-1.0, weights, base)])[0]
-        pooled = cmp.estimate(draws, config.mean(0) - base.mean(0), counts)[0]
-        assert both.value == pytest.approx(pooled.value)  # the same point estimate
-        held["terms x seeds"] += both.lo <= 0 <= both.hi
-        held["terms only"] += pooled.lo <= 0 <= pooled.hi
-        widths.append((both.hi - both.lo, pooled.hi - pooled.lo))
-    assert held["terms x seeds"] >= 80 and held["terms only"] <= 10, held
-    width, term_width = np.mean(widths, axis=0)
-    # the difference of two means of 6 seeds with sd 0.3: sd 0.173, a 95% interval ~0.68 wide
-    assert 0.45 < width < 0.8 and term_width < 0.05
-
-
-def test_one_seed_a_side_is_the_term_bootstrap():
-    rng = np.random.default_rng(1)
-    (config, base), counts = _simulated_seeds(rng, n_seeds=1)
-    draws = cmp.term_draws(40, 300, seed=2)
-    ones = np.ones((300, 1))
-    both = cmp.hierarchical_estimate(draws, counts, [(1.0, ones, config), (-1.0, ones, base)], macro=True)[0]
-    terms_only = cmp.estimate(draws, config[0] - base[0], counts, macro=True)[0]
-    assert (both.value, both.lo, both.hi) == pytest.approx((terms_only.value, terms_only.lo, terms_only.hi))
-
-
-def test_sign_test_by_hand():
-    assert cmp.sign_test_p(9, 1) == pytest.approx(2 * (1 + 10) / 2 ** 10)  # 0.021484375
-    assert cmp.sign_test_p(1, 9) == pytest.approx(0.021484375)
-    assert cmp.sign_test_p(5, 5) == 1.0 and cmp.sign_test_p(0, 0) == 1.0
-    assert cmp.sign_test_p(3, 0) == pytest.approx(2 / 8)
-    assert cmp.sign_test_p(0, 60) == 2 / 2 ** 60 and cmp.sign_test_p(5000, 5001) == 1.0  # big n: exact ints
-    stats = pytest.importorskip("scipy.stats")  # the same numbers as scipy's exact binomial test
-    for b, c in ((9, 1), (30, 12), (250, 301), (0, 7)):
-        assert cmp.sign_test_p(b, c) == pytest.approx(stats.binomtest(min(b, c), b + c, 0.5).pvalue, rel=1e-9)
-
-
-def test_the_sign_test_counts_terms_not_occurrences_or_seeds():
-    # term 0: 3 occurrences, the configuration better at all; term 1 worse; term 2 tied; term 3 absent
-    config, base = np.array([3.0, 0.0, 1.0, 0.0]), np.array([0.0, 1.0, 1.0, 0.0])
-    assert cmp.term_signs(config, base, np.array([3, 1, 1, 0])) == (1, 1)
-
-
-def test_seed_intervals_of_run_level_figures():
-    r = cmp.seed_interval([1.0, 2.0, 3.0])  # mean 2, s 1, t(2) 4.303
-    assert (r.value, r.lo, r.hi) == pytest.approx((2.0, 2 - 4.303 / 3 ** 0.5, 2 + 4.303 / 3 ** 0.5))
-    paired = cmp.seed_interval([2.0, 3.0, 5.0], [1.0, 2.0, 3.0], paired=True)  # differences 1, 1, 2
-    assert paired.value == pytest.approx(4 / 3) and paired.hi - paired.value == pytest.approx(
-        4.303 * np.std([1, 1, 2], ddof=1) / 3 ** 0.5)
-    welch = cmp.seed_interval([2.0, 4.0, 6.0], [1.0, 2.0])  # df min(3, 2) - 1 = 1
-    assert welch.value == pytest.approx(2.5)
-    assert welch.hi - welch.value == pytest.approx(12.706 * (4 / 3 + 0.5 / 2) ** 0.5)
-    assert cmp.seed_interval([1.0]) is None and cmp.seed_interval([1.0, 2.0], [1.0]) is None
+    return np.array([float(r["exact_match"]) for r in sorted(rows, key=occurrence_key)])
 
 
 # ---------------------------------------------------------------- configurations
@@ -230,22 +105,22 @@ def test_seed_intervals_of_run_level_figures():
 def test_replicates_are_pooled_per_occurrence():
     base = [_run_data("base-s1", 1, 0.0), _run_data("base-s2", 2, 0.0)]
     others = [_run_data("a07-s1", 1, 0.7), _run_data("a07-s2", 2, 0.7), _run_data("base-s3", 3, 0.0)]
-    configs = cmp.group_runs(base, others)
+    configs = group_runs(base, others)
     assert [c.label for c in configs] == ["baseline", "alpha=0.7"]
     assert [r.name for r in configs[0].runs] == ["base-s1", "base-s2", "base-s3"]  # a seed joins the baseline
     assert configs[1].seeds == ["1", "2"]
     # same params and a seed its configuration already has: not a replicate (another commit's code)
-    again = cmp.group_runs(base, [*others, _run_data("new-code", 1, 0.0), _run_data("a07-again", 2, 0.7),
+    again = group_runs(base, [*others, _run_data("new-code", 1, 0.0), _run_data("a07-again", 2, 0.7),
                                   _run_data("a07-s1", 1, 0.7)])  # the same run twice counts once
     assert [(c.label, c.seeds) for c in again] == [("baseline", ["1", "2", "3"]), ("alpha=0.7", ["1", "2"]),
                                                    ("new-code", ["1"]), ("alpha=0.7 (a07-again)", ["2"])]
-    occ, metrics = cmp.align(configs, list(cmp.METRICS))
-    assert metrics == list(cmp.METRICS) and len(occ.terms) == 40
+    occ, metrics = align(configs, list(METRICS))
+    assert metrics == list(METRICS) and len(occ.terms) == 40
     expected = (_em(others[0].rows) + _em(others[1].rows)) / 2
     assert np.array_equal(configs[1].mean("exact_match"), expected)
     assert set(np.unique(expected)) <= {0.0, 0.5, 1.0} and 0.5 in expected
     assert np.array_equal(configs[0].values["exact_match"][2], _em(others[2].rows))
-    report = cmp.compare(base, others, n_boot=200, seed=0)
+    report = compare_runs(base, others, n_boot=200, seed=0)
     row = next(r for r in report["rows"] if r["configuration"] == "alpha=0.7" and r["metric"] == "exact_match"
                and r["slice"] == "all" and r["aggregate"] == "occurrences")
     base_mean = np.mean([_em(r.rows) for r in (*base, others[2])], axis=0)
@@ -268,19 +143,19 @@ def test_runs_of_other_data_or_mixed_baselines_are_refused():
     shifted = _run_data("other", 1, 0.7, [{**r, "char_start": r["char_start"] + 1}
                                           for r in GEN["occurrence_rows"](1, 0.7)])
     with pytest.raises(RarelmError, match="runs base and other were evaluated on different occurrences"):
-        cmp.compare([base], [shifted], n_boot=10)
+        compare_runs([base], [shifted], n_boot=10)
     with pytest.raises(RarelmError, match="differ in more than the seed .alpha=0.7"):
-        cmp.compare([base, _run_data("b2", 2, 0.7)], [], n_boot=10)
+        compare_runs([base, _run_data("b2", 2, 0.7)], [], n_boot=10)
     fewer = _run_data("fewer", 1, 0.7, GEN["occurrence_rows"](1, 0.7)[:-1])
     with pytest.raises(RarelmError, match="different occurrences"):
-        cmp.compare([base], [fewer], n_boot=10)
+        compare_runs([base], [fewer], n_boot=10)
 
 
 def test_a_metric_missing_in_a_run_is_left_out_and_slices_by_band():
     newer = ("choice_rank", "nll_sum", "nll_per_char", "token_acc", "first_token_rr")  # older rows lack them
     old = _run_data("old", 1, 0.7, [{k: v for k, v in r.items() if k not in newer}
                                      for r in GEN["occurrence_rows"](1, 0.7)])
-    report = cmp.compare([_run_data("base", 1, 0.0)], [old], n_boot=50)
+    report = compare_runs([_run_data("base", 1, 0.0)], [old], n_boot=50)
     assert report["metrics"] == ["exact_match", "first_token_acc", "nll"]
     assert report["left_out"] == ["choice_acc", "nll_per_char", "nll_per_term", "token_acc", "first_token_rr"]
     slices = list(dict.fromkeys(r["slice"] for r in report["rows"]))
@@ -318,8 +193,8 @@ def dvc_repo(tmp_path_factory) -> dict:
     for rev, alpha in (("rev1", 0.7), ("rev2", 0.0)):  # what `dvc repro` writes, without its seconds
         _write_params(root, 1, alpha)
         rows = GEN["occurrence_rows"](1, alpha)
-        (root / cmp.OCCURRENCES).write_text("".join(json.dumps(r) + "\n" for r in rows))
-        (root / cmp.SUMMARY).write_text(json.dumps(GEN["summary"](1, alpha)))
+        (root / OCCURRENCES).write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (root / SUMMARY).write_text(json.dumps(GEN["summary"](1, alpha)))
         revs[rev] = _git_commit(root, f"alpha {alpha}")
     for name, sets in (("base-s2", ["seed=2"]), ("a07-s1", ["alpha=0.7"]),
                        ("a07-s2", ["alpha=0.7", "seed=2"])):
@@ -377,7 +252,7 @@ def test_cli_compares_two_git_revisions(dvc_repo, tmp_path):
     lo, hi = map(float, re.fullmatch(r"\[(\S+), (\S+)\]", method_row[7]).groups())
     assert lo < diff < hi and lo > 0  # alpha 0.7 is clearly better in the generator
     b, c = _term_signs(GEN["occurrence_rows"](1, 0.7), GEN["occurrence_rows"](1, 0.0))
-    assert float(method_row[8]) == pytest.approx(cmp.sign_test_p(b, c), rel=1e-2) and b > c
+    assert float(method_row[8]) == pytest.approx(sign_test_p(b, c), rel=1e-2) and b > c
     assert ("alpha=0.7", "nll", "train_count<=15, per term") in table
     assert ("alpha=0.7", "nll_per_char", "all") in table and ("alpha=0.7", "token_acc", "all") in table
     # run-level: one seed a side, so a mean and no interval; 1.08 vs 1.01 is +6.9%
@@ -397,7 +272,7 @@ def test_cli_compares_two_git_revisions(dvc_repo, tmp_path):
 
 def test_cli_pools_the_dvc_experiments_of_head(dvc_repo, tmp_path):
     root = dvc_repo["root"]
-    assert cmp.experiments_of_head(root) == ["a07-s1", "a07-s2", "base-s2"]
+    assert experiments_of_head(root) == ["a07-s1", "a07-s2", "base-s2"]
     result = stage("compare", root, "--experiments", "--baseline", "workspace", "--bootstrap", "300",
                    "--metric", "exact_match", "--out", str(tmp_path / "r"))
     assert result.returncode == 0, result.stderr
@@ -473,8 +348,8 @@ def test_cli_compares_mlflow_runs_by_id(tmp_path, monkeypatch):
                       "MLflow run has no artifact eval/eval_occurrences.jsonl", tmp_path, stage="compare")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)  # the CLI's one-line path is the same as above
     with pytest.raises(RarelmError, match=f"{'0' * 32}: no such MLflow run in {uri}"):
-        cmp.load_run("0" * 32)
+        load_run("0" * 32)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'elsewhere.db'}")
     with pytest.raises(RarelmError, match="no MLflow store at sqlite:///"):
-        cmp.load_run(ids["base"])
+        load_run(ids["base"])
     assert not (tmp_path / "elsewhere.db").exists()

@@ -3,7 +3,7 @@
 The repo's `train` stage writes a "model" (its params) and counts its own runs; `evaluate` turns
 it into the per-occurrence rows of tests/test_compare.py's generator, where a larger effective
 alpha writes more terms, for a val and a test split (other outcomes on each). Real `dvc exp run
---queue`, `dvc queue start`, run cache and `rarelm.compare`; no model is trained, so the three
+--queue`, `dvc queue start`, run cache and `rarelm.report.compare`; no model is trained, so the three
 rounds take seconds, not 90 minutes.
 """
 
@@ -16,8 +16,11 @@ import numpy as np
 import pytest
 import yaml
 
-from rarelm import headline as hl
 from rarelm.errors import RarelmError
+from rarelm.report import headline as hl
+from rarelm.report.dvc_queue import existing
+from rarelm.report.headline_outputs import END, FIGURE, START, report_row
+from rarelm.report.headline_plan import PREFIX, Plan
 from tests.conftest import run
 from tests.test_compare import GENERATOR
 
@@ -74,19 +77,19 @@ def repo(tmp_path_factory) -> dict:
           cache: false
 """)
     (root / "plan.yaml").write_text(yaml.safe_dump(PLAN))
-    (root / "README.md").write_text(f"# demo\n\nbefore\n\n{hl.START}\nold table\n{hl.END}\n\nafter\n")
+    (root / "README.md").write_text(f"# demo\n\nbefore\n\n{START}\nold table\n{END}\n\nafter\n")
     (root / ".gitignore").write_text("/model.txt\n")
     run(["git", "add", "-A"], root, check=True)
     run(["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "init"], root, check=True)
     log: list[str] = []
-    result = hl.headline(root, hl.Plan.load(root / "plan.yaml"), root / "reports", root / "README.md",
+    result = hl.headline(root, Plan.load(root / "plan.yaml"), root / "reports", root / "README.md",
                          log=log.append, poll=1)
     return {"root": root, "result": result, "log": log, "trained": trained}
 
 
 def test_the_rounds_run_the_plan(repo):
     root, result = repo["root"], repo["result"]
-    names = {n for n in hl.existing(root) if n.startswith(hl.PREFIX)}
+    names = {n for n in existing(root) if n.startswith(PREFIX)}
     assert names == {"hl-baseline-s1", "hl-good-s1", "hl-tuned-s1", "hl-baseline-s2", "hl-good-s2",
                      "hl-baseline-s3", "hl-good-s3"}
     assert result["combination"] == [] and result["finalists"] == ["good"]
@@ -101,10 +104,10 @@ def test_the_rounds_run_the_plan(repo):
 
 def test_the_combination_round_merges_the_best_two_and_replicates_the_best(monkeypatch, tmp_path):
     """The rounds' logic with the experiments faked (the DVC side is the test above)."""
-    plan = hl.Plan(common=["train.max_steps=5"], screen_seeds=[7], final_seeds=[8], finalists=2, combine=2,
-                   configurations={"baseline": [], "a": ["loss.targets=terms", "loss.rare_weight=2"],
-                                   "b": ["loss.rare_weight=4"], "c": ["alpha=1"]},
-                   decode={"d": {"of": "c", "set": ["eval.logit_adjust_tau=0.5"]}})
+    plan = Plan(common=["train.max_steps=5"], screen_seeds=[7], final_seeds=[8], finalists=2, combine=2,
+                configurations={"baseline": [], "a": ["loss.targets=terms", "loss.rare_weight=2"],
+                                "b": ["loss.rare_weight=4"], "c": ["alpha=1"]},
+                decode={"d": {"of": "c", "set": ["eval.logit_adjust_tau=0.5"]}})
     gains = {"a": 0.3, "b": 0.25, "c": 0.2, "d": 0.1, "combination": 0.5}
     batches: list[tuple[str, list]] = []
     monkeypatch.setattr(hl, "run_batch", lambda repo, batch, log, poll: batches.append(batch) or len(batch))
@@ -135,18 +138,18 @@ def test_reports_and_readme_table(repo):
     assert screen["splits"] == ["val"] and [c["seeds"] for c in screen["configurations"]] == [["1"]] * 3
     # the guard reads val's eval.json figures: the stand-in's summary at seed 101 (1 + 100)
     assert screen["configurations"][0]["summary"]["false_insertion_rate"] == pytest.approx(1.02)
-    assert (root / "reports" / hl.FIGURE).read_text().startswith("<svg")
+    assert (root / "reports" / FIGURE).read_text().startswith("<svg")
     readme = (root / "README.md").read_text()
     assert readme.startswith("# demo\n\nbefore\n\n") and readme.endswith("\n\nafter\n")
-    assert "old table" not in readme and f"]({Path('reports') / hl.FIGURE})" in readme
+    assert "old table" not in readme and f"]({Path('reports') / FIGURE})" in readme
     rows = [line for line in readme.splitlines() if line.startswith("| good |")]
     assert len(rows) == 2  # final and screening tables
     cells = [c.strip() for c in rows[0].strip("|").split("|")]
-    per_char = hl._row(result["final"], "good", "all", "nll_per_char")
+    per_char = report_row(result["final"], "good", "all", "nll_per_char")
     assert cells[1:3] == ["2", "40"] and cells[3] == f"{per_char['value']:.3f}"
     assert cells[4] == f"{per_char['diff']:+.3f} [{per_char['diff_lo']:+.3f}, {per_char['diff_hi']:+.3f}]"
     assert per_char["diff_hi"] < 0  # alpha 0.7 lowers term NLL clearly in the generator
-    exact = hl._row(result["final"], "good", "all")
+    exact = report_row(result["final"], "good", "all")
     assert cells[7] == f"{exact['value']:.3f}" and exact["diff_lo"] > 0
     ppl = np.mean([1.9 - 0.07] * 2)  # the stand-in's ppl at alpha 0.7, both seeds
     assert cells[9] == f"{ppl:.4f} ({ppl / 1.9 - 1:+.1%})"
@@ -157,7 +160,7 @@ def test_reports_and_readme_table(repo):
 def test_an_interrupted_headline_resumes_without_rerunning(repo):
     root = repo["root"]
     log: list[str] = []
-    again = hl.headline(root, hl.Plan.load(root / "plan.yaml"), root / "reports", None,
+    again = hl.headline(root, Plan.load(root / "plan.yaml"), root / "reports", None,
                         log=log.append, poll=1)
     assert not any(line.startswith("queue") for line in log)
     assert again["finalists"] == repo["result"]["finalists"]
@@ -178,11 +181,11 @@ def test_bad_plans_are_one_line(tmp_path):
         path = tmp_path / "plan.yaml"
         path.write_text(text)
         with pytest.raises(RarelmError, match=message):
-            hl.Plan.load(path)
+            Plan.load(path)
 
 
 def test_ranking_guards_overall_perplexity_and_false_insertion(monkeypatch):
-    plan = hl.Plan(common=[], screen_seeds=[1], final_seeds=[2], decode={},
+    plan = Plan(common=[], screen_seeds=[1], final_seeds=[2], decode={},
                    configurations={"baseline": [], "a": ["x=1"], "b": ["y=1"], "c": ["z=1"], "d": ["w=1"],
                                    "e": ["v=1"]})
     # ppl: +1.6%, +4% (out), +1.99%, +0%, +0%; false insertion: +0%, +0%, +9.9%, +12% (out), +0%

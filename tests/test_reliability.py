@@ -26,7 +26,7 @@ import psutil
 import pytest
 import yaml
 
-from rarelm import reprocheck
+from rarelm.report import reprocheck
 from tests.conftest import BIN, REPO, run, set_params, stage
 
 

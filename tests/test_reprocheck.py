@@ -1,4 +1,4 @@
-"""rarelm.reprocheck: the reproducibility checks that CI (.github/workflows/ci.yml) runs.
+"""rarelm.report.reprocheck: the reproducibility checks that CI (.github/workflows/ci.yml) runs.
 
 The checker is tested here on toy DAGs; its run on the real DAG (tiny params, train.nproc = 2)
 is tests/test_reliability.py::test_dag_twice_from_scratch_gives_byte_identical_outputs.
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rarelm import reprocheck
+from rarelm.report import reprocheck
 from tests.conftest import BIN, run
 
 
@@ -153,6 +153,6 @@ def test_workflow_runs_tests_dag_reproducibility_and_metrics_diff():
     assert "--runs 2" in commands
     assert (root / ".ci/reference/metrics").is_dir()
     # the helper the workflow calls is the one tested here
-    result = subprocess.run([str(BIN / "python"), "-m", "rarelm.reprocheck", "--help"], cwd=root,
+    result = subprocess.run([str(BIN / "python"), "-m", "rarelm.report.reprocheck", "--help"], cwd=root,
                             capture_output=True, text=True)
     assert result.returncode == 0 and "reproduce" in result.stdout and "metrics" in result.stdout

@@ -551,8 +551,9 @@ def test_alpha_schedule_run_resumes_bit_identical_mid_epoch(trained, tmp_path, m
     """weights.schedule decay (weights recomputed per epoch from scores.npy, windows shifted
     per epoch): a run that crashes after a checkpoint in the middle of its second epoch and is
     started again ends byte-identical to an uninterrupted one."""
-    from rarelm import reprocheck, train
+    from rarelm import train
     from rarelm.params import load_params
+    from rarelm.report import reprocheck
 
     root, _, _ = trained
     monkeypatch.chdir(root)
@@ -605,8 +606,8 @@ def test_curves_of_a_run_resumed_between_two_rows_equal_the_uninterrupted_ones(t
                                                                                monkeypatch):
     """A checkpoint every 3 steps, a curve row every 4: crashed after the step-6 checkpoint, the
     resumed run's row of step 8 still averages steps 5-8 (the log window is in the checkpoint)."""
-    from rarelm import reprocheck
     from rarelm.params import load_params
+    from rarelm.report import reprocheck
 
     root, _, _ = trained
     monkeypatch.chdir(root)

@@ -1,6 +1,6 @@
 """Reproducibility checks for CI and the test suite: same params + data = same outputs.
 
-Two checks, each a subcommand of `python -m rarelm.reprocheck`:
+Two checks, each a subcommand of `python -m rarelm.report.reprocheck`:
 
     reproduce   run `dvc repro --force` N times from scratch (outputs and the training
                 checkpoint cache removed before each run) and compare the output hashes that
@@ -31,6 +31,7 @@ Comparing hashes of dvc.lock entries:
 
 from __future__ import annotations
 
+import argparse
 import csv
 import io
 import json
@@ -338,9 +339,9 @@ def compare_metrics(root: str | Path, reference: str, rtol: float = RTOL, atol: 
 # ---------------------------------------------------------------- command line
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m rarelm.reprocheck", description=__doc__.split("\n")[0])
+    """`python -m rarelm.report.reprocheck reproduce|metrics`: 0 when the check passes, 1 otherwise."""
+    parser = argparse.ArgumentParser(prog="python -m rarelm.report.reprocheck",
+                                     description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     rep = sub.add_parser("reproduce", help="dvc repro --force N times; outputs must be byte-identical")
     rep.add_argument("--params", help="overlay YAML merged into params.yaml first (e.g. .ci/params.yaml)")

@@ -1,0 +1,69 @@
+"""Queued DVC experiments: queue a batch, run it with one `dvc queue start` worker, wait for it.
+
+An experiment that already exists under its name is not run again, and one already queued or
+running (an earlier, interrupted command's) is waited for, not queued again: an interrupted
+`rarelm headline` picks up where it stopped.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from rarelm.errors import RarelmError
+from rarelm.report.git_runs import experiment_refs
+
+
+def _dvc(args: list[str], repo: Path, check: bool = True) -> str:
+    out = subprocess.run([sys.executable, "-m", "dvc", *args], cwd=repo, capture_output=True, text=True)
+    if check and out.returncode:
+        raise RarelmError(f"dvc {' '.join(args[:3])} failed: {' '.join(out.stderr.split())[-300:]}")
+    return out.stdout
+
+
+def existing(repo: Path) -> set[str]:
+    """Names of the DVC experiments that exist (finished) in the repo."""
+    return {name for name, _, _ in experiment_refs(repo)}
+
+
+def queued(repo: Path) -> set[str]:
+    """Names of the experiments `dvc queue status` shows as queued or running."""
+    return {line.split()[1] for line in _dvc(["queue", "status"], repo).splitlines()[1:]
+            if len(line.split()) > 2 and line.split()[-1] in ("Queued", "Running")}
+
+
+def run_batch(repo: Path, batch: list[tuple[str, list[str]]], log: Callable[[str], None],
+              poll: float = 20) -> int:
+    """Queue (name, overrides) experiments that do not exist yet, run them one at a time, wait.
+
+    One already queued or running (an earlier, interrupted command's) is waited for, not queued
+    again. Returns how many experiments it ran or waited for.
+    """
+    done, pending = existing(repo), queued(repo)
+    todo = [(name, sets) for name, sets in batch if name not in done]
+    for name, sets in todo:
+        if name in pending:
+            continue
+        log(f"queue {name}: {' '.join(sets)}")
+        _dvc(["exp", "run", "--queue", "-q", "-n", name, *[x for s in sets for x in ("-S", s)]], repo)
+    if not todo:
+        return 0
+    # `dvc queue start` returns at once when a worker runs, else it is the worker: in the background
+    worker = subprocess.Popen([sys.executable, "-m", "dvc", "queue", "start", "-j", "1"], cwd=repo,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    names = {name for name, _ in todo}
+    t0 = time.time()
+    while True:
+        time.sleep(poll)
+        waiting = names & queued(repo)
+        if not waiting:
+            break
+        log(f"{time.time() - t0:5.0f} s: {len(waiting)} of {len(todo)} queued or running")
+    worker.wait()
+    failed = sorted(names - existing(repo))
+    if failed:
+        raise RarelmError(f"experiments failed: {', '.join(failed)} (see `dvc queue logs NAME`)")
+    return len(todo)

@@ -1,0 +1,171 @@
+"""The headline experiment: every rare-term remedy against the baseline, as DVC experiments.
+
+    make headline                      # = rarelm headline: queue, run, compare, write the README table
+    rarelm headline --plan headline.yaml --out docs/headline
+
+The plan (headline.yaml) lists configurations as `dvc exp run -S` overrides on top of
+`common`, and `decode` variants that change only `evaluate`'s params of a trained
+configuration (DVC's run cache restores that configuration's trained model, so only
+`evaluate` runs). `common` must make evaluate score both splits (`eval.splits=[val,test]`).
+Three rounds, each a batch of queued experiments run by `dvc queue start -j 1` (the
+experiments share the machine's cores), named `hl-<configuration>-s<seed>`:
+
+1. screen: every configuration and decode variant on the `screen_seeds`, judged on the
+   `screen_split` (val);
+2. combine: the best `combine` screened configurations whose overrides do not clash, merged
+   into one configuration (`combination`), on the screening seeds, judged on val;
+3. confirm: the baseline and the `finalists` best configurations on the `final_seeds`, which
+   must differ from the screening seeds, compared on the `final_split` (test). No run that took
+   part in the choice, and no test figure, is in the final comparison.
+
+The rules, fixed in the plan before any result is seen: a configuration is ranked only if its
+overall perplexity (all tokens, not one bucket) is within `ppl_tolerance` (2%) of the
+baseline's and its false-insertion rate (`false_insertion_rate`: extracted terms per 1,000
+sampled tokens over the same rate in the text) within `insertion_tolerance` (10%, relative) of
+the baseline's; the ranked ones are ordered by their difference to the baseline in term NLL
+per character (lower first), ties by term-token accuracy (higher first), both from the paired
+term x seed bootstrap of `rarelm.report.compare` on the screening split. An experiment that already
+exists under its name is not run again, so an interrupted command picks up where it stopped.
+Then two comparisons (`rarelm.report.compare.compare`): the screening round (screening seeds, val,
+every configuration) and the final one (final seeds, test, baseline and finalists), written to
+`<out>/screen/` and `<out>/final/` (index.html, report.md, report.json; `<out>` is
+docs/headline by default, kept in git), the exact-match curve to
+`<out>/exact_match_by_train_count.svg`, and both tables with the rounds' durations into the
+README between `<!-- headline:start -->` and `<!-- headline:end -->`. No figure is typed by
+hand. The plan and its rules: headline_plan.py; the queue: dvc_queue.py; the tables:
+headline_outputs.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from rarelm import tracking
+from rarelm.errors import RarelmError
+from rarelm.params import load_params
+from rarelm.report.compare import compare
+from rarelm.report.dvc_queue import run_batch
+from rarelm.report.headline_outputs import cpu_name, read_json, report_row, write_outputs
+from rarelm.report.headline_plan import (
+    RANK_METRIC,
+    RANK_SLICE,
+    TABLE_METRICS,
+    TIE_METRIC,
+    Plan,
+    combination,
+    experiment,
+)
+from rarelm.report.runs import load_run
+
+
+def ranking(repo: Path, plan: Plan, names: list[str], seeds: list[int]) -> list[tuple[str, float]]:
+    """Screened configurations that pass the guard, best first: (name, term NLL/char difference).
+
+    The guard (fixed in the plan): overall perplexity within `ppl_tolerance` of the baseline's
+    and false-insertion rate within `insertion_tolerance` of the baseline's, on the screening
+    split; a figure a run lacks does not exclude it. The others stay in the screening table.
+    """
+    report = _compare(repo, plan, [plan.baseline], names, seeds, plan.screen_split)
+    summaries = {c["label"]: c["summary"] for c in report["configurations"]}
+    base = summaries[plan.baseline]
+
+    def within(name: str) -> bool:
+        return all(base.get(key) is None or summaries[name].get(key) is None
+                   or summaries[name][key] <= base[key] * (1 + tolerance)
+                   for key, tolerance in (("ppl", plan.ppl_tolerance),
+                                          ("false_insertion_rate", plan.insertion_tolerance)))
+
+    scored = [(c, _diff(report, c, RANK_METRIC), _diff(report, c, TIE_METRIC)) for c in names if within(c)]
+    return [(c, rank) for c, rank, _ in sorted(scored, key=lambda x: (x[1], -x[2]))]
+
+
+def _compare(repo: Path, plan: Plan, base: list[str], names: list[str], seeds: list[int], split: str) -> dict:
+    """The comparison of `names` with the baseline on `seeds` and `split`, labelled by the plan's names."""
+    def runs(name: str) -> list:
+        return [load_run(experiment(name, s), repo, split=split) for s in seeds]
+
+    report = compare(runs(base[0]), [r for n in names for r in runs(n)], metrics=TABLE_METRICS)
+    labels = {experiment(n, s): n for n in [*base, *names] for s in seeds}
+    for c in report["configurations"]:  # the plan's names, not the params that differ
+        old, c["label"] = c["label"], labels[c["runs"][0]["name"]]
+        for row in [*report["rows"], *report["run_rows"]]:
+            if row["configuration"] == old:
+                row["configuration"] = c["label"]
+    return report
+
+
+def _diff(report: dict, config: str, metric: str) -> float:
+    """A configuration's difference to the baseline over all occurrences (0 for the baseline)."""
+    return report_row(report, config, RANK_SLICE, metric).get("diff") or 0.0
+
+
+def headline(repo: Path, plan: Plan, out: Path, readme: Path | None,
+             log: Callable[[str], None] = print, poll: float = 20) -> dict:
+    """Run the three rounds and write the comparisons; returns what the README table shows."""
+    repo, out = Path(repo).resolve(), Path(out)
+    extra: dict[str, list[str]] = {}
+
+    def batch(names: list[str], seeds: list[int]) -> list[tuple[str, list[str]]]:
+        return [(experiment(n, s), [*plan.common, f"seed={s}", *plan.overrides(n, extra)])
+                for s in seeds for n in names]
+
+    # A round that finds its experiments done (a re-run to rewrite the tables) keeps the time
+    # the earlier command measured for it.
+    previous = read_json(out / "headline.json").get("rounds_s", {})
+    rounds: dict[str, float] = {}
+
+    swept: list[str] = []
+
+    def timed(name: str, experiments: list[tuple[str, list[str]]]) -> None:
+        swept.extend(e for e, _ in experiments)
+        t0 = time.time()
+        ran = run_batch(repo, experiments, log, poll)
+        rounds[name] = time.time() - t0 if ran or name not in previous else previous[name]
+
+    screened = [*plan.configurations, *plan.decode]
+    timed("screen", batch(screened, plan.screen_seeds))
+    ranked = ranking(repo, plan, screened[1:], plan.screen_seeds)
+    trained = [n for n, _ in ranked if n in plan.configurations]
+    if plan.combine >= 2:
+        sets = combination(trained, lambda n: plan.overrides(n, extra), plan.combine)
+        if sets and sets not in [plan.overrides(n, extra) for n in plan.configurations]:
+            extra["combination"] = sets
+            timed("combine", batch(["combination"], plan.screen_seeds))
+            screened.append("combination")
+            ranked = ranking(repo, plan, screened[1:], plan.screen_seeds)
+    finalists = [n for n, _ in ranked[:plan.finalists]]
+    timed("confirm", batch([plan.baseline, *finalists], plan.final_seeds))
+
+    screen = _compare(repo, plan, [plan.baseline], screened[1:], plan.screen_seeds, plan.screen_split)
+    final = _compare(repo, plan, [plan.baseline], finalists, plan.final_seeds, plan.final_split)
+    result = {"rounds_s": rounds, "cpu": cpu_name(), "plan": dataclasses.asdict(plan),
+              "combination": extra.get("combination", []), "finalists": finalists,
+              "ranking": ranked, "screen": screen, "final": final}
+    write_outputs(result, out, readme)
+    _log_sweep(repo, out, swept, finalists)
+    return result
+
+
+def _log_sweep(repo: Path, out: Path, swept: list[str], finalists: list[str]) -> None:
+    """The sweep as a parent MLflow run over its experiments' runs, the reports as its artifacts."""
+    try:
+        mlflow_experiment = load_params(repo / "params.yaml").tracking.experiment
+    except RarelmError:  # the experiments ran with their own params: nothing to group by here
+        return
+    uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{repo / 'mlflow.db'}"  # the repo's store
+    commit = tracking.git_commit(repo)[:7]
+    tracking.log_sweep(mlflow_experiment, f"headline-{commit}", swept, out / "final", uri=uri, note=(
+        f"rarelm headline at commit {commit}: {len(swept)} experiments in three rounds; finalists "
+        f"{', '.join(finalists) or 'none'}. The final comparison (paired bootstrap over terms and seeds) "
+        "is in this run's artifacts; the screening round in docs/headline/screen."))
+
+
+def main(plan_path: Path, repo: Path, out: Path, readme: Path | None) -> dict:
+    """`rarelm headline`: load the plan, run the rounds, write the outputs."""
+    plan = Plan.load(plan_path)
+    return headline(repo, plan, out, readme, log=lambda m: print(f"headline: {m}", flush=True))
+

@@ -1,0 +1,117 @@
+"""The headline plan (headline.yaml) and the rules fixed in it before any result is seen.
+
+The plan lists configurations as `dvc exp run -S` overrides on top of `common`, and `decode`
+variants that change only `evaluate`'s params of a trained configuration. The rounds that run it:
+rarelm/report/headline.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rarelm.errors import RarelmError
+
+PREFIX = "hl-"
+RANK_SLICE = "all"
+RANK_METRIC, TIE_METRIC = "nll_per_char", "token_acc"  # lower first; then higher first
+TABLE_METRICS = (RANK_METRIC, TIE_METRIC, "exact_match")
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """headline.yaml: what to run."""
+
+    common: list[str]
+    screen_seeds: list[int]  # the seeds that choose the finalists
+    final_seeds: list[int]  # fresh seeds that confirm them (none of the screening seeds)
+    configurations: dict[str, list[str]]  # name -> overrides; the first is the baseline
+    decode: dict[str, dict[str, Any]]  # name -> {"of": configuration, "set": overrides}
+    finalists: int = 2
+    combine: int = 2
+    # only configurations whose overall perplexity (all tokens) is within this fraction of the
+    # baseline's are ranked: a remedy must not buy rare terms with the common text
+    ppl_tolerance: float = 0.02
+    # ... and whose false-insertion rate is within this fraction (relative) of the baseline's
+    insertion_tolerance: float = 0.10
+    screen_split: str = "val"  # the split the choice is made on
+    final_split: str = "test"  # the split the finalists are confirmed on
+
+    @classmethod
+    def load(cls, path: str | Path) -> Plan:
+        path = Path(path)
+        try:
+            raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError) as exc:
+            raise RarelmError(f"{path}: cannot read the headline plan ({exc})") from None
+        try:
+            plan = cls(common=[str(s) for s in raw.get("common") or []],
+                       screen_seeds=[int(s) for s in raw["screen_seeds"]],
+                       final_seeds=[int(s) for s in raw["final_seeds"]],
+                       configurations={str(k): [str(s) for s in v or []]
+                                       for k, v in raw["configurations"].items()},
+                       decode={str(k): {"of": str(v["of"]), "set": [str(s) for s in v["set"]]}
+                               for k, v in (raw.get("decode") or {}).items()},
+                       finalists=int(raw.get("finalists", 2)), combine=int(raw.get("combine", 2)),
+                       ppl_tolerance=float(raw.get("ppl_tolerance", 0.02)),
+                       insertion_tolerance=float(raw.get("insertion_tolerance", 0.10)),
+                       screen_split=str(raw.get("screen_split", "val")),
+                       final_split=str(raw.get("final_split", "test")))
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise RarelmError(f"{path}: not a headline plan ({type(exc).__name__}: {exc}); "
+                              "see rarelm/report/headline_plan.py") from None
+        if not plan.screen_seeds or not plan.final_seeds or not plan.configurations:
+            raise RarelmError(f"{path}: the plan needs screen_seeds, final_seeds and at least one "
+                              "configuration (the baseline)")
+        reused = sorted(set(plan.screen_seeds) & set(plan.final_seeds))
+        if reused:
+            raise RarelmError(f"{path}: final_seeds repeat screening seed {reused[0]}; the finalists are "
+                              "confirmed on seeds that took no part in choosing them")
+        unknown = [d["of"] for d in plan.decode.values() if d["of"] not in plan.configurations]
+        if unknown:
+            raise RarelmError(f"{path}: decode variant of unknown configuration {unknown[0]!r}")
+        return plan
+
+    @property
+    def baseline(self) -> str:
+        return next(iter(self.configurations))
+
+    def overrides(self, name: str, extra: dict[str, list[str]]) -> list[str]:
+        """A configuration's or decode variant's -S overrides, without common and seed."""
+        if name in self.decode:
+            return [*self.overrides(self.decode[name]["of"], extra), *self.decode[name]["set"]]
+        return extra.get(name) or self.configurations[name]
+
+
+def experiment(name: str, seed: int) -> str:
+    """The DVC experiment of a configuration and seed.
+
+    >>> experiment("baseline", 1337)
+    'hl-baseline-s1337'
+    """
+    return f"{PREFIX}{name}-s{seed}"
+
+
+def combination(ranked: list[str], overrides: Callable[[str], list[str]], n: int) -> list[str]:
+    """Merge the overrides of the first `n` ranked configurations whose keys do not clash.
+
+    >>> table = {"a": ["loss.targets=terms", "loss.rare_weight=2"], "b": ["loss.rare_weight=4"],
+    ...          "c": ["alpha=1"]}
+    >>> combination(["a", "b", "c"], table.__getitem__, 2)
+    ['loss.targets=terms', 'loss.rare_weight=2', 'alpha=1']
+    """
+    merged: dict[str, str] = {}
+    taken = 0
+    for name in ranked:
+        sets = dict(s.split("=", 1) for s in overrides(name))
+        if not sets or set(sets) & set(merged):
+            continue
+        merged.update(sets)
+        taken += 1
+        if taken == n:
+            break
+    return [f"{k}={v}" for k, v in merged.items()] if taken == n else []

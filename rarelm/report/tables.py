@@ -1,0 +1,90 @@
+"""The markdown views of a comparison report: the difference table and the run-level table.
+
+    >>> fmt(0.25, signed=True), fmt(None), fmt_p(0.00012), fmt_p(0.25)
+    ('+0.2500', 'n/a', '0.00012', '0.2500')
+"""
+
+from __future__ import annotations
+
+from rarelm.report.occurrences import LOW_COUNT, MAIN_SLICES
+
+
+def fmt(x: float | None, signed: bool = False) -> str:
+    if x is None:
+        return "n/a"
+    return f"{x:+.4f}" if signed else f"{x:.4f}"
+
+
+def fmt_p(p: float | None) -> str:
+    if p is None:
+        return ""
+    return f"{p:.3g}" if p < 0.001 else f"{p:.4f}"
+
+
+def over(row: dict) -> str:
+    return row["slice"] + (", per term" if row["aggregate"] == "terms" else "")
+
+
+def main_rows(report: dict) -> list[dict]:
+    """The rows that the markdown table shows: main slices; per term only for all and train_count<=15."""
+    per_term = {"all", f"train_count<={LOW_COUNT}"}
+    rows = [r for r in report["rows"] if r["slice"] in MAIN_SLICES
+            and (r["aggregate"] == "occurrences" or r["slice"] in per_term)]
+    order = {name: i for i, name in enumerate(MAIN_SLICES)}
+    labels = {c["label"]: i for i, c in enumerate(report["configurations"])}
+    metrics = {m: i for i, m in enumerate(report["metrics"])}
+    return sorted(rows, key=lambda r: (metrics[r["metric"]], order[r["slice"]],
+                                       r["aggregate"] == "terms", labels[r["configuration"]]))
+
+
+def ci(row: dict, prefix: str = "diff") -> str:
+    if row.get(f"{prefix}_lo") is None:
+        return ""
+    signed = prefix != "value"
+    return f"[{fmt(row[f'{prefix}_lo'], signed)}, {fmt(row[f'{prefix}_hi'], signed)}]"
+
+
+def rests_on(report: dict) -> str:
+    b = report["bootstrap"]
+    lower = ", ".join(report["lower_is_better"])
+    return (f"{report['occurrences']} term occurrences of {report['terms']} terms (split "
+            f"{', '.join(report['splits'])}), paired across runs. 95% CI: bootstrap over terms and seeds "
+            f"together ({b['resamples']} resamples, seed {b['seed']}): each row's interval rests on its "
+            f"seeds (the baseline's: {len(report['configurations'][0]['runs'])}) and terms. p: exact sign "
+            f"test over terms. Lower is better: {lower or 'none of these'}.")
+
+
+def run_table(report: dict) -> list[list[str]]:
+    """Rows of the run-level table: eval.json figures with intervals over seeds."""
+    return [[r["configuration"], str(r["seeds"]), r["metric"], f"{r['value']:.4g}", ci(r, "value"),
+             fmt(r.get("diff"), True) if "diff" in r else "", ci(r),
+             f"{r['relative']:+.1%}" if r.get("relative") is not None else ""]
+            for r in report.get("run_rows", [])]
+
+
+RUN_HEADER = ["configuration", "seeds", "metric", "mean", "95% CI", "diff vs baseline", "95% CI", "relative"]
+
+
+def markdown(report: dict) -> str:
+    """The difference table, the run-level table and which runs make each configuration, as markdown."""
+    lines = ["# rarelm compare", ""]
+    for c in report["configurations"]:
+        runs = ", ".join(f"{r['name']} (seed {r['seed']})" for r in c["runs"])
+        lines.append(f"- **{c['label']}**: {runs}")
+    lines += ["", rests_on(report), ""]
+    if report["left_out"]:
+        lines += [f"Left out (not in every run): {', '.join(report['left_out'])}.", ""]
+    lines += ["| configuration | seeds | terms | metric | over | value | diff vs baseline | 95% CI | p |",
+              "| --- | ---: | ---: | --- | --- | ---: | ---: | --- | ---: |"]
+    for r in main_rows(report):
+        diff = fmt(r["diff"], True) if "diff" in r else ""
+        lines.append(f"| {r['configuration']} | {r['seeds']} | {r['terms']} | {r['metric']} | {over(r)} | "
+                     f"{fmt(r['value'])} | {diff} | {ci(r)} | {fmt_p(r.get('p'))} |")
+    table = run_table(report)
+    if table:
+        lines += ["", "Run-level figures (metrics/eval.json of each run; 95% t interval over seeds, paired "
+                  "by seed when both sides have the same seeds; none with one seed):", "",
+                  "| " + " | ".join(RUN_HEADER) + " |",
+                  "| --- | ---: | --- | ---: | --- | ---: | --- | ---: |"]
+        lines += ["| " + " | ".join(row) + " |" for row in table]
+    return "\n".join(lines) + "\n"
