@@ -8,17 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from rarelm.report.statistics import (
-    estimate,
-    hierarchical_estimate,
-    paired_bootstrap,
-    seed_interval,
-    seed_weights,
-    sign_test_p,
-    term_draws,
-    term_signs,
-    term_sums,
-)
+from rarelm.report import statistics as stats
 from tests.test_compare import GEN
 
 
@@ -26,7 +16,7 @@ def test_identical_configurations_differ_by_zero():
     rows = GEN["occurrence_rows"](1, 0.0)
     term, em = [r["term"] for r in rows], np.array([float(r["exact_match"]) for r in rows])
     for macro in (False, True):
-        r = paired_bootstrap(term, em, em.copy(), n_boot=500, seed=3, macro=macro)
+        r = stats.paired_bootstrap(term, em, em.copy(), n_boot=500, seed=3, macro=macro)
         assert (r.value, r.lo, r.hi) == (0.0, 0.0, 0.0)
 
 
@@ -36,13 +26,13 @@ def test_a_constructed_difference_is_recovered():
     base = np.zeros(len(term))
     method = (term < 10).astype(float)
     exact = 23 / 50  # terms 0-9 hold 1+2+3+4+1+2+3+4+1+2 = 23 of the 50 occurrences
-    r = paired_bootstrap(term, method, base, n_boot=2000, seed=0)
+    r = stats.paired_bootstrap(term, method, base, n_boot=2000, seed=0)
     assert r.value == pytest.approx(exact)
     assert r.lo < exact < r.hi and 0.2 < r.lo and r.hi < 0.75
-    per_term = paired_bootstrap(term, method, base, n_boot=2000, seed=0, macro=True)
+    per_term = stats.paired_bootstrap(term, method, base, n_boot=2000, seed=0, macro=True)
     assert per_term.value == pytest.approx(0.5) and per_term.lo < 0.5 < per_term.hi
     # the mean of one side alone (b = None) is the same number
-    assert paired_bootstrap(term, method, n_boot=10).value == pytest.approx(exact)
+    assert stats.paired_bootstrap(term, method, n_boot=10).value == pytest.approx(exact)
 
 
 def test_terms_are_resampled_not_occurrences():
@@ -50,8 +40,8 @@ def test_terms_are_resampled_not_occurrences():
     # Resampling occurrences would see 1000 independent outcomes (interval ~ +-0.03); terms: ~ +-0.22.
     term = np.repeat(np.arange(20), 50)
     method, base = (term < 10).astype(float), np.zeros(1000)
-    by_term = paired_bootstrap(term, method, base, n_boot=2000, seed=0)
-    by_occurrence = paired_bootstrap(np.arange(1000), method, base, n_boot=2000, seed=0)
+    by_term = stats.paired_bootstrap(term, method, base, n_boot=2000, seed=0)
+    by_occurrence = stats.paired_bootstrap(np.arange(1000), method, base, n_boot=2000, seed=0)
     term_width, occurrence_width = by_term.hi - by_term.lo, by_occurrence.hi - by_occurrence.lo
     expected = 2 * 1.96 * 0.5 / np.sqrt(20)  # normal approximation, 20 independent terms
     assert by_term.value == by_occurrence.value == 0.5
@@ -63,13 +53,13 @@ def test_the_bootstrap_is_deterministic_given_its_seed_and_fast():
     rng = np.random.default_rng(0)
     term = rng.integers(0, 300, size=2000)
     a, b = rng.random(2000) < 0.6, rng.random(2000) < 0.5
-    first = paired_bootstrap(term, a, b, n_boot=2000, seed=7)
-    assert paired_bootstrap(term, a, b, n_boot=2000, seed=7) == first
-    assert paired_bootstrap(term, a, b, n_boot=2000, seed=8) != first
+    first = stats.paired_bootstrap(term, a, b, n_boot=2000, seed=7)
+    assert stats.paired_bootstrap(term, a, b, n_boot=2000, seed=7) == first
+    assert stats.paired_bootstrap(term, a, b, n_boot=2000, seed=8) != first
     started = time.perf_counter()
-    draws = term_draws(300, 2000, seed=0)
-    sums, counts = term_sums(term, 300, a - b.astype(float), np.ones((1, 2000), dtype=bool))
-    estimate(draws, sums, counts)
+    draws = stats.term_draws(300, 2000, seed=0)
+    sums, counts = stats.term_sums(term, 300, a - b.astype(float), np.ones((1, 2000), dtype=bool))
+    stats.estimate(draws, sums, counts)
     assert time.perf_counter() - started < 1.0
     assert draws.shape == (2000, 300) and (draws.sum(axis=1) == 300).all()
 
@@ -83,7 +73,7 @@ def _simulated_seeds(rng, n_terms: int = 40, n_seeds: int = 6, seed_sd: float = 
     for _ in range(2):
         values = [term_effect + rng.normal(0, seed_sd) + rng.normal(0, 0.05, len(term))
                   for _ in range(n_seeds)]
-        sides.append(np.stack([term_sums(term, n_terms, v, np.ones((1, len(term)), bool))[0]
+        sides.append(np.stack([stats.term_sums(term, n_terms, v, np.ones((1, len(term)), bool))[0]
                                for v in values]))
     counts = np.full((n_terms, 1), 2.0)
     return sides, counts
@@ -97,10 +87,10 @@ def test_hierarchical_bootstrap_covers_the_seed_spread_the_term_bootstrap_misses
     widths = []
     for k in range(100):
         (config, base), counts = _simulated_seeds(rng)
-        draws = term_draws(40, 400, seed=k)
-        weights = seed_weights(6, 400, seed=k)  # the same seeds drawn for both sides (paired)
-        both = hierarchical_estimate(draws, counts, [(1.0, weights, config), (-1.0, weights, base)])[0]
-        pooled = estimate(draws, config.mean(0) - base.mean(0), counts)[0]
+        draws = stats.term_draws(40, 400, seed=k)
+        weights = stats.seed_weights(6, 400, seed=k)  # the same seeds drawn for both sides (paired)
+        both = stats.hierarchical_estimate(draws, counts, [(1.0, weights, config), (-1.0, weights, base)])[0]
+        pooled = stats.estimate(draws, config.mean(0) - base.mean(0), counts)[0]
         assert both.value == pytest.approx(pooled.value)  # the same point estimate
         held["terms x seeds"] += both.lo <= 0 <= both.hi
         held["terms only"] += pooled.lo <= 0 <= pooled.hi
@@ -114,37 +104,40 @@ def test_hierarchical_bootstrap_covers_the_seed_spread_the_term_bootstrap_misses
 def test_one_seed_a_side_is_the_term_bootstrap():
     rng = np.random.default_rng(1)
     (config, base), counts = _simulated_seeds(rng, n_seeds=1)
-    draws = term_draws(40, 300, seed=2)
+    draws = stats.term_draws(40, 300, seed=2)
     ones = np.ones((300, 1))
-    both = hierarchical_estimate(draws, counts, [(1.0, ones, config), (-1.0, ones, base)], macro=True)[0]
-    terms_only = estimate(draws, config[0] - base[0], counts, macro=True)[0]
+    both = stats.hierarchical_estimate(draws, counts, [(1.0, ones, config), (-1.0, ones, base)],
+                                       macro=True)[0]
+    terms_only = stats.estimate(draws, config[0] - base[0], counts, macro=True)[0]
     assert (both.value, both.lo, both.hi) == pytest.approx((terms_only.value, terms_only.lo, terms_only.hi))
 
 
 def test_sign_test_by_hand():
-    assert sign_test_p(9, 1) == pytest.approx(2 * (1 + 10) / 2 ** 10)  # 0.021484375
-    assert sign_test_p(1, 9) == pytest.approx(0.021484375)
-    assert sign_test_p(5, 5) == 1.0 and sign_test_p(0, 0) == 1.0
-    assert sign_test_p(3, 0) == pytest.approx(2 / 8)
-    assert sign_test_p(0, 60) == 2 / 2 ** 60 and sign_test_p(5000, 5001) == 1.0  # big n: exact ints
-    stats = pytest.importorskip("scipy.stats")  # the same numbers as scipy's exact binomial test
+    assert stats.sign_test_p(9, 1) == pytest.approx(2 * (1 + 10) / 2 ** 10)  # 0.021484375
+    assert stats.sign_test_p(1, 9) == pytest.approx(0.021484375)
+    assert stats.sign_test_p(5, 5) == 1.0 and stats.sign_test_p(0, 0) == 1.0
+    assert stats.sign_test_p(3, 0) == pytest.approx(2 / 8)
+    assert stats.sign_test_p(0, 60) == 2 / 2 ** 60  # big n: exact ints
+    assert stats.sign_test_p(5000, 5001) == 1.0
+    scipy_stats = pytest.importorskip("scipy.stats")  # the same numbers as scipy's exact binomial test
     for b, c in ((9, 1), (30, 12), (250, 301), (0, 7)):
-        assert sign_test_p(b, c) == pytest.approx(stats.binomtest(min(b, c), b + c, 0.5).pvalue, rel=1e-9)
+        exact = scipy_stats.binomtest(min(b, c), b + c, 0.5).pvalue
+        assert stats.sign_test_p(b, c) == pytest.approx(exact, rel=1e-9)
 
 
 def test_the_sign_test_counts_terms_not_occurrences_or_seeds():
     # term 0: 3 occurrences, the configuration better at all; term 1 worse; term 2 tied; term 3 absent
     config, base = np.array([3.0, 0.0, 1.0, 0.0]), np.array([0.0, 1.0, 1.0, 0.0])
-    assert term_signs(config, base, np.array([3, 1, 1, 0])) == (1, 1)
+    assert stats.term_signs(config, base, np.array([3, 1, 1, 0])) == (1, 1)
 
 
 def test_seed_intervals_of_run_level_figures():
-    r = seed_interval([1.0, 2.0, 3.0])  # mean 2, s 1, t(2) 4.303
+    r = stats.seed_interval([1.0, 2.0, 3.0])  # mean 2, s 1, t(2) 4.303
     assert (r.value, r.lo, r.hi) == pytest.approx((2.0, 2 - 4.303 / 3 ** 0.5, 2 + 4.303 / 3 ** 0.5))
-    paired = seed_interval([2.0, 3.0, 5.0], [1.0, 2.0, 3.0], paired=True)  # differences 1, 1, 2
+    paired = stats.seed_interval([2.0, 3.0, 5.0], [1.0, 2.0, 3.0], paired=True)  # differences 1, 1, 2
     assert paired.value == pytest.approx(4 / 3) and paired.hi - paired.value == pytest.approx(
         4.303 * np.std([1, 1, 2], ddof=1) / 3 ** 0.5)
-    welch = seed_interval([2.0, 4.0, 6.0], [1.0, 2.0])  # df min(3, 2) - 1 = 1
+    welch = stats.seed_interval([2.0, 4.0, 6.0], [1.0, 2.0])  # df min(3, 2) - 1 = 1
     assert welch.value == pytest.approx(2.5)
     assert welch.hi - welch.value == pytest.approx(12.706 * (4 / 3 + 0.5 / 2) ** 0.5)
-    assert seed_interval([1.0]) is None and seed_interval([1.0, 2.0], [1.0]) is None
+    assert stats.seed_interval([1.0]) is None and stats.seed_interval([1.0, 2.0], [1.0]) is None
