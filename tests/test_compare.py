@@ -13,11 +13,12 @@ import pytest
 import yaml
 
 from rarelm.errors import RarelmError
+from rarelm.paths import EVAL_METRICS, EVAL_OCCURRENCES
 from rarelm.report.compare import compare as compare_runs
 from rarelm.report.configurations import group_runs
 from rarelm.report.git_runs import experiments_of_head
 from rarelm.report.occurrences import METRICS, align
-from rarelm.report.run_data import OCCURRENCES, SUMMARY, RunData, canonical, occurrence_key
+from rarelm.report.run_data import RunData, canonical, occurrence_key
 from rarelm.report.runs import load_run
 from rarelm.report.statistics import sign_test_p
 from tests.conftest import assert_user_error, run, stage
@@ -193,8 +194,8 @@ def dvc_repo(tmp_path_factory) -> dict:
     for rev, alpha in (("rev1", 0.7), ("rev2", 0.0)):  # what `dvc repro` writes, without its seconds
         _write_params(root, 1, alpha)
         rows = GEN["occurrence_rows"](1, alpha)
-        (root / OCCURRENCES).write_text("".join(json.dumps(r) + "\n" for r in rows))
-        (root / SUMMARY).write_text(json.dumps(GEN["summary"](1, alpha)))
+        (root / EVAL_OCCURRENCES).write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (root / EVAL_METRICS).write_text(json.dumps(GEN["summary"](1, alpha)))
         revs[rev] = _git_commit(root, f"alpha {alpha}")
     for name, sets in (("base-s2", ["seed=2"]), ("a07-s1", ["alpha=0.7"]),
                        ("a07-s2", ["alpha=0.7", "seed=2"])):

@@ -8,22 +8,14 @@
 from __future__ import annotations
 
 import re
-import subprocess
 from pathlib import Path
 
+from rarelm import git
 from rarelm.errors import RarelmError
 
 
-def _git(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    try:
-        return subprocess.run(["git", *args], cwd=cwd, capture_output=True, timeout=60)
-    except OSError as exc:
-        raise RarelmError(f"cannot run git: {exc}") from None
-
-
 def _head(repo: Path) -> str:
-    out = _git(["rev-parse", "--verify", "-q", "HEAD"], repo)
-    return out.stdout.decode().strip() if out.returncode == 0 else ""
+    return git.output(repo, "rev-parse", "--verify", "-q", "HEAD")
 
 
 def experiment_refs(repo: Path) -> list[tuple[str, str, str]]:
@@ -32,9 +24,9 @@ def experiment_refs(repo: Path) -> list[tuple[str, str, str]]:
     DVC 3 keeps a finished experiment as the git ref refs/exps/<baseline[:2]>/<baseline[2:]>/<name>;
     its own bookkeeping lives under refs/exps/{apply,celery,exec,temp}/ and refs/exps/stash.
     """
-    out = _git(["for-each-ref", "--format=%(refname) %(objectname)", "refs/exps/"], repo)
+    out = git.run(repo, "for-each-ref", "--format=%(refname) %(objectname)", "refs/exps/")
     found = []
-    for line in out.stdout.decode().splitlines():
+    for line in out.stdout.splitlines():
         ref, _, commit = line.partition(" ")
         parts = ref.split("/")
         if len(parts) == 5 and re.fullmatch(r"[0-9a-f]{2}", parts[2]) and re.fullmatch(r"[0-9a-f]{38}",
@@ -63,13 +55,13 @@ def resolve_experiment(name: str, repo: Path) -> str | None:
 
 def resolve_commit(revision: str, repo: Path) -> str | None:
     """The commit a git revision names, or None if it names none."""
-    out = _git(["rev-parse", "--verify", "-q", f"{revision}^{{commit}}"], repo)
-    return out.stdout.decode().strip() if out.returncode == 0 else None
+    out = git.run(repo, "rev-parse", "--verify", "-q", f"{revision}^{{commit}}")
+    return out.stdout.strip() if out.returncode == 0 else None
 
 
 def read_git(repo: Path, commit: str, rel: str) -> str | None:
     """The text of file `rel` at `commit`, or None if it has none."""
-    out = _git(["show", f"{commit}:./{rel}"], repo)
+    out = git.run(repo, "show", f"{commit}:./{rel}", text=False)  # bytes: not UTF-8 is an error
     if out.returncode != 0:
         return None
     try:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from rarelm import tracking
 from rarelm.errors import RarelmError
+from rarelm.paths import MLFLOW_RUN, MODEL
 from rarelm.report.run_data import (
     MLFLOW_OCCURRENCES,
     MLFLOW_SUMMARY,
@@ -79,7 +80,7 @@ def baseline_mlflow_run(run: RunData, repo: Path) -> str | None:
     if run.source == "mlflow":
         return run.ident
     if run.source == WORKSPACE:
-        info = repo / "models" / "model" / "mlflow_run.json"
+        info = repo / MODEL / MLFLOW_RUN
         if info.is_file():
             return json.loads(info.read_text(encoding="utf-8")).get("run_id")
         return None

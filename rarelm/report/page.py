@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from rarelm.files import atomic_file, write_json
+from rarelm.fmt import four_decimals, p_value
 from rarelm.report.occurrences import LOWER_IS_BETTER
-from rarelm.report.tables import RUN_HEADER, ci, fmt, fmt_p, main_rows, markdown, over, rests_on, run_table
+from rarelm.report.tables import RUN_HEADER, ci, main_rows, markdown, over, rests_on, run_table
 
 PPL_KEYS = ("ppl_frequent", "ppl_medium", "ppl_rare", "ppl_term")
 
@@ -97,6 +98,21 @@ def _table(header: list[str], body: list[list[str]]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
 
 
+def _table_bodies(report: dict) -> tuple[list[list], list[list], list[list]]:
+    """The cells of the page's mention, difference and term-only (pooled) tables."""
+    mention = [[r["configuration"], r["metric"], r["slice"], r["occurrences"], four_decimals(r["value"]),
+                ci(r, "value")]
+               for r in report["rows"] if r["aggregate"] == "occurrences"
+               and r["slice"] in ("first mention", "repeat mention")]
+    diffs = [[r["configuration"], r["seeds"], r["terms"], r["metric"], over(r), four_decimals(r["value"]),
+              four_decimals(r.get("diff"), True) if "diff" in r else "", ci(r), p_value(r.get("p"))]
+             for r in main_rows(report)]
+    pooled = [[r["configuration"], r["seeds"], r["terms"], r["metric"], over(r),
+               four_decimals(r["diff"], True), ci(r), ci(r, "pooled")]
+              for r in main_rows(report) if "diff" in r]
+    return mention, diffs, pooled
+
+
 def html_report(report: dict) -> str:
     """One self-contained page: figures inline as SVG, the difference, run-level and mention tables, and
     the term-only intervals (seeds averaged per occurrence) as a secondary view."""
@@ -107,15 +123,7 @@ def html_report(report: dict) -> str:
             curves.append(f"<h2>{html.escape(metric)} by the term's train count</h2>\n"
                           + (curve_svg(report, plt, metric) if plt else "<p>(figures need matplotlib)</p>"))
     ppl = (ppl_svg(report, plt) if plt else None) or "<p>(no per-bucket perplexity, or no matplotlib)</p>"
-    mention = [[r["configuration"], r["metric"], r["slice"], r["occurrences"], fmt(r["value"]),
-                ci(r, "value")]
-               for r in report["rows"] if r["aggregate"] == "occurrences"
-               and r["slice"] in ("first mention", "repeat mention")]
-    diffs = [[r["configuration"], r["seeds"], r["terms"], r["metric"], over(r), fmt(r["value"]),
-              fmt(r.get("diff"), True) if "diff" in r else "", ci(r), fmt_p(r.get("p"))]
-             for r in main_rows(report)]
-    pooled = [[r["configuration"], r["seeds"], r["terms"], r["metric"], over(r), fmt(r["diff"], True),
-               ci(r), ci(r, "pooled")] for r in main_rows(report) if "diff" in r]
+    mention, diffs, pooled = _table_bodies(report)
     runs = "".join(f"<li><b>{html.escape(c['label'])}</b>: "
                    + html.escape(", ".join(f"{r['name']} (seed {r['seed']})" for r in c["runs"])) + "</li>"
                    for c in report["configurations"])

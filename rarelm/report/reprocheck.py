@@ -46,14 +46,18 @@ from typing import Any
 
 import yaml
 
+from rarelm import git
+from rarelm.fmt import table_cell
+from rarelm.paths import MLFLOW_RUN, PARAMS, TRAIN_CACHE
+
 # Metric names and CSV columns that measure time or speed: they vary from run to run by nature.
 WALL_CLOCK = re.compile(r"(^|[._/])(wall|time|seconds|elapsed|duration|eta)|per_s(ec)?\b|_s$|"
                         r"tokens_s\b|throughput|samples_s\b", re.IGNORECASE)
 # Where the train stage keeps its resumable checkpoints (outside DVC's outputs).
-CHECKPOINT_DIRS = (".cache/train",)
+CHECKPOINT_DIRS = (TRAIN_CACHE,)
 # Files inside an output folder that name the run rather than its result: the MLflow run id that
 # `train` leaves beside the model is new on every run by design.
-RUN_IDENTITY_FILES = ("mlflow_run.json",)
+RUN_IDENTITY_FILES = (MLFLOW_RUN,)
 RTOL, ATOL = 0.05, 0.01
 # `train.precision: auto` trains in bf16 on CPUs with AVX512-BF16/AMX and in fp32 on others, so a
 # reference saved under `auto` holds only for CPUs of the kind that saved it.
@@ -111,7 +115,7 @@ def without_wall_clock(path: Path) -> Any:
 
 def apply_params(root: Path, overlay: str | Path) -> None:
     """Merge an overlay YAML (e.g. .ci/params.yaml) into root/params.yaml, key by key."""
-    params_path = root / "params.yaml"
+    params_path = root / PARAMS
     params = yaml.safe_load(params_path.read_text(encoding="utf-8"))
     extra = yaml.safe_load(Path(overlay).read_text(encoding="utf-8")) or {}
 
@@ -148,7 +152,7 @@ def _small_outputs(root: Path) -> list[str]:
 
 def _precision(root: Path) -> str | None:
     """train.precision of root/params.yaml, if it has one."""
-    params = yaml.safe_load((root / "params.yaml").read_text(encoding="utf-8")) or {}
+    params = yaml.safe_load((root / PARAMS).read_text(encoding="utf-8")) or {}
     return (params.get("train") or {}).get("precision")
 
 
@@ -239,14 +243,6 @@ def save_metrics(root: Path, folder: str | Path) -> None:
             shutil.copy2(root / rel, folder / rel)
 
 
-def _git(root: Path, *args: str, env: dict | None = None, stdin: str | None = None) -> str:
-    result = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, input=stdin,
-                            env={**os.environ, **(env or {})})
-    if result.returncode != 0:
-        raise ReproError(f"git {' '.join(args)}: {result.stderr.strip()}")
-    return result.stdout.strip()
-
-
 def reference_revision(root: Path, reference: str) -> str:
     """A git revision holding the reference metrics: `reference` itself, or, for a folder,
     a throw-away commit (HEAD's tree, metrics files replaced by the folder's) that no branch
@@ -257,18 +253,19 @@ def reference_revision(root: Path, reference: str) -> str:
     index = root / ".git" / "reprocheck-index"
     env = {"GIT_INDEX_FILE": str(index)}
     try:
-        _git(root, "read-tree", "HEAD", env=env)
+        git.checked(root, "read-tree", "HEAD", env=env, error=ReproError)
         for rel in metrics_files(root):
             if (folder / rel).is_file():
-                blob = _git(root, "hash-object", "-w", str(folder / rel))
-                _git(root, "update-index", "--add", "--cacheinfo", f"100644,{blob},{rel}", env=env)
-        tree = _git(root, "write-tree", env=env)
+                blob = git.checked(root, "hash-object", "-w", str(folder / rel), error=ReproError)
+                git.checked(root, "update-index", "--add", "--cacheinfo", f"100644,{blob},{rel}", env=env,
+                            error=ReproError)
+        tree = git.checked(root, "write-tree", env=env, error=ReproError)
     finally:
         index.unlink(missing_ok=True)
     ident = {"GIT_AUTHOR_NAME": "reprocheck", "GIT_AUTHOR_EMAIL": "reprocheck@localhost",
              "GIT_COMMITTER_NAME": "reprocheck", "GIT_COMMITTER_EMAIL": "reprocheck@localhost"}
-    return _git(root, "commit-tree", tree, "-p", "HEAD", "-m", f"reference metrics {reference}",
-                env=ident)
+    return git.checked(root, "commit-tree", tree, "-p", "HEAD", "-m", f"reference metrics {reference}",
+                       env=ident, error=ReproError)
 
 
 def metrics_diff(root: Path, revision: str) -> dict:
@@ -299,12 +296,8 @@ def check_metrics(diff: dict, rtol: float = RTOL, atol: float = ATOL) -> tuple[l
             if verdict not in ("ok", "wall clock, not compared", "NEW"):
                 failures.append(f"{path}:{name} {old} -> {new} ({verdict})")
             change = f"{new - old:+.6g}" if numbers else "-"
-            rows.append([path, name, _fmt(old), _fmt(new), change, verdict])
+            rows.append([path, name, table_cell(old), table_cell(new), change, verdict])
     return rows, failures
-
-
-def _fmt(value: Any) -> str:
-    return f"{value:.6g}" if isinstance(value, float) else "-" if value is None else str(value)
 
 
 def markdown(rows: list[list[str]], rtol: float, atol: float, reference: str) -> str:

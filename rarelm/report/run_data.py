@@ -24,10 +24,8 @@ import yaml
 
 from rarelm.errors import RarelmError
 from rarelm.params import Params
+from rarelm.paths import EVAL_METRICS, EVAL_OCCURRENCES, PARAMS
 
-OCCURRENCES = "metrics/eval_occurrences.jsonl"
-SUMMARY = "metrics/eval.json"
-PARAMS = "params.yaml"
 MLFLOW_OCCURRENCES = "eval/eval_occurrences.jsonl"
 MLFLOW_SUMMARY = "eval/eval.json"
 WORKSPACE = "workspace"
@@ -77,16 +75,16 @@ def split_summary(summary: dict, params: dict[str, str], split: str) -> dict:
 def load_files(ref: str, name: str, source: str, ident: str, read: Callable[[str], str | None]) -> RunData:
     """A run from its files: `read(relative path)` gives a file's text, or None if it is absent."""
     where = "in the workspace" if source == WORKSPACE else f"at {ref}"
-    text = read(OCCURRENCES)
+    text = read(EVAL_OCCURRENCES)
     if text is None:
-        raise RarelmError(f"{ref}: no {OCCURRENCES} {where} (evaluated before per-occurrence results "
+        raise RarelmError(f"{ref}: no {EVAL_OCCURRENCES} {where} (evaluated before per-occurrence results "
                           "were written? re-run evaluate)")
-    rows = parse_occurrences(text, f"{OCCURRENCES} {where}")
+    rows = parse_occurrences(text, f"{EVAL_OCCURRENCES} {where}")
     params_text = read(PARAMS)
     if params_text is None:
         raise RarelmError(f"{ref}: no {PARAMS} {where}")
-    summary_text = read(SUMMARY)
-    summary = parse_json(summary_text, f"{SUMMARY} {where}") if summary_text else {}
+    summary_text = read(EVAL_METRICS)
+    summary = parse_json(summary_text, f"{EVAL_METRICS} {where}") if summary_text else {}
     return RunData(ref, name, source, ident, _yaml_params(params_text, f"{PARAMS} {where}"), rows, summary)
 
 

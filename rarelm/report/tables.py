@@ -1,24 +1,13 @@
 """The markdown views of a comparison report: the difference table and the run-level table.
 
-    >>> fmt(0.25, signed=True), fmt(None), fmt_p(0.00012), fmt_p(0.25)
-    ('+0.2500', 'n/a', '0.00012', '0.2500')
+    >>> over({"slice": "all", "aggregate": "terms"})
+    'all, per term'
 """
 
 from __future__ import annotations
 
+from rarelm.fmt import four_decimals, p_value
 from rarelm.report.occurrences import LOW_COUNT, MAIN_SLICES
-
-
-def fmt(x: float | None, signed: bool = False) -> str:
-    if x is None:
-        return "n/a"
-    return f"{x:+.4f}" if signed else f"{x:.4f}"
-
-
-def fmt_p(p: float | None) -> str:
-    if p is None:
-        return ""
-    return f"{p:.3g}" if p < 0.001 else f"{p:.4f}"
 
 
 def over(row: dict) -> str:
@@ -41,7 +30,7 @@ def ci(row: dict, prefix: str = "diff") -> str:
     if row.get(f"{prefix}_lo") is None:
         return ""
     signed = prefix != "value"
-    return f"[{fmt(row[f'{prefix}_lo'], signed)}, {fmt(row[f'{prefix}_hi'], signed)}]"
+    return f"[{four_decimals(row[f'{prefix}_lo'], signed)}, {four_decimals(row[f'{prefix}_hi'], signed)}]"
 
 
 def rests_on(report: dict) -> str:
@@ -57,7 +46,7 @@ def rests_on(report: dict) -> str:
 def run_table(report: dict) -> list[list[str]]:
     """Rows of the run-level table: eval.json figures with intervals over seeds."""
     return [[r["configuration"], str(r["seeds"]), r["metric"], f"{r['value']:.4g}", ci(r, "value"),
-             fmt(r.get("diff"), True) if "diff" in r else "", ci(r),
+             four_decimals(r.get("diff"), True) if "diff" in r else "", ci(r),
              f"{r['relative']:+.1%}" if r.get("relative") is not None else ""]
             for r in report.get("run_rows", [])]
 
@@ -77,9 +66,9 @@ def markdown(report: dict) -> str:
     lines += ["| configuration | seeds | terms | metric | over | value | diff vs baseline | 95% CI | p |",
               "| --- | ---: | ---: | --- | --- | ---: | ---: | --- | ---: |"]
     for r in main_rows(report):
-        diff = fmt(r["diff"], True) if "diff" in r else ""
+        diff = four_decimals(r["diff"], True) if "diff" in r else ""
         lines.append(f"| {r['configuration']} | {r['seeds']} | {r['terms']} | {r['metric']} | {over(r)} | "
-                     f"{fmt(r['value'])} | {diff} | {ci(r)} | {fmt_p(r.get('p'))} |")
+                     f"{four_decimals(r['value'])} | {diff} | {ci(r)} | {p_value(r.get('p'))} |")
     table = run_table(report)
     if table:
         lines += ["", "Run-level figures (metrics/eval.json of each run; 95% t interval over seeds, paired "
