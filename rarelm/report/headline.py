@@ -57,7 +57,6 @@ from rarelm.report.headline_plan import (
     TIE_METRIC,
     Plan,
     combination,
-    experiment,
 )
 from rarelm.report.runs import load_run
 
@@ -86,10 +85,10 @@ def ranking(repo: Path, plan: Plan, names: list[str], seeds: list[int]) -> list[
 def _compare(repo: Path, plan: Plan, base: list[str], names: list[str], seeds: list[int], split: str) -> dict:
     """The comparison of `names` with the baseline on `seeds` and `split`, labelled by the plan's names."""
     def runs(name: str) -> list:
-        return [load_run(experiment(name, s), repo, split=split) for s in seeds]
+        return [load_run(plan.experiment(name, s), repo, split=split) for s in seeds]
 
     report = compare(runs(base[0]), [r for n in names for r in runs(n)], metrics=TABLE_METRICS)
-    labels = {experiment(n, s): n for n in [*base, *names] for s in seeds}
+    labels = {plan.experiment(n, s): n for n in [*base, *names] for s in seeds}
     for c in report["configurations"]:  # the plan's names, not the params that differ
         old, c["label"] = c["label"], labels[c["runs"][0]["name"]]
         for row in [*report["rows"], *report["run_rows"]]:
@@ -105,19 +104,13 @@ def _diff(report: dict, config: str, metric: str) -> float:
 
 def headline(repo: Path, plan: Plan, out: Path, readme: Path | None,
              log: Callable[[str], None] = print, poll: float = 20) -> dict:
-    """Run the three rounds and write the comparisons; returns what the README table shows."""
+    """Run the rounds (or the fixed comparison) and write the comparisons; returns what the README
+    table shows."""
     repo, out = Path(repo).resolve(), Path(out)
-    extra: dict[str, list[str]] = {}
-
-    def batch(names: list[str], seeds: list[int]) -> list[tuple[str, list[str]]]:
-        return [(experiment(n, s), [*plan.common, f"seed={s}", *plan.overrides(n, extra)])
-                for s in seeds for n in names]
-
     # A round that finds its experiments done (a re-run to rewrite the tables) keeps the time
     # the earlier command measured for it.
     previous = read_json(out / "headline.json").get("rounds_s", {})
     rounds: dict[str, float] = {}
-
     swept: list[str] = []
 
     def timed(name: str, experiments: list[tuple[str, list[str]]]) -> None:
@@ -126,31 +119,45 @@ def headline(repo: Path, plan: Plan, out: Path, readme: Path | None,
         ran = run_batch(repo, experiments, log, poll)
         rounds[name] = time.time() - t0 if ran or name not in previous else previous[name]
 
+    choice = _fixed(plan) if plan.fixed else _choose(repo, plan, timed)
+    screened, finalists = choice["screened"], choice["finalists"]
+    timed("confirm", plan.batch([plan.baseline, *finalists], plan.final_seeds, choice["extra"]))
+    screen = (None if plan.fixed else
+              _compare(repo, plan, [plan.baseline], screened[1:], plan.screen_seeds, plan.screen_split))
+    final = _compare(repo, plan, [plan.baseline], finalists, plan.final_seeds, plan.final_split)
+    result = {"rounds_s": rounds, "cpu": cpu_name(), "plan": dataclasses.asdict(plan),
+              "combination": choice["extra"].get("combination", []), "finalists": finalists,
+              "ranking": choice["ranking"], "screen": screen, "final": final}
+    write_outputs(result, out, readme)
+    _log_sweep(repo, plan, out, swept, finalists)
+    return result
+
+
+def _fixed(plan: Plan) -> dict:
+    """A fixed comparison (no screen_seeds): every configuration goes to the final round, unchosen."""
+    names = [*plan.configurations, *plan.decode]
+    return {"screened": names, "finalists": names[1:], "ranking": [], "extra": {}}
+
+
+def _choose(repo: Path, plan: Plan, timed: Callable) -> dict:
+    """Screen every configuration on the screening seeds, combine the best, rank: the finalists."""
+    extra: dict[str, list[str]] = {}
     screened = [*plan.configurations, *plan.decode]
-    timed("screen", batch(screened, plan.screen_seeds))
+    timed("screen", plan.batch(screened, plan.screen_seeds, extra))
     ranked = ranking(repo, plan, screened[1:], plan.screen_seeds)
     trained = [n for n, _ in ranked if n in plan.configurations]
     if plan.combine >= 2:
         sets = combination(trained, lambda n: plan.overrides(n, extra), plan.combine)
         if sets and sets not in [plan.overrides(n, extra) for n in plan.configurations]:
             extra["combination"] = sets
-            timed("combine", batch(["combination"], plan.screen_seeds))
+            timed("combine", plan.batch(["combination"], plan.screen_seeds, extra))
             screened.append("combination")
             ranked = ranking(repo, plan, screened[1:], plan.screen_seeds)
-    finalists = [n for n, _ in ranked[:plan.finalists]]
-    timed("confirm", batch([plan.baseline, *finalists], plan.final_seeds))
-
-    screen = _compare(repo, plan, [plan.baseline], screened[1:], plan.screen_seeds, plan.screen_split)
-    final = _compare(repo, plan, [plan.baseline], finalists, plan.final_seeds, plan.final_split)
-    result = {"rounds_s": rounds, "cpu": cpu_name(), "plan": dataclasses.asdict(plan),
-              "combination": extra.get("combination", []), "finalists": finalists,
-              "ranking": ranked, "screen": screen, "final": final}
-    write_outputs(result, out, readme)
-    _log_sweep(repo, out, swept, finalists)
-    return result
+    return {"screened": screened, "finalists": [n for n, _ in ranked[:plan.finalists]],
+            "ranking": ranked, "extra": extra}
 
 
-def _log_sweep(repo: Path, out: Path, swept: list[str], finalists: list[str]) -> None:
+def _log_sweep(repo: Path, plan: Plan, out: Path, swept: list[str], finalists: list[str]) -> None:
     """The sweep as a parent MLflow run over its experiments' runs, the reports as its artifacts."""
     try:
         mlflow_experiment = load_params(repo / "params.yaml").tracking.experiment
@@ -158,10 +165,12 @@ def _log_sweep(repo: Path, out: Path, swept: list[str], finalists: list[str]) ->
         return
     uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{repo / 'mlflow.db'}"  # the repo's store
     commit = tracking.git_commit(repo)[:7]
-    tracking.log_sweep(mlflow_experiment, f"headline-{commit}", swept, out / "final", uri=uri, note=(
-        f"rarelm headline at commit {commit}: {len(swept)} experiments in three rounds; finalists "
+    rounds = "a fixed comparison" if plan.fixed else "three rounds"
+    tracking.log_sweep(mlflow_experiment, f"{plan.section}-{commit}", swept, out / "final", uri=uri, note=(
+        f"rarelm headline at commit {commit}: {len(swept)} experiments in {rounds}; finalists "
         f"{', '.join(finalists) or 'none'}. The final comparison (paired bootstrap over terms and seeds) "
-        "is in this run's artifacts; the screening round in docs/headline/screen."))
+        "is in this run's artifacts" + ("." if plan.fixed else f"; the screening round in {out / 'screen'}.")
+    ))
 
 
 def main(plan_path: Path, repo: Path, out: Path, readme: Path | None) -> dict:

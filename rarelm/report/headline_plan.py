@@ -8,6 +8,7 @@ rarelm/report/headline.py.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,13 @@ class Plan:
     insertion_tolerance: float = 0.10
     screen_split: str = "val"  # the split the choice is made on
     final_split: str = "test"  # the split the finalists are confirmed on
+    prefix: str = PREFIX  # experiment names: <prefix><configuration>-s<seed>
+    section: str = "headline"  # README's table sits between <!-- section:start --> and <!-- section:end -->
+
+    @property
+    def fixed(self) -> bool:
+        """No screen_seeds: a fixed comparison, every configuration confirmed, nothing chosen."""
+        return not self.screen_seeds
 
     @classmethod
     def load(cls, path: str | Path) -> Plan:
@@ -60,13 +68,16 @@ class Plan:
                        ppl_tolerance=float(raw.get("ppl_tolerance", 0.02)),
                        insertion_tolerance=float(raw.get("insertion_tolerance", 0.10)),
                        screen_split=str(raw.get("screen_split", "val")),
-                       final_split=str(raw.get("final_split", "test")))
+                       final_split=str(raw.get("final_split", "test")),
+                       prefix=str(raw.get("prefix", PREFIX)), section=str(raw.get("section", "headline")))
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise RarelmError(f"{path}: not a headline plan ({type(exc).__name__}: {exc}); "
                               "see rarelm/report/headline_plan.py") from None
-        if not plan.screen_seeds or not plan.final_seeds or not plan.configurations:
-            raise RarelmError(f"{path}: the plan needs screen_seeds, final_seeds and at least one "
-                              "configuration (the baseline)")
+        if not plan.final_seeds or not plan.configurations:
+            raise RarelmError(f"{path}: the plan needs final_seeds and at least one configuration (the "
+                              "baseline); screen_seeds: [] makes it a fixed comparison")
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", plan.prefix + plan.section):
+            raise RarelmError(f"{path}: prefix and section must be letters, digits, '_', '.' or '-'")
         reused = sorted(set(plan.screen_seeds) & set(plan.final_seeds))
         if reused:
             raise RarelmError(f"{path}: final_seeds repeat screening seed {reused[0]}; the finalists are "
@@ -86,14 +97,23 @@ class Plan:
             return [*self.overrides(self.decode[name]["of"], extra), *self.decode[name]["set"]]
         return extra.get(name) or self.configurations[name]
 
+    def experiment(self, name: str, seed: int) -> str:
+        return experiment(name, seed, self.prefix)
 
-def experiment(name: str, seed: int) -> str:
+    def batch(self, names: list[str], seeds: list[int],
+              extra: dict[str, list[str]]) -> list[tuple[str, list[str]]]:
+        """(experiment, -S overrides) of each seed x name: common, the seed, then the configuration's."""
+        return [(self.experiment(n, s), [*self.common, f"seed={s}", *self.overrides(n, extra)])
+                for s in seeds for n in names]
+
+
+def experiment(name: str, seed: int, prefix: str = PREFIX) -> str:
     """The DVC experiment of a configuration and seed.
 
-    >>> experiment("baseline", 1337)
-    'hl-baseline-s1337'
+    >>> experiment("baseline", 1337), experiment("finetune", 1, "rt-foldoc_en-")
+    ('hl-baseline-s1337', 'rt-foldoc_en-finetune-s1')
     """
-    return f"{PREFIX}{name}-s{seed}"
+    return f"{prefix}{name}-s{seed}"
 
 
 def combination(ranked: list[str], overrides: Callable[[str], list[str]], n: int) -> list[str]:
