@@ -28,7 +28,7 @@ from typing import Any
 
 from rarelm.errors import RarelmError
 
-# `rarelm generate`'s defaults (rarelm.generate.Sampling), as transformers' GenerationConfig names them
+# `rarelm generate`'s defaults (rarelm.evaluate.generate.Sampling), in transformers' GenerationConfig names
 SAMPLING = {"do_sample": True, "temperature": 0.8, "top_k": 50, "top_p": 0.95}
 # params shown in the model card: what decides the weights (tracking is about where they are logged)
 CARD_SECTIONS = ("seed", "alpha", "corpus", "tokenizer", "rare", "weights", "loss", "model", "train")

@@ -190,7 +190,7 @@ class TrainParams:
 
 @dataclasses.dataclass(frozen=True)
 class EvalParams:
-    """What `evaluate` measures (see rarelm/evaluate.py)."""
+    """What `evaluate` measures (see rarelm/evaluate/)."""
 
     splits: list[str] = param(["test"])  # the first is metrics/eval.json's top level, others nest
     block_size: int = param(0, ge=0)  # scoring window in tokens; 0 = the model's context length

@@ -3,7 +3,7 @@
     python -m stages.evaluate
     rarelm evaluate --model some/other/model
 
-Writes metrics/eval.json (see rarelm/evaluate.py for every key),
+Writes metrics/eval.json (see rarelm/evaluate/ for every key),
 metrics/eval_occurrences.jsonl (one row per evaluated term occurrence: the term, its
 train count and band, mention type, what was due and what the model wrote, exact match,
 first-token hit, NLL per token, per term and per character, term-token accuracy, first-token
@@ -50,9 +50,9 @@ def evaluate(
     started = time.perf_counter()
     with user_errors("evaluate"):
         # on use: numpy, torch and mlflow would add seconds to every `rarelm` command's start-up
-        from rarelm import evaluate as ev
         from rarelm import term_search, tracking
         from rarelm.data import TokenizedData
+        from rarelm.evaluate.mlflow_log import log_eval_files, log_eval_metrics
         from rarelm.rare import load_buckets, load_counts, load_tokenizer, log_prior
 
         params = load_params(params_file)
@@ -69,7 +69,7 @@ def evaluate(
         run = tracking.open_run(model_dir / "mlflow_run.json", "evaluate", params)
         try:
             # the training run's params are fixed at training time: the tau behind these metrics goes too
-            ev.log_to_mlflow(run, {**out, "logit_adjust_tau": tau}, inputs=[prepared, tokenized, rare])
+            log_eval_metrics(run, {**out, "logit_adjust_tau": tau}, inputs=[prepared, tokenized, rare])
         except BaseException:
             run.finish("FAILED")
             raise
@@ -82,8 +82,8 @@ def evaluate(
             for result in results.values():
                 f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in result.occurrences))
         write_json(metrics, out)
-        ev.log_files_to_mlflow(run, [metrics, occurrences, bucket_csv, band_csv],
-                               tracking.logs_text(params.tracking.log_text, run.tracking_uri))
+        log_eval_files(run, [metrics, occurrences, bucket_csv, band_csv],
+                       tracking.logs_text(params.tracking.log_text, run.tracking_uri))
     print(_summary(params.eval.splits[0], out, time.perf_counter() - started))
 
 
@@ -107,7 +107,7 @@ def _evaluate(params, model, tokenizer, data, buckets, terms, prepared: Path, pr
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from rarelm import evaluate as ev
+    from rarelm.evaluate.splits import combine, evaluate_split
 
     columns = [TextColumn("evaluate: {task.description}"), BarColumn(),
                TextColumn("{task.completed}/{task.total}"), TimeRemainingColumn()]
@@ -120,16 +120,16 @@ def _evaluate(params, model, tokenizer, data, buckets, terms, prepared: Path, pr
 
         for split in params.eval.splits:
             documents = _documents(prepared, split)
-            results[split] = ev.evaluate_split(model, tokenizer, data, documents, split, buckets, terms,
-                                               params.eval, params.seed, progress, prior)
-    return ev.combine(results), results
+            results[split] = evaluate_split(model, tokenizer, data, documents, split, buckets, terms,
+                                            params.eval, params.seed, progress, prior)
+    return combine(results), results
 
 
 def _load(model_dir: Path, data, device: str, threads: int):
     """The model on its device, checked against the tokenized data's vocabulary."""
     import torch  # on use: torch and transformers take seconds to import
 
-    from rarelm.lm import load_causal_lm
+    from rarelm.evaluate.model_folder import load_causal_lm
 
     if threads:
         torch.set_num_threads(threads)

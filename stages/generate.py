@@ -4,7 +4,7 @@
     rarelm generate "Acute" --model path/to/any/causal-lm --greedy
     rarelm generate "Acute" --greedy --logit-adjust 0.5 --counts data/rare/counts.npy
 
-Not a DVC stage: a tool to look at what a model writes (see rarelm/generate.py).
+Not a DVC stage: a tool to look at what a model writes (see rarelm/evaluate/generate.py).
 """
 
 from pathlib import Path
@@ -35,7 +35,7 @@ def generate(
 ) -> None:
     """Continue PROMPT with a model folder, greedy or sampled, printing tokens as they come."""
     with user_errors("generate"):
-        from rarelm.generate import Sampling, run  # on use: torch takes seconds to import
+        from rarelm.evaluate.generate import Sampling, run  # on use: torch takes seconds to import
 
         if device not in ("auto", "cpu", "cuda"):
             raise RarelmError(f"--device = {device} is not allowed (must be one of auto, cpu, cuda)")

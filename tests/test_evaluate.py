@@ -18,10 +18,16 @@ import yaml
 from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from rarelm import evaluate as ev
 from rarelm import term_search
 from rarelm.errors import RarelmError
-from rarelm.lm import candidates_nll, continuation_nll, greedy_continue, logit_adjustment
+from rarelm.evaluate.decoding import greedy_continue, logit_adjustment
+from rarelm.evaluate.false_insertion import count_terms, false_insertion, term_start_mask
+from rarelm.evaluate.mlflow_log import log_eval_files, log_eval_metrics
+from rarelm.evaluate.scoring import candidates_nll, continuation_nll
+from rarelm.evaluate.term_generation import evaluate_terms
+from rarelm.evaluate.term_metrics import em50_train_count, term_metrics
+from rarelm.evaluate.token_scoring import BUCKETS as BUCKET_NAMES
+from rarelm.evaluate.token_scoring import score_tokens
 from rarelm.params import EvalParams
 from rarelm.rare import load_buckets
 from rarelm.term_search import Occurrence, Term
@@ -88,7 +94,7 @@ def test_token_metrics_are_exact(block_size, batch_size):
     per_term = term_search.find_occurrences(char_tokenizer(), DOCS, TOKENS, OFFSETS, TERMS)
     mask = term_search.term_token_mask(per_term, len(TOKENS))
     assert np.flatnonzero(mask).tolist() == [0, 1, 2, 3, 4, 6, 7, 11, 12]
-    stats = ev.score_tokens(bigram(), TOKENS, BUCKETS, block_size, batch_size, term_mask=mask)
+    stats = score_tokens(bigram(), TOKENS, BUCKETS, block_size, batch_size, term_mask=mask)
     m = stats.metrics()
     # targets 2 3 5 6 0 4 5 7 1 0 6 6 0 cost 1 1 2 1 2 4 1 2 2 7 6 7 2 bits
     assert m["n_eval_tokens"] == 13
@@ -110,7 +116,7 @@ def test_token_metrics_are_exact(block_size, batch_size):
 
 
 def test_term_rows_are_exact():
-    rows = ev.evaluate_terms(bigram(), char_tokenizer(), DOCS, TOKENS, OFFSETS, TERMS, max_terms=100,
+    rows = evaluate_terms(bigram(), char_tokenizer(), DOCS, TOKENS, OFFSETS, TERMS, max_terms=100,
                              context_tokens=2, batch_size=2, eot_id=0)
     # the bigram model writes a+1, a+2, ... after token a
     got = [(r["term"], r["doc"], r["char_start"], r["prompt_tokens"], r["output"], r["exact_match"],
@@ -132,7 +138,7 @@ def test_term_rows_are_exact():
         assert r["choice_rank"] == 1 + sum(cost(t.text) < cost(r["term"]) for t in TERMS), r["term"]
     assert [r["choice_rank"] for r in rows][:3] == [2, 2, 1]
 
-    m = ev.term_metrics(rows, n_terms=len(TERMS), n_occurrences=5)
+    m = term_metrics(rows, n_terms=len(TERMS), n_occurrences=5)
     assert (m["term_exact_match"], m["term_first_token_acc"], m["n_eval_terms"]) == (1 / 5, 2 / 5, 5)
     assert m["term_nll"] == pytest.approx(13 / 5 * LN2)
     assert m["term_choice_acc"] == sum(r["choice_rank"] == 1 for r in rows) / 5
@@ -145,7 +151,7 @@ def test_term_rows_are_exact():
 
 def test_continuous_term_metrics_are_exact():
     """Three occurrences; the covering tokens' bits and ranks after each prompt, by hand (rank = bits)."""
-    rows = ev.evaluate_terms(bigram(), char_tokenizer(), DOCS, TOKENS, OFFSETS, TERMS, max_terms=3,
+    rows = evaluate_terms(bigram(), char_tokenizer(), DOCS, TOKENS, OFFSETS, TERMS, max_terms=3,
                              context_tokens=2, batch_size=2, eot_id=0, closed_set=False)
     # 五六 after 三: 2 + 1 bits; 四五 after end-of-text: 4 + 1; 一二三 after end-of-text: 1 + 1 + 1
     got = [(r["term"], r["n_tokens"], r["n_chars"], r["first_token_rank"], r["token_acc"]) for r in rows]
@@ -153,7 +159,7 @@ def test_continuous_term_metrics_are_exact():
     assert [r["nll_sum"] / LN2 for r in rows] == pytest.approx([3, 5, 3], rel=1e-6)
     assert [r["nll_per_char"] / LN2 for r in rows] == pytest.approx([1.5, 2.5, 1.0], rel=1e-6)
     assert [r["first_token_rr"] for r in rows] == [0.5, 0.25, 1.0]
-    m = ev.term_metrics(rows, n_terms=len(TERMS), n_occurrences=5)
+    m = term_metrics(rows, n_terms=len(TERMS), n_occurrences=5)
     assert m["term_nll_per_term"] == pytest.approx(11 / 3 * LN2)
     assert m["term_nll_per_char"] == pytest.approx(5 / 3 * LN2)
     assert m["term_token_acc"] == pytest.approx(2 / 3)
@@ -165,10 +171,10 @@ def test_continuous_term_metrics_are_exact():
 def test_term_start_mass_where_no_term_starts():
     """False insertion (b): the bigram model's mass on term-start tokens, by hand from its bit table."""
     per_term = term_search.find_occurrences(char_tokenizer(), DOCS, TOKENS, OFFSETS, TERMS)
-    starts = ev.term_start_mask(per_term, len(TOKENS))
+    starts = term_start_mask(per_term, len(TOKENS))
     assert np.flatnonzero(starts).tolist() == [0, 2, 3, 6, 11]  # 一二三, 三五, 五六, 四五, 六六
     start_ids = [1, 3, 5, 4, 6]  # the tokens found there
-    m = ev.score_tokens(bigram(), TOKENS, BUCKETS, 4, 2, start_mask=starts).metrics()
+    m = score_tokens(bigram(), TOKENS, BUCKETS, 4, 2, start_mask=starts).metrics()
 
     def mass(p: int) -> float:  # P(next token starts a term | token p-1)
         return sum(2.0 ** -bits(int(TOKENS[p - 1]), s) for s in start_ids)
@@ -180,13 +186,13 @@ def test_term_start_mass_where_no_term_starts():
     assert m["n_term_start_ids"] == 5
     # e.g. at position 12, after token 6, tokens 1, 3, 4, 5, 6 cost 3, 5, 6, 7, 7 bits
     assert mass(12) == 2 ** -3 + 2 ** -5 + 2 ** -6 + 2 * 2 ** -7 == 0.1875
-    assert "false_insertion_start_mass" not in ev.score_tokens(bigram(), TOKENS, BUCKETS, 4, 2).metrics()
+    assert "false_insertion_start_mass" not in score_tokens(bigram(), TOKENS, BUCKETS, 4, 2).metrics()
 
 
 def test_false_insertion_counts_terms_in_a_constructed_output():
     """A model that writes 一二三一二三... after 五 and 〇: the sampled text holds one term every 3 tokens."""
     model = ScriptedLM({0: 1, 5: 1, 1: 2, 2: 3, 3: 1}, V).eval()
-    m = ev.false_insertion(model, char_tokenizer(), TOKENS, OFFSETS, TERMS, text_occurrences=5, n_prompts=2,
+    m = false_insertion(model, char_tokenizer(), TOKENS, OFFSETS, TERMS, text_occurrences=5, n_prompts=2,
                            n_new=6, context_tokens=2, batch_size=2, eot_id=0, seed=0)
     # prompts end before positions 1 and 8: after 一 the model writes 二三一二三一 (one 一二三), after 五
     # 一二三一二三 (two); the text there: 二三五六〇四 (三五, 五六) and 七一〇六六〇 (六六)
@@ -195,9 +201,9 @@ def test_false_insertion_counts_terms_in_a_constructed_output():
     assert m["false_insertion_human_per_1k"] == pytest.approx(3 / 12 * 1000)
     assert m["false_insertion_text_per_1k"] == pytest.approx(5 / 14 * 1000)  # 5 occurrences, 14 tokens
     assert m["false_insertion_rate"] == pytest.approx(0.7)
-    assert ev.count_terms(["the acute MI was", "subacute MI; acute MIs; acute MI"],
+    assert count_terms(["the acute MI was", "subacute MI; acute MIs; acute MI"],
                           [Term("acute MI", 3), Term("was", 1)]) == 3
-    none = ev.false_insertion(model, char_tokenizer(), TOKENS, OFFSETS, TERMS, 5, n_prompts=0, n_new=6,
+    none = false_insertion(model, char_tokenizer(), TOKENS, OFFSETS, TERMS, 5, n_prompts=0, n_new=6,
                               context_tokens=2, batch_size=2, eot_id=0, seed=0)
     assert none == {"n_false_insertion_tokens": 0}
 
@@ -207,15 +213,15 @@ def test_logit_adjustment_lifts_rare_tokens_in_scores_and_terms():
     model = bigram()
     bias = logit_adjustment(model, -LN2 * np.array([1, 1, 1, 1, 1, 8, 8, 8]), 0.5)
     assert (bias / LN2).tolist() == pytest.approx([0.5] * 5 + [4.0] * 3)
-    plain = ev.score_tokens(model, TOKENS, BUCKETS, 100, 8).metrics()
-    m = ev.score_tokens(model, TOKENS, BUCKETS, 100, 8, logit_bias=bias).metrics()
+    plain = score_tokens(model, TOKENS, BUCKETS, 100, 8).metrics()
+    m = score_tokens(model, TOKENS, BUCKETS, 100, 8, logit_bias=bias).metrics()
     table = model.table.detach().double().numpy() + bias.double().numpy()  # adjusted log-scores
     nll = [np.logaddexp.reduce(table[a]) - table[a, b] for a, b in zip(TOKENS[:-1], TOKENS[1:], strict=True)]
     assert m["ppl"] == pytest.approx(math.exp(np.mean(nll)), rel=1e-6)
     # the frequent targets (0-3) lose, the rare one (6) gains
     assert m["ppl_frequent"] > plain["ppl_frequent"] and m["ppl_rare"] < plain["ppl_rare"]
 
-    rows = ev.evaluate_terms(model, char_tokenizer(), DOCS, TOKENS, OFFSETS, TERMS, max_terms=100,
+    rows = evaluate_terms(model, char_tokenizer(), DOCS, TOKENS, OFFSETS, TERMS, max_terms=100,
                              context_tokens=2, batch_size=2, eot_id=0, logit_bias=bias)
     got = {r["term"]: (r["output"], r["exact_match"]) for r in rows}
     # after 3 the adjusted scores (bits) of 0..7 are -4.5 -5.5 -6.5 -6.5 -0.5 2 1 0: 5 now beats 4
@@ -233,7 +239,7 @@ def test_macro_average_weighs_terms_not_occurrences():
             for m, hit in (("first", True), ("repeat", True), ("repeat", True))]
     rows.append({"term": "b", "train_count": 40, "band": "32-63", "mention": "first", "exact_match": False,
                  "first_token_hit": False, "nll": 3.0, "choice_rank": 2})
-    m = ev.term_metrics(rows, n_terms=2, n_occurrences=4)
+    m = term_metrics(rows, n_terms=2, n_occurrences=4)
     assert (m["term_exact_match"], m["term_exact_match_macro"]) == (3 / 4, 1 / 2)
     assert (m["term_exact_match_first"], m["term_exact_match_repeat"]) == (1 / 2, 1.0)
     assert (m["term_choice_acc"], m["term_choice_acc_macro"]) == (3 / 4, 1 / 2)
@@ -244,14 +250,14 @@ def test_em50_finds_a_known_crossing_and_says_when_it_is_undefined():
     rng = np.random.default_rng(0)
     counts = rng.integers(1, 1025, size=20000)
     p = 1 / (1 + np.exp(-(np.log2(counts) - np.log2(24.0)) * 1.5))  # 50% at 24 occurrences
-    assert ev.em50_train_count(counts, rng.random(len(counts)) < p) == pytest.approx(24.0, rel=0.05)
-    assert ev.em50_train_count(counts, np.zeros(len(counts), bool)) is None  # never crosses
-    assert ev.em50_train_count(counts, counts < 100) is None  # falls with the count
-    assert ev.em50_train_count(np.array([4, 4, 4]), np.array([True, False, True])) is None  # one count
+    assert em50_train_count(counts, rng.random(len(counts)) < p) == pytest.approx(24.0, rel=0.05)
+    assert em50_train_count(counts, np.zeros(len(counts), bool)) is None  # never crosses
+    assert em50_train_count(counts, counts < 100) is None  # falls with the count
+    assert em50_train_count(np.array([4, 4, 4]), np.array([True, False, True])) is None  # one count
 
 
 def test_term_cap_is_round_robin_and_deterministic():
-    rows = ev.evaluate_terms(bigram(), char_tokenizer(), DOCS, TOKENS, OFFSETS, TERMS, max_terms=3,
+    rows = evaluate_terms(bigram(), char_tokenizer(), DOCS, TOKENS, OFFSETS, TERMS, max_terms=3,
                              context_tokens=2, batch_size=8, eot_id=0, closed_set=False)
     # first occurrences of terms 0, 1, 2 (the next round would start with term 3)
     assert [r["term"] for r in rows] == ["五六", "四五", "一二三"]
@@ -342,13 +348,13 @@ def test_exact_match_as_written_and_in_any_case():
 
     got = []
     for text in (" PKI of", " pki of", " Pki", " key"):
-        (row,) = ev.evaluate_terms(writer(text), tok, [doc], tokens, offsets, terms, max_terms=1,
+        (row,) = evaluate_terms(writer(text), tok, [doc], tokens, offsets, terms, max_terms=1,
                                    context_tokens=64, batch_size=4, eot_id=eot)
         assert row["expected"] == " PKI" and row["term"] == "pki"
         got.append((row["exact_match"], row["exact_match_ci"]))
     assert got == [(True, True), (False, True), (False, True), (False, False)]
     rows = [{**row, "exact_match": em, "exact_match_ci": ci} for em, ci in got]
-    m = ev.term_metrics(rows, n_terms=2, n_occurrences=1)
+    m = term_metrics(rows, n_terms=2, n_occurrences=1)
     assert (m["term_exact_match"], m["term_exact_match_ci"]) == (1 / 4, 3 / 4)
     assert (m["term_exact_match_band_4-7"], m["term_exact_match_ci_band_4-7"]) == (1 / 4, 3 / 4)
     assert m["term_exact_match_ci_le15"] == 3 / 4
@@ -403,7 +409,7 @@ def test_chinese_terms_inside_merged_tokens(cjk):
         return ScriptedLM(dict(zip(chain, chain[1:], strict=False)), tok.get_vocab_size()).eval()
 
     for text, hit in ((o.lead + "可交换保理。", True), (o.lead + "可交换保函", False)):
-        rows = ev.evaluate_terms(writer(text), tok, docs[:1], tokens[:offsets[1]], offsets[:2], terms[:2],
+        rows = evaluate_terms(writer(text), tok, docs[:1], tokens[:offsets[1]], offsets[:2], terms[:2],
                                  max_terms=10, context_tokens=64, batch_size=4, eot_id=eot)
         assert len(rows) == 1 and rows[0]["exact_match"] is hit, rows[0]
         assert rows[0]["expected"] == o.lead + "可交换保理" and rows[0]["choice_rank"] == (1 if hit else 2)
@@ -593,7 +599,7 @@ def test_stage_writes_metrics_plots_and_logs_into_the_training_run(workspace, tm
     assert m["n_eval_tokens"] == n == len(test_tokens) - 1
     assert m["ppl"] == pytest.approx(ppl, rel=1e-5)
     # the overall perplexity is the token-weighted geometric mean of the buckets'
-    parts = [(m[f"n_tokens_{b}"], m[f"ppl_{b}"]) for b in ev.BUCKETS if m[f"n_tokens_{b}"]]
+    parts = [(m[f"n_tokens_{b}"], m[f"ppl_{b}"]) for b in BUCKET_NAMES if m[f"n_tokens_{b}"]]
     assert sum(k for k, _ in parts) == n
     assert math.exp(sum(k * math.log(p) for k, p in parts) / n) == pytest.approx(m["ppl"], rel=1e-9)
     assert 0 < m["n_eval_terms"] <= 40 and 0 <= m["term_exact_match"] <= m["term_first_token_acc"] <= 1
@@ -631,7 +637,7 @@ def test_stage_writes_metrics_plots_and_logs_into_the_training_run(workspace, tm
     test_rows = [r for r in rows if r["split"] == "test"]
     assert len(test_rows) == m["n_eval_terms"] and len(rows) == m["n_eval_terms"] + m["val"]["n_eval_terms"]
     assert sum(r["exact_match"] for r in test_rows) == round(m["term_exact_match"] * m["n_eval_terms"])
-    assert ev.term_metrics(test_rows, m["n_terms"], m["n_term_occurrences"]).items() <= m.items()
+    assert term_metrics(test_rows, m["n_terms"], m["n_term_occurrences"]).items() <= m.items()
 
 
 def test_stage_with_logit_adjustment_scores_the_adjusted_model(workspace, tmp_path):
@@ -671,15 +677,15 @@ def test_unreachable_store_is_one_warning_line_or_one_error_if_required(tmp_path
     optional = Params(tracking=TrackingParams(required=False))
     for path in (run_file, tmp_path / "missing.json"):  # a model trained with tracking or without
         run = tracking.open_run(path, "evaluate", optional)
-        ev.log_to_mlflow(run, {"ppl": 3.0}, inputs=[])
-        ev.log_files_to_mlflow(run, [], log_text=True)
+        log_eval_metrics(run, {"ppl": 3.0}, inputs=[])
+        log_eval_files(run, [], log_text=True)
         lines = capsys.readouterr().err.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith(
             "rarelm evaluate: warning: MLflow tracking store http://127.0.0.1:9 is not reachable"), lines
     assert not (tmp_path / "x.db").exists()
     run = tracking.open_run(run_file, "evaluate", Params())  # tracking.required: true
     with pytest.raises(RarelmError, match=r"^MLflow tracking store http://127.0.0.1:9 cannot log \("):
-        ev.log_to_mlflow(run, {"ppl": 3.0}, inputs=[])
+        log_eval_metrics(run, {"ppl": 3.0}, inputs=[])
     assert capsys.readouterr().err == ""
 
 
@@ -718,7 +724,7 @@ def test_bad_inputs_are_one_line_errors_without_output(workspace, tmp_path, brea
 
 def test_folder_that_is_not_a_causal_lm(tmp_path):
     """In-process (the stage path is the same as above): transformers is already imported here."""
-    from rarelm.lm import load_causal_lm
+    from rarelm.evaluate.model_folder import load_causal_lm
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "vit"}))
     with pytest.raises(RarelmError, match="not a loadable causal language model") as info:

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from rarelm.errors import RarelmError
-from rarelm.generate import Sampling, generate
-from rarelm.lm import greedy_continue, load_causal_lm, load_tokenizer, logit_adjustment, logit_bias_processor
+from rarelm.evaluate.decoding import greedy_continue, logit_adjustment, logit_bias_processor
+from rarelm.evaluate.generate import Sampling, generate
+from rarelm.evaluate.model_folder import load_causal_lm, load_model_tokenizer
 from rarelm.rare import log_prior
 from tests.conftest import run
 
@@ -66,7 +67,7 @@ def test_cli_greedy_streams_the_argmax_continuation(model_dir):
     result = run(["rarelm", "generate", "the patient presented", "--model", str(model_dir),
                   "--greedy", "--max-tokens", "12"], model_dir, env={"OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr
-    model, tok = load_causal_lm(model_dir), load_tokenizer(model_dir)
+    model, tok = load_causal_lm(model_dir), load_model_tokenizer(model_dir)
     prompt_ids = tok("the patient presented").input_ids
     want = argmax_loop(model, prompt_ids, 12, tok.eos_token_id)
     assert len(set(want)) > 3
@@ -74,7 +75,7 @@ def test_cli_greedy_streams_the_argmax_continuation(model_dir):
 
 
 def test_streams_piece_by_piece_and_sampling_repeats_by_seed(model_dir):
-    model, tok = load_causal_lm(model_dir), load_tokenizer(model_dir)
+    model, tok = load_causal_lm(model_dir), load_model_tokenizer(model_dir)
     out = Recorder()
     ids = generate(model, tok, "a rare case", Sampling(max_tokens=10, seed=1, temperature=1.0), out)
     assert len(out.pieces) > 2 and "".join(out.pieces) == tok.decode(ids, skip_special_tokens=True) + "\n"
@@ -89,7 +90,7 @@ def test_streams_piece_by_piece_and_sampling_repeats_by_seed(model_dir):
 
 
 def test_a_prompt_too_long_for_the_context_keeps_its_end(model_dir, capsys):
-    model, tok = load_causal_lm(model_dir), load_tokenizer(model_dir)
+    model, tok = load_causal_lm(model_dir), load_model_tokenizer(model_dir)
     prompt = "the patient presented with " * 20
     assert len(tok(prompt).input_ids) > 64
     ids = generate(model, tok, prompt, Sampling(max_tokens=10, greedy=True))
@@ -103,7 +104,7 @@ def test_a_prompt_too_long_for_the_context_keeps_its_end(model_dir, capsys):
 def test_folder_without_tokenizer(tmp_path, model_dir):
     (tmp_path / "config.json").write_text((model_dir / "config.json").read_text())
     with pytest.raises(RarelmError, match="no loadable tokenizer"):
-        load_tokenizer(tmp_path)
+        load_model_tokenizer(tmp_path)
 
 
 @pytest.mark.parametrize("args,message", [
@@ -123,7 +124,7 @@ def test_bad_input_is_one_line(model_dir, args, message):
 
 def train_counts(model_dir) -> np.ndarray:
     """Token counts of TEXTS, as the rare_terms stage writes them (int64 [vocabulary])."""
-    tok = load_tokenizer(model_dir)
+    tok = load_model_tokenizer(model_dir)
     ids = [i for text in TEXTS for i in tok(text).input_ids]
     return np.bincount(ids, minlength=len(tok)).astype(np.int64)
 
@@ -146,7 +147,7 @@ def test_a_prior_flips_the_argmax_by_hand():
 
 
 def test_adjusted_greedy_decoding_is_the_argmax_of_adjusted_logits(model_dir):
-    model, tok = load_causal_lm(model_dir), load_tokenizer(model_dir)
+    model, tok = load_causal_lm(model_dir), load_model_tokenizer(model_dir)
     prior = log_prior(train_counts(model_dir))
     prompts = [tok("the patient presented").input_ids, tok("a rare case of").input_ids]
     plain = greedy_continue(model, prompts, 10, pad_id=0)
@@ -169,7 +170,7 @@ def test_cli_logit_adjust_streams_the_adjusted_argmax(model_dir, tmp_path):
     result = run([*args, "--logit-adjust", "2", "--counts", str(counts)], model_dir,
                  env={"OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr
-    model, tok = load_causal_lm(model_dir), load_tokenizer(model_dir)
+    model, tok = load_causal_lm(model_dir), load_model_tokenizer(model_dir)
     prompt_ids = tok("the patient presented").input_ids
     bias = logit_adjustment(model, log_prior(np.load(counts)), 2.0)
     want = argmax_loop(model, prompt_ids, 12, tok.eos_token_id, bias)
@@ -191,5 +192,5 @@ def test_bad_logit_adjust_input_is_one_line(model_dir, tmp_path, args, message):
     np.save(tmp_path / "short.npy", np.ones(7, dtype=np.int64))
     result = run(["rarelm", "generate", "hello", "--model", str(model_dir), *args], tmp_path)
     assert result.returncode == 2 and result.stdout == ""
-    size = len(load_tokenizer(model_dir))
+    size = len(load_model_tokenizer(model_dir))
     assert result.stderr.count("\n") == 1 and message.replace("%d", str(size)) in result.stderr, result.stderr

@@ -113,7 +113,7 @@ def test_upstream_metrics_are_flattened_and_missing_or_broken_files_skipped(tmp_
 
 
 def test_one_prefix_per_metric_family():
-    from rarelm.evaluate import mlflow_metrics
+    from rarelm.evaluate.mlflow_log import mlflow_metrics
 
     assert set(mlflow_metrics({"ppl": 3.0, "val": {"ppl": 4.0}})) == {"eval/ppl", "eval/val/ppl"}
     source = (Path(tracking.__file__).parent / "train.py").read_text()
@@ -266,7 +266,7 @@ def test_ui_url_command_without_a_store_links_the_experiments_and_creates_none(t
 def test_data_inputs_carry_dvc_hashes_as_digests(store, workspace, monkeypatch):
     import mlflow
 
-    from rarelm.evaluate import log_files_to_mlflow, log_to_mlflow
+    from rarelm.evaluate.mlflow_log import log_eval_files, log_eval_metrics
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
     assert tracking.dvc_hashes(["data/tokenized", workspace / "data/weights", "data/rare", "nope"]) == {
@@ -283,8 +283,8 @@ def test_data_inputs_carry_dvc_hashes_as_digests(store, workspace, monkeypatch):
     occurrences.write_text("".join(json.dumps(r) + "\n" for r in rows))
     for _ in range(2):  # evaluate twice into the run: the table is replaced, not appended to
         again = tracking.open_run(workspace / "mlflow_run.json", "evaluate", Params())
-        log_to_mlflow(again, {"ppl": 3.0}, inputs=["data/prepared", "data/tokenized"])
-        log_files_to_mlflow(again, [occurrences], log_text=True)
+        log_eval_metrics(again, {"ppl": 3.0}, inputs=["data/prepared", "data/tokenized"])
+        log_eval_files(again, [occurrences], log_text=True)
         assert again.run_id == run.run_id
     client = mlflow.MlflowClient(store)
     mlrun = client.get_run(run.run_id)
@@ -357,7 +357,7 @@ def test_logged_model_serves_any_prompt_through_pyfunc(store, tiny_model, monkey
 
 def test_the_serving_defaults_are_rarelm_generates():
     from rarelm import serving
-    from rarelm.generate import Sampling
+    from rarelm.evaluate.generate import Sampling
 
     assert serving.DEFAULTS == tracking.SERVING_DEFAULTS
     assert {k: getattr(Sampling(), k) for k in ("temperature", "top_k", "top_p")} == \
@@ -742,7 +742,7 @@ def test_test_corpus_text_goes_to_mlflow_only_when_log_text_says(store, workspac
     store on this machine (a shared server gets the numbers, not the text)."""
     import mlflow
 
-    from rarelm.evaluate import log_files_to_mlflow
+    from rarelm.evaluate.mlflow_log import log_eval_files
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
     rows = workspace / "eval_occurrences.jsonl"
@@ -752,7 +752,7 @@ def test_test_corpus_text_goes_to_mlflow_only_when_log_text_says(store, workspac
     logged = {}
     for log_text in ("false", "true"):
         run = tracking.open_run(workspace / "none.json", "evaluate", Params())
-        log_files_to_mlflow(run, [workspace / "eval.json", rows], tracking.logs_text(log_text, store))
+        log_eval_files(run, [workspace / "eval.json", rows], tracking.logs_text(log_text, store))
         logged[log_text] = {a.path for a in client.list_artifacts(run.run_id, "eval")}
     assert logged == {"false": {"eval/eval.json"},
                       "true": {"eval/eval.json", "eval/eval_occurrences.jsonl", "eval/term_samples.json"}}

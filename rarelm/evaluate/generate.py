@@ -25,8 +25,14 @@ from pathlib import Path
 from typing import TextIO
 
 import numpy as np
+import torch
+from transformers import GenerationConfig, TextStreamer
 
+from rarelm import rare
 from rarelm.errors import RarelmError
+from rarelm.evaluate.decoding import context_length, generate_raw, logit_adjustment, logit_bias_processor
+from rarelm.evaluate.model_folder import load_causal_lm, load_model_tokenizer
+from rarelm.files import load_array
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,31 +58,27 @@ class Sampling:
                 raise RarelmError(f"{name} = {value} is not allowed (must be {allowed})")
 
 
-def _streamer(tokenizer, out: TextIO):
-    from transformers import TextStreamer
+class Streamer(TextStreamer):
+    """TextStreamer that writes to `out` (flushed per piece) instead of print()."""
 
-    class Streamer(TextStreamer):
-        """TextStreamer that writes to `out` (flushed per piece) instead of print()."""
+    def __init__(self, tokenizer, out: TextIO):
+        super().__init__(tokenizer, skip_prompt=True, skip_special_tokens=True)
+        self.out = out
 
-        def on_finalized_text(self, text: str, stream_end: bool = False) -> None:
-            out.write(text + ("\n" if stream_end else ""))
-            out.flush()
-
-    return Streamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
+    def on_finalized_text(self, text: str, stream_end: bool = False) -> None:
+        self.out.write(text + ("\n" if stream_end else ""))
+        self.out.flush()
 
 
 def load_log_prior(path: str | Path, tokenizer) -> np.ndarray:
     """log pi from a counts.npy (rare_terms stage), checked against the tokenizer's vocabulary."""
-    from rarelm.files import load_array
-    from rarelm.rare import log_prior
-
     path = Path(path)
     if not path.is_file():
         raise RarelmError(f"{path}: no such counts file (--logit-adjust needs the train token counts "
                           "of the rare_terms stage; give their path with --counts)")
     counts = load_array(path, np.int64, len(tokenizer), "rare_terms",
                         "for this model's tokenizer; it does not match the vocabulary")
-    return log_prior(counts)
+    return rare.log_prior(counts)
 
 
 def generate(model, tokenizer, prompt: str, sampling: Sampling, out: TextIO | None = None,
@@ -85,11 +87,6 @@ def generate(model, tokenizer, prompt: str, sampling: Sampling, out: TextIO | No
 
     `log_prior` (load_log_prior) is needed when sampling.logit_adjust > 0.
     """
-    import torch
-    from transformers import GenerationConfig
-
-    from rarelm.lm import context_length, logit_adjustment, logit_bias_processor
-
     empty = torch.zeros((1, 0), dtype=torch.long)
     ids = tokenizer(prompt, return_tensors="pt").input_ids if prompt else empty
     start = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
@@ -113,16 +110,8 @@ def generate(model, tokenizer, prompt: str, sampling: Sampling, out: TextIO | No
         extra["logits_processor"] = logit_bias_processor(bias)
     torch.manual_seed(sampling.seed)
     ids = ids.to(model.device)
-    # generate() fills unset fields from the folder's generation_config.json (sampling on):
-    # a blank one, so that these options alone decide
-    shipped, model.generation_config = model.generation_config, GenerationConfig()
-    try:
-        with torch.no_grad():
-            output = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config,
-                                    streamer=_streamer(tokenizer, out) if out is not None else None,
-                                    **extra)
-    finally:
-        model.generation_config = shipped
+    output = generate_raw(model, ids, torch.ones_like(ids), config,
+                          streamer=Streamer(tokenizer, out) if out is not None else None, **extra)
     return output[0, ids.shape[1]:].tolist()
 
 
@@ -152,10 +141,8 @@ def run(model_dir: str | Path, prompt: str, sampling: Sampling, device: str = "a
         out: TextIO = sys.stdout, counts: str | Path = "data/rare/counts.npy") -> list[int]:
     """What the CLI does: load the folder (and the counts, with --logit-adjust), echo the prompt,
     stream the continuation."""
-    from rarelm.lm import load_causal_lm, load_tokenizer
-
     model = load_causal_lm(model_dir, device)
-    tokenizer = load_tokenizer(model_dir)
+    tokenizer = load_model_tokenizer(model_dir)
     prior = load_log_prior(counts, tokenizer) if sampling.logit_adjust else None
     out.write(prompt)
     out.flush()

@@ -1,0 +1,34 @@
+"""The `evaluate` stage's measurements (how well a model predicts and writes rare tokens and terms),
+the decoding they share with `rarelm generate`, and `rarelm generate` itself.
+
+For each split in `eval.splits` (`splits.evaluate_split`; `splits.combine` makes
+metrics/eval.json), four measurements, each with the counts behind it:
+
+1. Teacher-forced scoring (`token_scoring`): every token after the first, summed
+   per frequency bucket of the target and on the tokens covering term occurrences:
+   `ppl`, `ppl_<bucket>`, `acc_<bucket>`, `recall_at_5_<bucket>`, `rare_token_acc`,
+   `rare_token_recall_at_5`, `ppl_term`, ..., and the model's probability mass on
+   term-start tokens where no term starts (`false_insertion_start_mass`).
+2. Rare-term generation (`term_generation`): every occurrence of a term of
+   data/rare/terms.jsonl in the split's text (capped at `eval.max_terms`, round
+   robin over terms); prompt = up to `eval.context_tokens` tokens before the first
+   token covering the term; greedy decoding until the text covers lead + term as
+   written there. One row per occurrence (metrics/eval_occurrences.jsonl);
+   `term_metrics` turns the rows into `term_exact_match`, `term_nll_per_char`,
+   `term_token_acc`, `term_choice_acc`, their variants and `em50_train_count`.
+3. Diversity (`diversity`): `eval.diversity_prompts` prompts spread evenly over
+   the split, each continued by `eval.diversity_tokens` tokens sampled at
+   temperature 1, against the human text that followed.
+4. False insertion (`false_insertion`): `eval.insertion_prompts` sampled
+   continuations of `eval.insertion_tokens` tokens; extracted terms per 1,000
+   tokens in them vs in the split's text (`false_insertion_rate`).
+
+With `eval.logit_adjust_tau` > 0 all four measure the post-hoc logit-adjusted
+model, `logits - tau * log pi` (pi: the train unigram prior), the model a user
+would deploy (`decoding.logit_adjustment`; `logit_bias` None = the model as trained).
+
+The other modules: `model_folder` (load a Hugging Face causal LM folder),
+`decoding` (batched greedy and sampled continuations), `scoring` (teacher-forced
+scores of given continuations), `mlflow_log` (the results into the training run),
+`generate` (`rarelm generate`), `common` (progress callback, ratio).
+"""

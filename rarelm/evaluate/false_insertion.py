@@ -1,0 +1,74 @@
+"""False insertion: does the model write terms where the text has none?
+
+(a) `false_insertion`: sampled continuations (rarelm.evaluate.diversity.sampled_continuations);
+extracted terms per 1,000 tokens in them vs in the split's text (`false_insertion_rate`).
+(b) `term_start_mask` marks where term occurrences start, so that token scoring
+(rarelm.evaluate.token_scoring) measures the probability mass on term-start tokens elsewhere.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rarelm import term_search
+from rarelm.evaluate.common import Progress, ratio
+from rarelm.evaluate.diversity import sampled_continuations
+
+
+def count_terms(texts: list[str], terms: list[term_search.Term]) -> int:
+    """Term occurrences in some texts, found as in the evaluated split (term_search.find_in_text).
+
+    >>> count_terms(["the acute MI was", "acute MIs; acute MI"], [term_search.Term("acute MI", 3)])
+    2
+    """
+    joined = "\n".join(texts)
+    return sum(len(term_search.find_in_text(joined, t.text)) for t in terms if "\n" not in t.text)
+
+
+def term_start_mask(per_term: list[list[term_search.Occurrence]], n_tokens: int) -> np.ndarray:
+    """Boolean per split position: the first token covering a term occurrence is there."""
+    mask = np.zeros(n_tokens, dtype=bool)
+    for occurrences in per_term:
+        for o in occurrences:
+            mask[o.start] = True
+    return mask
+
+
+def insertion_rates(generated: list[str], human: list[str], n_generated: int, n_human: int,
+                    terms: list[term_search.Term], text_occurrences: int, text_tokens: int) -> dict:
+    """False insertion (a): extracted terms per 1,000 tokens written by the model vs in the text.
+
+    `false_insertion_gen_per_1k`: in the sampled continuations; `_human_per_1k`: in the text
+    that followed the same prompts; `_text_per_1k`: in the whole split (its term occurrences
+    over its tokens); `false_insertion_rate` = gen / text (1 = the model writes terms as often
+    as the text has them; above 1 it inserts terms where the text has none). A worked example:
+    3 terms in 1,000 sampled tokens, 300 occurrences in a 50,000-token split: 3 vs 6 per 1,000,
+    ratio 0.5.
+    """
+    gen = 1000.0 * count_terms(generated, terms) / n_generated
+    text = ratio(1000.0 * text_occurrences, text_tokens)
+    return {"false_insertion_gen_per_1k": gen,
+            "false_insertion_human_per_1k": 1000.0 * count_terms(human, terms) / n_human,
+            "false_insertion_text_per_1k": text,
+            "false_insertion_rate": None if not text else gen / text,
+            "n_false_insertion_tokens": n_generated}
+
+
+def false_insertion(model, tokenizer, tokens: np.ndarray, offsets: np.ndarray,
+                    terms: list[term_search.Term], text_occurrences: int, *, n_prompts: int, n_new: int,
+                    context_tokens: int, batch_size: int, eot_id: int, seed: int,
+                    progress: Progress | None = None, logit_bias=None) -> dict:
+    """insertion_rates on `n_prompts` continuations of `n_new` sampled tokens (sampled_continuations)."""
+    sampled = sampled_continuations(model, tokens, offsets, n_prompts=n_prompts, n_new=n_new,
+                                    context_tokens=context_tokens, batch_size=batch_size, eot_id=eot_id,
+                                    seed=seed, progress=progress, logit_bias=logit_bias,
+                                    what="sampling for false insertion")
+    if sampled is None:
+        return {"n_false_insertion_tokens": 0}
+
+    def texts(rows: np.ndarray) -> list[str]:
+        return [tokenizer.decode([int(t) for t in row], skip_special_tokens=False) for row in rows]
+
+    gen, human = sampled
+    return insertion_rates(texts(gen), texts(human), gen.size, human.size, terms, text_occurrences,
+                           len(tokens))

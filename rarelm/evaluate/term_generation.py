@@ -1,0 +1,173 @@
+"""Rare-term generation: at each chosen term occurrence, does the model write the term?
+
+One row per evaluated occurrence (metrics/eval_occurrences.jsonl); rarelm.evaluate.term_metrics
+sums the rows up. `logit_bias` is as in rarelm.evaluate.decoding: None = the model as trained.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from rarelm import term_search
+from rarelm.evaluate.common import Progress, silent
+from rarelm.evaluate.decoding import greedy_continue
+from rarelm.evaluate.scoring import candidates_nll, continuation_scores
+
+
+@dataclasses.dataclass(frozen=True)
+class Prompted:
+    """One chosen occurrence, ready to decode: its prompt, the document's tokens covering the term,
+    and the text due (lead + the term as written there)."""
+
+    occurrence: term_search.Occurrence
+    prompt: list[int]
+    cover: list[int]
+    expected: str
+
+
+def _generate_text(model, tokenizer, prompts: list[list[int]], targets: list[str], n_first: list[int],
+                   eot_id: int, logit_bias=None) -> list[list[int]]:
+    """Greedy tokens for each prompt, until the decoded text covers its target or cannot match it.
+
+    Every row first gets n_first + 1 tokens; a row whose text is still a strict
+    prefix of its target, in any case (the model wrote the term in more, smaller
+    tokens than the document has), continues, up to 2 * n_first + 4 tokens in all.
+    """
+    generated = [list(map(int, row)) for row in
+                 greedy_continue(model, prompts, max(n_first) + 1, eot_id, logit_bias).numpy()]
+    generated = [g[:n + 1] for g, n in zip(generated, n_first, strict=True)]
+    for _ in range(4):
+        open_rows = []
+        for i, (g, target) in enumerate(zip(generated, targets, strict=True)):
+            # casefolded, so a row that writes the term in another case goes on (exact_match_ci)
+            text = tokenizer.decode(g, skip_special_tokens=False).rstrip("\ufffd").casefold()
+            target = target.casefold()
+            if len(text) < len(target) and target.startswith(text) and len(g) < 2 * n_first[i] + 4:
+                open_rows.append(i)
+        if not open_rows:
+            break
+        more = greedy_continue(model, [prompts[i] + generated[i] for i in open_rows],
+                               max(n_first[i] for i in open_rows) + 1, eot_id, logit_bias).numpy()
+        for row, i in enumerate(open_rows):
+            generated[i] += list(map(int, more[row]))[:2 * n_first[i] + 4 - len(generated[i])]
+    return generated
+
+
+def evaluate_terms(model, tokenizer, documents: list[str], tokens: np.ndarray, offsets: np.ndarray,
+                   terms: list[term_search.Term], *, max_terms: int, context_tokens: int, batch_size: int,
+                   eot_id: int, closed_set: bool = True, split: str = "test",
+                   per_term: list[list[term_search.Occurrence]] | None = None,
+                   progress: Progress | None = None, logit_bias=None) -> list[dict]:
+    """One row per evaluated term occurrence (metrics/eval_occurrences.jsonl); `term_metrics` sums them up.
+
+    At each chosen occurrence (term_search.find_occurrences, capped round robin):
+    the prompt is up to `context_tokens` of the document's tokens before the first
+    token covering the term; the model writes greedily until its decoded text
+    covers `lead + surface` (lead: the text of that first token before the term, " "
+    in English; surface: the term as written at that occurrence, "PKI" or "pki");
+    `exact_match` = the text starts with lead + surface, `exact_match_ci` = the same
+    compared case folded (" Pki" matches " PKI" there). `first_token_hit`
+    = the first greedy token is the document's first covering token. Teacher-forced
+    on the document's covering tokens after the prompt (`continuous_figures`): `nll`
+    (mean per token), `nll_sum` (nats per term), `nll_per_char` (per character of the
+    covered text, so tokenizers compare), `token_acc` (share of covering tokens that
+    are the top-1 prediction), `first_token_rank` and `first_token_rr` (its reciprocal).
+    With `closed_set`, each extracted term (tokenized as lead + term) is scored after
+    the same prompt by summed NLL, and `choice_rank` is 1 + the number of terms the
+    model prefers to the true one (1 = the model would pick the right term from the
+    list); the true term is the one as written at the occurrence, the others their
+    display forms.
+    """
+    if per_term is None:
+        per_term = term_search.find_occurrences(tokenizer, documents, tokens, offsets, terms)
+    tasks = [_prompted(o, tokens, offsets, terms, context_tokens, eot_id)
+             for o in term_search.select_round_robin(per_term, max_terms)]
+    ranker = ClosedSet(model, tokenizer, terms, logit_bias) if closed_set else None
+    rows: list[dict] = [{} for _ in tasks]
+    order = sorted(range(len(tasks)), key=lambda i: (len(tasks[i].cover), len(tasks[i].prompt)))
+    advance = (progress or silent)("generating terms", len(tasks))
+    for b in range(0, len(order), batch_size):
+        batch = [tasks[i] for i in order[b:b + batch_size]]
+        generated = _generate_text(model, tokenizer, [t.prompt for t in batch], [t.expected for t in batch],
+                                   [len(t.cover) for t in batch], eot_id, logit_bias)
+        scored = continuation_scores(model, [t.prompt for t in batch], [t.cover for t in batch], eot_id,
+                                     logit_bias)
+        for i, task, output, (nll, rank) in zip(order[b:b + batch_size], batch, generated, scored,
+                                                strict=True):
+            choice = None if ranker is None else ranker.rank(task, float(nll.sum()))
+            rows[i] = _row(tokenizer, split, task, terms[task.occurrence.term], output, nll, rank, choice,
+                           len(terms) if closed_set else None)
+        advance(len(batch))
+    return rows
+
+
+def _prompted(o: term_search.Occurrence, tokens: np.ndarray, offsets: np.ndarray,
+              terms: list[term_search.Term], context_tokens: int, eot_id: int) -> Prompted:
+    """The occurrence's prompt (up to `context_tokens` before its first covering token), covering
+    tokens and expected text."""
+    prompt = term_search.prompt_before(tokens, int(offsets[o.doc]), o.start, context_tokens, eot_id)
+    return Prompted(o, prompt, [int(t) for t in tokens[o.start:o.end]],
+                    o.lead + (o.surface or terms[o.term].text))
+
+
+class ClosedSet:
+    """Where the true term ranks among all extracted terms after an occurrence's prompt (summed NLL).
+
+    Each extracted term is tokenized as lead + term (once per lead) and scored with
+    candidates_nll; the true term is the one as written at the occurrence, the others
+    their display forms. Rank 1 = the model would pick the right term from the list.
+    """
+
+    def __init__(self, model, tokenizer, terms: list[term_search.Term], logit_bias=None):
+        self.model, self.tokenizer, self.terms, self.logit_bias = model, tokenizer, terms, logit_bias
+        self.candidate_ids: dict[str, list[list[int]]] = {}  # lead -> every term tokenized after it
+
+    def rank(self, task: Prompted, cover_nll: float) -> int:
+        """1 + the number of terms the model prefers to the true one; `cover_nll`: the summed NLL of
+        the document's covering tokens (the true term's, when it tokenizes to them)."""
+        o, lead = task.occurrence, task.occurrence.lead
+        if lead not in self.candidate_ids:
+            self.candidate_ids[lead] = [e.ids for e in self.tokenizer.encode_batch(
+                [lead + t.text for t in self.terms], add_special_tokens=False)]
+        ids = self.candidate_ids[lead][o.term] if task.expected == lead + self.terms[o.term].text else \
+            self.tokenizer.encode(task.expected, add_special_tokens=False).ids  # the true term as written
+        true_nll = cover_nll if ids == task.cover else \
+            candidates_nll(self.model, task.prompt, [ids], logit_bias=self.logit_bias)[0]
+        scores = candidates_nll(self.model, task.prompt, self.candidate_ids[lead], bound=true_nll,
+                                logit_bias=self.logit_bias)
+        scores[o.term] = true_nll  # only the others are counted against it
+        return 1 + int((scores < true_nll).sum())
+
+
+def _row(tokenizer, split: str, task: Prompted, term: term_search.Term, generated: list[int],
+         nll: np.ndarray, rank: np.ndarray, choice_rank: int | None, n_choices: int | None) -> dict:
+    """One occurrence's row of metrics/eval_occurrences.jsonl (its keys in this order)."""
+    o, expected = task.occurrence, task.expected
+    text = tokenizer.decode(generated, skip_special_tokens=False)
+    covered = tokenizer.decode(task.cover, skip_special_tokens=False)
+    return {"split": split, "term": term.text, "train_count": term.count,
+            "band": term_search.band_label(term.count), "mention": o.mention, "doc": o.doc,
+            "char_start": o.char_start, "prompt_tokens": len(task.prompt),
+            "expected": expected, "output": text,
+            "exact_match": text.startswith(expected),
+            "exact_match_ci": text.casefold().startswith(expected.casefold()),
+            "first_token_hit": bool(generated[0] == task.cover[0]),
+            "nll": float(nll.mean()),
+            **continuous_figures(nll, rank, covered),
+            "choice_rank": choice_rank, "n_choices": n_choices}
+
+
+def continuous_figures(nll: np.ndarray, rank: np.ndarray, covered_text: str) -> dict:
+    """One occurrence's continuous figures from its covering tokens' NLL and rank (teacher forced).
+
+    >>> f = continuous_figures(np.array([0.5, 1.5]), np.array([3, 1]), " acute MI")
+    >>> f["nll_sum"], f["n_chars"], round(f["nll_per_char"], 4), f["token_acc"], f["first_token_rr"]
+    (2.0, 9, 0.2222, 0.5, 0.3333333333333333)
+    """
+    n_chars = max(len(covered_text), 1)
+    total = float(nll.sum())
+    return {"n_tokens": len(nll), "n_chars": n_chars, "nll_sum": total, "nll_per_char": total / n_chars,
+            "token_acc": float((rank == 1).mean()), "first_token_rank": int(rank[0]),
+            "first_token_rr": 1.0 / int(rank[0])}
