@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from transformers import GenerationConfig, TextStreamer
 
-from rarelm import rare
+from rarelm import paths, rare
 from rarelm.errors import RarelmError
 from rarelm.evaluate.decoding import context_length, generate_raw, logit_adjustment, logit_bias_processor
 from rarelm.evaluate.model_folder import load_causal_lm, load_model_tokenizer
@@ -138,7 +138,7 @@ def fit_context(ids, max_tokens: int, limit: int | None, err: TextIO | None = No
 
 
 def run(model_dir: str | Path, prompt: str, sampling: Sampling, device: str = "auto",
-        out: TextIO = sys.stdout, counts: str | Path = "data/rare/counts.npy") -> list[int]:
+        out: TextIO = sys.stdout, counts: str | Path = f"{paths.RARE}/counts.npy") -> list[int]:
     """What the CLI does: load the folder (and the counts, with --logit-adjust), echo the prompt,
     stream the continuation."""
     model = load_causal_lm(model_dir, device)
