@@ -49,9 +49,9 @@ def make_demo_sized(folder: Path) -> None:
     import torch
     from transformers import GPT2LMHeadModel
 
-    from rarelm.model import gpt2_config
     from rarelm.params import load_params
     from rarelm.tokenization import EOT, save_hf_tokenizer, train_bpe
+    from rarelm.train.model import gpt2_config
 
     params = load_params("params.yaml")
     with gzip.open("data/raw/demo_en.txt.gz", "rt", encoding="utf-8") as f:

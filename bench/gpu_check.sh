@@ -9,7 +9,7 @@
 #                         the model of run 1: its loss and the bytes each rank holds
 #   5. LoRA               model.lora rank 8 on run 1's model as the pretrained one (1 GPU), bf16:
 #                         only the adapters train, the merged model is saved
-#   6. pinned memory      rarelm.train.to_batch gives CUDA tensors copied from pinned host memory;
+#   6. pinned memory      rarelm.train.batches.to_batch gives CUDA tensors copied from pinned host memory;
 #      and MFU            model FLOPs/s of run 3 over the bf16 matmul peak measured on the same
 #                         GPU (8192^3 matmuls), not a datasheet figure
 #
@@ -155,7 +155,7 @@ import numpy as np
 import torch
 
 from rarelm.data import Samples, TokenizedData
-from rarelm.train import to_batch
+from rarelm.train.batches import to_batch
 
 work, device_name = Path(sys.argv[1]), sys.argv[2]
 device = torch.device(device_name)

@@ -31,7 +31,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from torch.utils.data import WeightedRandomSampler  # noqa: E402
 
-from rarelm.sampler import WeightedDistributedSampler  # noqa: E402
+from rarelm.train.sampler import WeightedDistributedSampler  # noqa: E402
 
 
 def best_of(repeat: int, fn) -> float:

@@ -8,7 +8,7 @@ data/prepared: run `dvc repro tokenize` first; the rare_terms and weights output
 made here by the stages' own code), micro-batch and precision, in one process
 (train.nproc = 1, so nothing else competes for the cores):
 
-* `ours_plain`  rarelm.train.train with alpha = 0 and loss.rare_weight = 0
+* `ours_plain`  rarelm.train.loop.train with alpha = 0 and loss.rare_weight = 0
 * `ours_rare`   alpha = 0.7 (frequency scores) and loss.rare_weight = 2 on the rare bucket
 * `ours_terms`  term-aware sampling and loss: weights.score = terms, alpha = 1,
                 loss.targets = terms, loss.rare_weight = 2
@@ -82,7 +82,8 @@ def make_inputs(tokenized: Path, prepared: Path, out: Path, params, name: str) -
 
 def run_ours(params, tokenized: Path, rare_dir: Path, weights_dir: Path, work: Path,
              warmup: int) -> float:
-    from rarelm.train import Paths, train
+    from rarelm.train.inputs import Paths
+    from rarelm.train.loop import train
 
     paths = Paths(tokenized=tokenized, rare=rare_dir, weights=weights_dir,
                   model=work / "model", metrics=work / "train.json", plots=work / "train.csv",
@@ -98,8 +99,9 @@ def run_trainer(params, tokenized: Path, work: Path, warmup: int) -> float:
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
     from rarelm.data import Samples, TokenizedData
-    from rarelm.model import build_model
-    from rarelm.train import pick_precision, seed_everything
+    from rarelm.train.model import build_model
+    from rarelm.train.precision import pick_precision
+    from rarelm.train.state import seed_everything
 
     data = TokenizedData.open(tokenized)
     samples = Samples(data.tokens("train"), params.model.block_size)
@@ -232,9 +234,12 @@ def step_cost(params, tokenized: Path, precisions: list[str], reps: int) -> dict
     import torch
 
     from rarelm.data import Samples, TokenizedData
-    from rarelm.model import build_model
     from rarelm.objectives.rare_weight import rare_weighted_loss
-    from rarelm.train import configure_optimizer, pick_precision, seed_everything, to_batch
+    from rarelm.train.batches import to_batch
+    from rarelm.train.model import build_model
+    from rarelm.train.optim import configure_optimizer
+    from rarelm.train.precision import pick_precision
+    from rarelm.train.state import seed_everything
 
     cpu = torch.device("cpu")
     data = TokenizedData.open(tokenized)
@@ -268,7 +273,7 @@ def compare_precisions(plain, args, precisions: list[str]) -> None:
     """Our loop with train.precision pinned to each of `precisions`, interleaved; one JSON line."""
     import torch
 
-    from rarelm.train import cpu_has_bf16
+    from rarelm.train.precision import cpu_has_bf16
 
     results: dict[str, list[float]] = {p: [] for p in precisions}
     with tempfile.TemporaryDirectory() as tmp:
@@ -366,7 +371,7 @@ def main() -> None:
 
     step_s = base.train.batch_size * base.model.block_size / best["ours_plain"]
 
-    from rarelm.train import pick_precision
+    from rarelm.train.precision import pick_precision
 
     amp_dtype, _ = pick_precision(base.train.precision, torch.device("cpu"))
     summary = {

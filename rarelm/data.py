@@ -12,9 +12,9 @@ the `weights` stage scores them, so weight i always belongs to base window i:
     >>> len(windows), windows[1].tolist()
     (2, [4, 5, 6, 7, 8])
 
-Training moves the boundaries each epoch (`rarelm.sampler`): at offset o the
+Training moves the boundaries each epoch (`rarelm.train.sampler`): at offset o the
 windows start at o + k * block_size, each straddling base windows k and k + 1,
-and the loop reads them by start position (`rarelm.train.to_batch`).
+and the loop reads them by start position (`rarelm.train.batches.to_batch`).
 """
 
 from __future__ import annotations

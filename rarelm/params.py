@@ -140,7 +140,7 @@ class LossParams:
 
 @dataclasses.dataclass(frozen=True)
 class LoraParams:
-    """LoRA adapters on a pretrained model (rarelm/lora.py, through `peft`); rank 0 = off."""
+    """LoRA adapters on a pretrained model (rarelm/train/lora.py, through `peft`); rank 0 = off."""
 
     rank: int = param(0, ge=0)  # 0 = full fine-tuning; r of the low-rank update B A
     alpha: float = param(16.0, gt=0.0, le=1e6)  # the update is scaled by alpha / rank
@@ -178,7 +178,7 @@ class TrainParams:
     warmup_steps: int = param(10, ge=0)
     weight_decay: float = param(0.1, ge=0.0, le=100.0)
     grad_clip: float = param(1.0, ge=0.0, le=1e9)  # 0 disables clipping
-    precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"  # auto: bf16 where native, see train.py
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"  # bf16 where native: train/precision.py
     gradient_checkpointing: bool = False
     compile: bool = False
     log_every: int = param(10, ge=1)

@@ -89,9 +89,9 @@ from pathlib import Path
 
 import numpy as np
 
-from rarelm.checkpoint import sha256_file
 from rarelm.errors import RarelmError
 from rarelm.files import load_array
+from rarelm.train.checkpoint import sha256_file
 
 FREQUENT, MEDIUM, RARE, UNSEEN = 0, 1, 2, 3
 BUCKET_NAMES = ("frequent", "medium", "rare", "unseen")

@@ -23,22 +23,14 @@ def _die_with_dvc() -> None:
     import signal
     import sys
 
+    from rarelm.train.process import exit_on_sigterm, follow_parent
+
     if not os.environ.get("DVC_STAGE") or not sys.platform.startswith("linux"):
         return
-    import ctypes
-
-    parent = os.getppid()
-    pr_set_pdeathsig = 1
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
-    if "LOCAL_RANK" not in os.environ:  # torchrun's workers: train.py decides (a worker blocked in
-        def stop(*_) -> None:           # a collective must die); a second SIGTERM must not cut short
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # what the first one started
-            sys.exit(128 + signal.SIGTERM)
-
-        signal.signal(signal.SIGTERM, stop)
-    if os.getppid() != parent:  # the parent died before the request: nobody would send it
-        os.kill(os.getpid(), signal.SIGTERM)
-    elif _comm(parent) in SHELLS:  # a $SHELL that did not exec (dash): dvc is the grandparent
+    if "LOCAL_RANK" not in os.environ:  # torchrun's workers: rarelm.train decides (a worker
+        signal.signal(signal.SIGTERM, exit_on_sigterm)  # blocked in a collective must die)
+    parent = follow_parent(signal.SIGTERM)  # 0: it died already, and SIGTERM is on its way
+    if parent and _comm(parent) in SHELLS:  # a $SHELL that did not exec (dash): dvc is the grandparent
         _follow_grandparent(parent, _ppid(parent))
 
 

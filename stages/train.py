@@ -7,7 +7,7 @@ Run plainly, it checks params and inputs, then launches `train.nproc` worker
 processes through torchrun's own launcher (torch.distributed.run, standalone
 rendezvous, `train.max_restarts` restarts; a restarted worker resumes from the
 last checkpoint). Run under torchrun (multi-node: one torchrun per node with
-rendezvous params, see README), it is a worker: rarelm.train does the work.
+rendezvous params, see README), it is a worker: rarelm.train.loop does the work.
 
 Writes models/model/ (Hugging Face format + tokenizer + mlflow_run.json),
 metrics/train.json and plots/train.csv; checkpoints go to .cache/train/<key>/.
@@ -71,10 +71,12 @@ def train(
 ) -> None:
     """Train the model (DDP or FSDP over train.nproc processes), resuming from a checkpoint if any."""
     # on use: torch and transformers take seconds to import, which every `rarelm` command would pay
-    from rarelm import lora
-    from rarelm.checkpoint import signing_key
-    from rarelm.sharding import check_world_size
-    from rarelm.train import EveryRankError, Paths, load_inputs, summary
+    from rarelm.train import lora
+    from rarelm.train.checkpoint import signing_key
+    from rarelm.train.dist import EveryRankError
+    from rarelm.train.inputs import Paths, load_inputs
+    from rarelm.train.report import summary
+    from rarelm.train.sharding import check_world_size
 
     paths = Paths(tokenized=tokenized, rare=rare, weights=weights, model=out, metrics=metrics,
                   plots=plots, metrics_dir=metrics.parent, cache=cache)
@@ -93,7 +95,7 @@ def train(
                     "--progress" if progress else "--no-progress"]
             raise typer.Exit(_launch(params.train.nproc, params.train.max_restarts, argv))
         try:
-            from rarelm.train import train as run_training
+            from rarelm.train.loop import train as run_training
 
             result = run_training(params, paths, progress=progress)
         except Exception as exc:  # a bad input or a full disk: rank 0 says it once for everyone

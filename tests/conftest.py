@@ -62,7 +62,7 @@ def pytest_report_header(config) -> str:
     """Which way `train.precision: auto` resolves in this run: the suite passes either way, and
     RARELM_CPU_BF16=0|1 runs it as on the other kind of CPU."""
     from rarelm.errors import RarelmError
-    from rarelm.train import CPU_BF16_ENV, cpu_has_bf16, cpu_has_native_bf16
+    from rarelm.train.precision import CPU_BF16_ENV, cpu_has_bf16, cpu_has_native_bf16
 
     native = "with" if cpu_has_native_bf16() else "without"
     try:

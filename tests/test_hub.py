@@ -153,8 +153,8 @@ def test_folder_wins_and_neither_is_one_line(hf_cache, prepared, tmp_path, monke
 
 
 def test_hub_model_loads_and_a_new_revision_is_a_new_run(hf_cache, prepared, tmp_path):
-    from rarelm.checkpoint import run_key
-    from rarelm.model import build_model, fingerprint_files, provenance
+    from rarelm.train.checkpoint import run_key
+    from rarelm.train.model import build_model, fingerprint_files, provenance
 
     data = tokenize(prepared, tmp_path / "tok", REPO_ID)
     keys, weights = set(), []
@@ -171,7 +171,8 @@ def test_hub_model_loads_and_a_new_revision_is_a_new_run(hf_cache, prepared, tmp
 
 
 def test_train_records_the_commits_in_metrics_and_mlflow(hf_cache, prepared, tmp_path, monkeypatch):
-    from rarelm.train import Paths, train
+    from rarelm.train.inputs import Paths
+    from rarelm.train.loop import train
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     data = tokenize(prepared, tmp_path / "tokenized", REPO_ID)

@@ -6,11 +6,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 
-from rarelm import lora
-from rarelm.checkpoint import CheckpointStore
 from rarelm.errors import RarelmError
 from rarelm.params import LoraParams, TrainParams
-from rarelm.train import Dist, configure_optimizer
+from rarelm.train import lora
+from rarelm.train.checkpoint import CheckpointStore
+from rarelm.train.dist import Dist
+from rarelm.train.optim import configure_optimizer
 
 IDS = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(0))
 

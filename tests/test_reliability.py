@@ -309,7 +309,7 @@ def test_training_sigkilled_resumes_bit_identical_in_each_precision(dag, tmp_pat
     covered by the resume test through `dvc repro` above, so it is skipped here."""
     import torch
 
-    from rarelm.train import pick_precision
+    from rarelm.train.precision import pick_precision
 
     cpu = torch.device("cpu")
     if pick_precision("auto", cpu) == pick_precision(precision, cpu):

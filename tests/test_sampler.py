@@ -8,8 +8,8 @@ import torch
 from scipy import stats
 
 from rarelm.errors import RarelmError
-from rarelm.sampler import WeightedDistributedSampler, systematic_draw
-from rarelm.train import SampleStream
+from rarelm.train.batches import SampleStream
+from rarelm.train.sampler import WeightedDistributedSampler, systematic_draw
 from rarelm.weights import alpha_at, log_scores, weights_from_scores
 
 

@@ -22,22 +22,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rarelm.checkpoint import CheckpointStore, run_key
 from rarelm.data import Samples
 from rarelm.errors import RarelmError
 from rarelm.objectives.rare_weight import rare_weighted_loss
 from rarelm.objectives.selection import rare_mask
 from rarelm.params import TrainParams
-from rarelm.train import (
-    CPU_BF16_ENV,
-    SampleStream,
-    cpu_has_bf16,
-    cpu_has_native_bf16,
-    epochs_to_train,
-    lr_at,
-    pick_precision,
-    to_batch,
-)
+from rarelm.train.batches import SampleStream, epochs_to_train, to_batch
+from rarelm.train.checkpoint import CheckpointStore, run_key
+from rarelm.train.optim import lr_at
+from rarelm.train.precision import CPU_BF16_ENV, cpu_has_bf16, cpu_has_native_bf16, pick_precision
 from tests.conftest import REPO, run, set_params
 
 TINY_TRAIN = {
@@ -149,7 +142,7 @@ def test_auto_precision_on_cuda_uses_a_grad_scaler_only_with_fp16(monkeypatch, b
 
 
 def test_sample_stream_crosses_epochs_and_restores_exactly():
-    from rarelm.sampler import WeightedDistributedSampler
+    from rarelm.train.sampler import WeightedDistributedSampler
 
     sampler = WeightedDistributedSampler(np.arange(1, 9, dtype=float), num_replicas=2, rank=1,
                                          seed=3, block_size=4)
@@ -187,7 +180,7 @@ def test_epochs_to_train_rounds_up():
 
 
 def test_checkpoints_are_verified_and_only_the_last_two_kept(tmp_path, capsys):
-    from rarelm.train import Dist
+    from rarelm.train.dist import Dist
 
     model = torch.nn.Linear(3, 2)
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
@@ -229,6 +222,29 @@ def test_checkpoints_are_verified_and_only_the_last_two_kept(tmp_path, capsys):
     assert run_key({"a": 1}, []) != run_key({"a": 2}, [])
 
 
+def test_a_checkpoint_state_written_before_run_state_loads(tmp_path):
+    """state.pt as the loop wrote it when its state was a plain dict (same keys, plus the scaler
+    and every rank's part): it loads as the RunState it held, and saves back under the same keys."""
+    from rarelm.train.dist import Dist
+    from rarelm.train.state import RunState
+
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    store = CheckpointStore(tmp_path, run_key({"a": 1}, []))
+    curves = [{"step": 4, "loss": 2.5, "ce": 2.5, "rare_ce": 6.0, "lr": 0.003, "grad_norm": 0.5,
+               "tokens_per_s": 100.0}]
+    old = {"step": 5, "curves": curves, "elapsed": 1.25, "tokens": 640, "run_id": "abc123",
+           "val": {"val_ce": 3.0, "val_rare_ce": 4.0}, "scaler": {},
+           "ranks": [{"stream": {"epoch": 0, "position": 20}, "rng": {}, "objective": {}}]}
+    saved = store.load_state(store.save(5, model, optimizer, old, Dist()))
+    state = RunState.from_dict(saved)
+    assert state == RunState(step=5, curves=curves, elapsed=1.25, tokens=640, run_id="abc123",
+                             val={"val_ce": 3.0, "val_rare_ce": 4.0})
+    assert state.as_dict() == {k: v for k, v in old.items() if k not in ("scaler", "ranks")}
+    assert list(state.as_dict()) == ["step", "curves", "elapsed", "tokens", "run_id", "val"]
+    assert saved["world_size"] == 1 and saved["ranks"] == old["ranks"]
+
+
 class _Planted:
     """A pickle whose load runs code: it creates the file `marker`."""
 
@@ -245,7 +261,7 @@ def test_planted_checkpoint_is_never_unpickled(tmp_path, capsys):
     signed one before it is used. A key of someone else's or readable by others is refused."""
     import pickle
 
-    from rarelm.train import Dist
+    from rarelm.train.dist import Dist
 
     model = torch.nn.Linear(3, 2)
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
@@ -438,9 +454,9 @@ def test_bad_inputs_are_one_line_errors(trained, tmp_path):
 def test_crashed_run_is_marked_failed(trained, tmp_path, monkeypatch):
     import mlflow
 
-    from rarelm import train
     from rarelm.objectives import objective as loss
     from rarelm.params import load_params
+    from rarelm.train import loop as train
 
     root, _, _ = trained
     uri = f"sqlite:///{tmp_path / 'crash.db'}"
@@ -482,10 +498,11 @@ def test_grad_accumulation_and_checkpointing_match_one_big_batch(trained, tmp_pa
     on an AVX512-BF16 CPU: 1.5% of the distance the weights moved, fp32 5e-6; losses 2e-6)."""
     from safetensors.torch import load_file
 
-    from rarelm import train
     from rarelm.data import TokenizedData
-    from rarelm.model import build_model
     from rarelm.params import load_params
+    from rarelm.train import loop as train
+    from rarelm.train.model import build_model
+    from rarelm.train.state import seed_everything
 
     root, _, _ = trained
     monkeypatch.chdir(root)
@@ -506,7 +523,7 @@ def test_grad_accumulation_and_checkpointing_match_one_big_batch(trained, tmp_pa
         assert metrics["tokens"] == 3 * 8 * 32 and metrics["precision"] == precision
         weights[name] = load_file(tmp_path / name / "model.safetensors")
         losses[name] = [float(r["ce"]) for r in csv.DictReader(paths.plots.open())]
-    train.seed_everything(base.seed)  # the initial weights, as train() builds them
+    seed_everything(base.seed)  # the initial weights, as train() builds them
     init = build_model(base.model, TokenizedData.open(root / "data/tokenized")).state_dict()
     moved = _distance(weights["big"], init)
     assert moved > 0
@@ -525,7 +542,7 @@ def test_grad_accumulation_and_checkpointing_match_one_big_batch(trained, tmp_pa
 def _whole_then_crashed_and_resumed(params, tmp_path: Path, monkeypatch, crash_step: int) -> None:
     """Train `params` uninterrupted into tmp_path/whole*, then into tmp_path/resumed*: crashed
     at `crash_step` (an exception from the loop) and started again, resuming from its checkpoint."""
-    from rarelm import train
+    from rarelm.train import loop as train
 
     def paths(name: str) -> train.Paths:
         return train.Paths(model=tmp_path / name, metrics=tmp_path / f"{name}.json",
@@ -551,9 +568,9 @@ def test_alpha_schedule_run_resumes_bit_identical_mid_epoch(trained, tmp_path, m
     """weights.schedule decay (weights recomputed per epoch from scores.npy, windows shifted
     per epoch): a run that crashes after a checkpoint in the middle of its second epoch and is
     started again ends byte-identical to an uninterrupted one."""
-    from rarelm import train
     from rarelm.params import load_params
     from rarelm.report import reprocheck
+    from rarelm.train import inputs as train
 
     root, _, _ = trained
     monkeypatch.chdir(root)
@@ -565,7 +582,7 @@ def test_alpha_schedule_run_resumes_bit_identical_mid_epoch(trained, tmp_path, m
         train=dataclasses.replace(base.train, nproc=1, max_steps=12, batch_size=64, log_every=1,
                                   eval_every=12, checkpoint_every=4, precision="fp32"))
     n_windows = (12672 - 1) // 32  # the tiny train split: 395 windows, so 12 steps ~ 2 epochs
-    assert train.epochs_to_train(params.train, 1, n_windows) == 2
+    assert epochs_to_train(params.train, 1, n_windows) == 2
     assert train.load_inputs(params, train.Paths())[4] is not None  # it reads scores.npy
 
     # crashed after the step-8 checkpoint: epoch 1, 117 windows in
@@ -580,8 +597,8 @@ def test_alpha_schedule_run_resumes_bit_identical_mid_epoch(trained, tmp_path, m
 def test_face_agg_focal_run_resumes_bit_identical(trained, tmp_path, monkeypatch):
     """FACE (refreshed from predictions every 3 steps) + AGG + focal: a run that crashes after
     its step-4 checkpoint and is started again ends byte-identical to an uninterrupted one."""
-    from rarelm import train
     from rarelm.params import load_params
+    from rarelm.train import inputs as train
 
     root, _, _ = trained
     monkeypatch.chdir(root)
@@ -651,8 +668,8 @@ def test_pretrained_model_must_share_the_tokenizer(trained, tmp_path):
     from transformers import AutoTokenizer, DistilBertConfig, DistilBertModel, GPT2LMHeadModel
 
     from rarelm.data import TokenizedData
-    from rarelm.model import gpt2_config, load_pretrained
     from rarelm.params import ModelParams
+    from rarelm.train.model import gpt2_config, load_pretrained
 
     root, _, _ = trained
     data = TokenizedData.open(root / "data/tokenized")

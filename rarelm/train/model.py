@@ -16,16 +16,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from rarelm.data import TokenizedData
 from rarelm.errors import RarelmError
 from rarelm.hub import Pretrained, resolve
 from rarelm.params import ModelParams
+from rarelm.train import lora
 
 KEY = "model.name_or_path"
+# transformers is imported inside the functions: its model classes take ~6 s to import, and the
+# stage's launcher imports this module (the checkpoint key's files) without building a model.
 
 
 def gpt2_config(params: ModelParams, vocab_size: int, eot_id: int):
-    from transformers import GPT2Config
+    from transformers import GPT2Config  # lazy: see the top
 
     return GPT2Config(
         vocab_size=vocab_size, n_positions=params.block_size, n_embd=params.n_embd,
@@ -41,10 +46,8 @@ def gpt2_config(params: ModelParams, vocab_size: int, eot_id: int):
 def build_model(params: ModelParams, data: TokenizedData):
     """A float32 causal LM ready to train, with LoRA adapters if `model.lora.rank` (only they
     train then); random init uses torch's global RNG."""
-    from rarelm import lora
-
     if not params.name_or_path:
-        from transformers import GPT2LMHeadModel
+        from transformers import GPT2LMHeadModel  # lazy: see the top
 
         return GPT2LMHeadModel(gpt2_config(params, data.vocab_size, data.eot_id))
     return lora.apply(load_pretrained(params, data), params.lora)
@@ -52,8 +55,7 @@ def build_model(params: ModelParams, data: TokenizedData):
 
 def load_pretrained(params: ModelParams, data: TokenizedData):
     """The pretrained causal LM in params.name_or_path (folder or cached hub id), checked against the data."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # lazy: see the top
 
     key, name, path = KEY, params.name_or_path, pretrained(params).path
     try:
@@ -75,7 +77,7 @@ def load_pretrained(params: ModelParams, data: TokenizedData):
             f"{key}: {name}'s tokenizer ({len(theirs)} tokens) is not the one tokenize used "
             f"({len(ours)} tokens, first difference {differ}); set tokenizer.name_or_path "
             f"to {name} and re-run tokenize")
-    from transformers.utils import logging as hf_logging
+    from transformers.utils import logging as hf_logging  # lazy: see the top
 
     hf_logging.disable_progress_bar()  # no "Loading weights" bar per worker in the stage's log
     try:

@@ -34,7 +34,7 @@ it is read (docs/reliability.md, "Checkpoints", says what this covers and what n
 
 The same format serves both `train.strategy` values: DCP loads each rank's part of
 a tensor whatever the sharding it was saved with, so a run can resume at another
-world size (see `rarelm.train`). With LoRA only the trainable (adapter) weights and
+world size (see `rarelm.train.state.resume_ranks`). With LoRA only the trainable (adapter) weights and
 their optimizer state are saved; the frozen base model comes from its own files.
 
     store = CheckpointStore(".cache/train", run_key({"lr": 1e-3}, ["data/x.npy"]))
@@ -57,6 +57,10 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from rarelm.errors import RarelmError, disk_error
+
+# torch is imported inside the functions that use it: rarelm.rare (the rare_terms stage) imports
+# sha256_file from here, and would otherwise load torch (~2 s) for nothing.
 MANIFEST = "manifest.json"
 STATE = "state.pt"
 DCP = "dcp"
@@ -98,8 +102,6 @@ def signing_key(root: str | Path) -> bytes:
     Refused (a RarelmError) if it is a link, not the user's own, or readable by others:
     whoever can read or plant the key can sign a checkpoint that runs code here.
     """
-    from rarelm.errors import RarelmError
-
     path = Path(root) / KEY_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     if not path.exists() and not path.is_symlink():
@@ -159,11 +161,11 @@ class CheckpointStore:
     def save(self, step: int, model, optimizer, state: dict[str, Any], dist) -> Path:
         """Write checkpoint `step` atomically; drop all but the last `keep`. Every rank calls it.
 
-        `dist` is the job (rarelm.train.Dist: `main`, `world_size`, `barrier`); `state` is
+        `dist` is the job (rarelm.train.dist.Dist: `main`, `world_size`, `barrier`); `state` is
         what rank 0 saves beside the weights (plain data and tensors).
         """
-        import torch
-        import torch.distributed.checkpoint as dcp
+        import torch  # lazy: see the top
+        import torch.distributed.checkpoint as dcp  # lazy: see the top
 
         final = self.dir / f"step-{step:08d}"
         tmp = self.dir / f".step-{step:08d}.tmp"
@@ -231,7 +233,7 @@ class CheckpointStore:
 
     def load_state(self, path: Path) -> dict[str, Any]:
         """The state dict saved in checkpoint `path`, with the world size it was written at."""
-        import torch
+        import torch  # lazy: see the top
 
         state = torch.load(path / STATE, weights_only=True, map_location="cpu")
         state["world_size"] = json.loads((path / MANIFEST).read_text())["world_size"]
@@ -240,8 +242,8 @@ class CheckpointStore:
     def load_weights(self, path: Path, model, optimizer) -> None:
         """Checkpoint `path`'s model and optimizer state into this rank's `model` and `optimizer`
         (each rank its own part, however the checkpoint was sharded). Every rank calls it."""
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import set_state_dict
+        import torch.distributed.checkpoint as dcp  # lazy: see the top
+        from torch.distributed.checkpoint.state_dict import set_state_dict  # lazy: see the top
 
         state = _state_dicts(model, optimizer)
         # every key asked for must be in the checkpoint
@@ -268,9 +270,7 @@ def _one_process_is_fine():
 def _os_errors_as_such():
     """DCP reports the ranks' failures as one CheckpointException; where a rank's was a full
     disk or a file size limit, raise that, so the stage says what happened in one line."""
-    from torch.distributed.checkpoint.api import CheckpointException
-
-    from rarelm.errors import disk_error
+    from torch.distributed.checkpoint.api import CheckpointException  # lazy: see the top
 
     try:
         yield
@@ -284,7 +284,7 @@ def _os_errors_as_such():
 
 
 def _options():
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
+    from torch.distributed.checkpoint.state_dict import StateDictOptions  # lazy: see the top
 
     # LoRA: frozen base weights are neither saved nor expected on load (they are the
     # pretrained model's); strict=False lets set_state_dict leave them alone.
@@ -293,7 +293,7 @@ def _options():
 
 def _state_dicts(model, optimizer) -> dict[str, Any]:
     """The model's and the optimizer's state, keyed by parameter names (DTensors under FSDP)."""
-    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.checkpoint.state_dict import get_state_dict  # lazy: see the top
 
     model_state, optimizer_state = get_state_dict(model, optimizer, options=_options())
     # ignore_frozen_params keeps a frozen weight under its second name (a tied output layer)

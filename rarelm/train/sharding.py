@@ -26,6 +26,11 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+import torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.nn.parallel import DistributedDataParallel as DDP
+
 from rarelm.errors import RarelmError
 
 
@@ -49,19 +54,13 @@ def transformer_blocks(model) -> list[Any]:
 
 def wrap(model, strategy: str, dist, amp_dtype):
     """The model the loop trains: DDP-wrapped, FSDP2-sharded (in place), or as is (one process)."""
-    import torch
-
     if strategy == "fsdp":
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
         policy = MixedPrecisionPolicy(param_dtype=amp_dtype, reduce_dtype=torch.float32)
         for block in transformer_blocks(model):
             fully_shard(block, mp_policy=policy)
         fully_shard(model, mp_policy=policy)  # the rest: embeddings, final norm, output layer
         return model
     if dist.ddp:
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
         device = dist.device
         return DDP(model, device_ids=[dist.local_rank] if device.type == "cuda" else None)
     return model
@@ -105,7 +104,5 @@ def state_bytes(model, optimizer) -> int:
 
 def full_state_dict(model) -> dict[str, Any]:
     """The whole model's state dict on rank 0's CPU (collective: every rank must call it)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
                                                                 cpu_offload=True))

@@ -19,7 +19,10 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
+import torch
+
 from rarelm.errors import RarelmError
+from rarelm.hub import resolve
 from rarelm.params import LoraParams, ModelParams
 
 ADAPTER = "adapter"  # the adapter's folder inside the saved model's
@@ -30,7 +33,7 @@ def apply(model, lp: LoraParams):
     if empty), only the adapters trainable; the model itself where `lp.rank` is 0."""
     if not lp.rank:
         return model
-    from peft import LoraConfig, get_peft_model
+    from peft import LoraConfig, get_peft_model  # lazy: peft + transformers ~6 s, unused at rank 0
 
     config = LoraConfig(r=lp.rank, lora_alpha=lp.alpha, lora_dropout=lp.dropout,
                         target_modules=targets(model, lp), task_type="CAUSAL_LM")
@@ -46,16 +49,14 @@ def check(params: ModelParams) -> None:
     its workers. A model folder that does not load is left to the workers to report."""
     if not params.lora.rank or not params.name_or_path:
         return
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from rarelm.model import pretrained
+    from transformers import AutoConfig, AutoModelForCausalLM  # lazy: ~6 s, see `apply`
 
     try:
-        config = AutoConfig.from_pretrained(pretrained(params).path, local_files_only=True)
+        config = AutoConfig.from_pretrained(resolve(params.name_or_path, "model.name_or_path").path,
+                                            local_files_only=True)
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config)
-    except Exception:  # rarelm.model.load_pretrained says what is wrong with it, in the workers
+    except Exception:  # rarelm.train.model.load_pretrained says what is wrong with it, in the workers
         return
     targets(model, params.lora)
 
@@ -63,6 +64,7 @@ def check(params: ModelParams) -> None:
 def targets(model, lp: LoraParams) -> list[str]:
     """The module names to adapt: lp.target_modules, else peft's default for the architecture;
     a name that the model lacks, or no default, is a RarelmError."""
+    # lazy, as in `apply`
     from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as DEFAULTS
 
     kind = model.config.model_type

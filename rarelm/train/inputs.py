@@ -1,0 +1,100 @@
+"""What the train stage reads (the DAG's paths), checked, and the key its checkpoints are filed by."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from rarelm.data import Samples, TokenizedData
+from rarelm.errors import RarelmError
+from rarelm.files import load_array
+from rarelm.objectives.objective import needs_counts
+from rarelm.params import Params
+from rarelm.rare import TermIndex, load_buckets, load_counts
+from rarelm.tracking import check_tensorboard
+from rarelm.train import checkpoint
+from rarelm.train.model import fingerprint_files
+from rarelm.weights import load_weights
+
+
+@dataclasses.dataclass(frozen=True)
+class Paths:
+    """Where the stage reads and writes (the defaults are the DAG's layout)."""
+
+    tokenized: Path = Path("data/tokenized")
+    rare: Path = Path("data/rare")
+    weights: Path = Path("data/weights")
+    model: Path = Path("models/model")
+    metrics: Path = Path("metrics/train.json")
+    plots: Path = Path("plots/train.csv")
+    metrics_dir: Path = Path("metrics")  # upstream stages' metrics, logged to MLflow
+    cache: Path = Path(".cache/train")  # checkpoints, outside DVC's outputs
+
+
+class Inputs(NamedTuple):
+    """The stage's inputs, checked against each other (`load_inputs`)."""
+
+    data: TokenizedData
+    train_samples: Samples
+    val_samples: Samples
+    weights: np.ndarray  # one sampling weight per train window
+    scores: np.ndarray | None  # log scores, where weights.schedule varies alpha
+    buckets: np.ndarray
+    term_index: TermIndex | None  # where loss.targets weighs term tokens
+    counts: np.ndarray | None  # train token counts, where a loss.* objective reads them
+
+
+def input_files(paths: Paths, params: Params) -> list[Path]:
+    """Every file the run reads: its checkpoint key hashes their content."""
+    tokenizer = sorted(p for p in (paths.tokenized / "tokenizer").glob("*") if p.is_file())
+    scores = [paths.weights / "scores.npy"] if params.weights.schedule != "constant" else []
+    terms = [paths.rare / "term_index.npy"] if params.loss.targets != "rare_bucket" else []
+    counts = [paths.rare / "counts.npy"] if needs_counts(params.loss) else []
+    return [paths.tokenized / "meta.json", paths.tokenized / "train.tokens",
+            paths.tokenized / "val.tokens", *tokenizer, paths.rare / "buckets.npy",
+            paths.weights / "weights.npy", *scores, *terms, *counts]
+
+
+def load_inputs(params: Params, paths: Paths) -> Inputs:
+    """The stage's inputs, all checked.
+
+    The log scores (data/weights/scores.npy) are read only where `weights.schedule`
+    varies alpha, which recomputes the weights from them each epoch; the term index
+    (data/rare/term_index.npy) only where `loss.targets` weighs term tokens; the counts
+    (data/rare/counts.npy) only where a `loss.*` objective reads them; else None.
+    """
+    check_tensorboard(params.tracking)  # before any worker starts
+    data = TokenizedData.open(paths.tokenized)
+    block = params.model.block_size
+    train_samples = Samples(data.tokens("train"), block)
+    val_samples = Samples(data.tokens("val"), block)
+    if len(train_samples) == 0:
+        raise RarelmError(f"{paths.tokenized}: the train split has fewer than "
+                          f"model.block_size + 1 = {block + 1} tokens")
+    buckets = load_buckets(paths.rare, data.vocab_size)
+    weights = load_weights(paths.weights / "weights.npy", len(train_samples))
+    scores = None
+    if params.weights.schedule != "constant":
+        scores = load_array(paths.weights / "scores.npy", np.float64, len(train_samples), "weights",
+                            "(one log score per training sample); it does not match the tokenized data")
+    term_index = TermIndex.open(paths.rare, data) if params.loss.targets != "rare_bucket" else None
+    counts = load_counts(paths.rare, data.vocab_size) if needs_counts(params.loss) else None
+    return Inputs(data, train_samples, val_samples, weights, scores, buckets, term_index, counts)
+
+
+def checkpoint_key(params: Params, paths: Paths, pinned: dict[str, str]) -> str:
+    """The run's checkpoint key: the params the stage reads, the hub commits it starts from
+    (`pinned`), and the content of its input files. Not keyed by the number of processes: a
+    run can go on at another world size (DCP reshards)."""
+    launch = ("nproc", "max_restarts")
+    stage_params: dict[str, Any] = {
+        "seed": params.seed, "model": dataclasses.asdict(params.model),
+        "train": {k: v for k, v in dataclasses.asdict(params.train).items() if k not in launch},
+        "loss": dataclasses.asdict(params.loss), "alpha": params.alpha,
+        "weights": {"schedule": params.weights.schedule, "clip_ratio": params.weights.clip_ratio,
+                    "shift_windows": params.weights.shift_windows}}
+    return checkpoint.run_key(stage_params | pinned,
+                              input_files(paths, params) + fingerprint_files(params.model))

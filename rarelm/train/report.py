@@ -1,0 +1,72 @@
+"""What a run shows while it trains: a progress bar and log lines on rank 0, rows to MLflow,
+and the stage's one-line summary at the end."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+ROW_FORMATS = (("loss", ".4f"), ("ce", ".4f"), ("rare_ce", ".4f"), ("lr", ".2e"),
+               ("grad_norm", ".3f"), ("tokens_per_s", ",.0f"), ("val_ce", ".4f"),
+               ("val_rare_ce", ".4f"))
+
+
+def progress_bar(enabled: bool, total: int, completed: int) -> Progress:
+    """A rich progress bar (step, loss, tokens/s, ETA) on rank 0's terminal, and log lines."""
+    # stderr, so stdout holds only the summary line; soft_wrap: a log line stays one line
+    console = Console(stderr=True, soft_wrap=True)
+    bar = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("loss {task.fields[loss]:.3f}"),
+                   TextColumn("{task.fields[tok_s]:,.0f} tok/s"), TimeRemainingColumn(),
+                   console=console, transient=True,
+                   disable=not (enabled and console.is_terminal))  # log lines only in a log
+    bar.add_task("train", total=total, completed=completed, loss=float("nan"), tok_s=0.0)
+    bar.start()
+    return bar
+
+
+def show(bar: Progress, row: dict[str, Any], max_steps: int) -> None:
+    """A curve row as one log line: `step 50/300 | loss 4.1234 | ... | tokens_per_s 9,876`."""
+    parts = [f"step {row['step']}/{max_steps}"]
+    for key, fmt in ROW_FORMATS:
+        if key in row:
+            parts.append(f"{key} {row[key]:{fmt}}")
+    if "tokens_per_s" in row:
+        bar.update(0, tok_s=row["tokens_per_s"])
+    bar.console.print(" | ".join(parts))
+
+
+def step_metrics(row: dict[str, Any]) -> dict[str, float]:
+    """A curve row's MLflow metrics: `train/<key>`, and `val/<key>` for the val_* keys.
+
+    >>> step_metrics({"step": 5, "loss": 2.0, "val_ce": 3.0})
+    {'train/loss': 2.0, 'val/ce': 3.0}
+    """
+    return ({f"train/{k}": v for k, v in row.items() if k != "step" and not k.startswith("val")}
+            | {f"val/{k[4:]}": v for k, v in row.items() if k.startswith("val_")})
+
+
+def report(t, bar: Progress, row: dict[str, Any], done: int) -> None:
+    """Rank 0: a new curve row into the run's state, MLflow and the log; the bar to `done`."""
+    if row and t.dist.main:
+        t.state.curves.append(row)
+        if t.upstream:  # counts and settings of the earlier stages: an artifact
+            t.run.log_json(t.upstream, "upstream.json")
+            t.upstream = {}
+        t.run.log_metrics(step_metrics(row), step=done)
+        show(bar, row, t.tp.max_steps)
+    bar.update(0, completed=done)
+
+
+def summary(metrics: dict[str, Any], paths) -> str:
+    """The stage's one-line summary."""
+    def f(key: str) -> str:
+        return "n/a" if metrics.get(key) is None else f"{metrics[key]:.4f}"
+
+    return (f"train: {metrics['steps']} steps, {metrics['tokens']:,} tokens "
+            f"({metrics['epochs']:g} epochs), loss {f('loss')}, val ce {f('val_ce')} "
+            f"(rare {f('val_rare_ce')}), {metrics['tokens_per_s']:,.0f} tokens/s "
+            f"({metrics.get('precision', 'fp32')}), "
+            f"{metrics['wall_time_s']:.0f} s -> {paths.model}")

@@ -1,0 +1,107 @@
+"""What a finished run leaves: models/model, metrics/train.json, plots/train.csv, and the same
+in its MLflow run; the run's checkpoints are then removed."""
+
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+from transformers.utils import logging as hf_logging
+
+from rarelm import export, tracking
+from rarelm.files import atomic_dir, atomic_file, write_json
+from rarelm.train import lora, sharding
+from rarelm.train.model import build_model
+
+CURVE_COLUMNS = ("step", "loss", "ce", "rare_ce", "lr", "grad_norm", "tokens_per_s",
+                 "val_ce", "val_rare_ce")
+
+
+def finish(t) -> dict[str, Any] | None:
+    """Write the outputs and log them (rank 0), after the last step; the metrics on rank 0."""
+    tp = t.tp
+    t.state.add_session(tp.max_steps, t.session_t0, t.session_step, t.tokens_per_step)
+    final_model = _final_model(t)
+    metrics = None
+    if t.dist.main:
+        run = t.run
+        run.require()  # logging failed on the way: no outputs; a re-run resumes the last checkpoint
+        metrics = {**final_metrics(t.state, tp, final_model, len(t.inputs.train_samples)
+                                   * t.params.model.block_size),
+                   "state_bytes_per_rank": t.state_bytes, "precision": t.precision.name, **t.pinned}
+        card = export.model_card(t.params, metrics, tracking.dvc_hashes(
+            [t.paths.tokenized, t.paths.rare, t.paths.weights]))
+        save_model(final_model, t.inputs.data, t.paths, run, card)
+        write_curves(t.paths.plots, t.state.curves)
+        write_json(t.paths.metrics, metrics)
+        run.log_metrics(tracking.measured({f"final/{k}": v for k, v in metrics.items()
+                                           if isinstance(v, (int, float))})
+                        | tracking.summary_metrics(metrics), step=tp.max_steps)
+        run.log_json(metrics, "final/train.json")
+        run.set_tags({"precision": t.precision.name, **t.pinned})
+        run.log_model(t.paths.model, t.params.tracking)  # a pyfunc (rarelm/serving.py); registered if asked
+        t.store.clear()  # finished: a later run with these params starts afresh
+    t.dist.barrier()
+    return metrics
+
+
+def _final_model(t):
+    """The model to save: under FSDP gathered whole on rank 0 into an unsharded model."""
+    if t.tp.strategy != "fsdp":
+        return t.raw_model
+    full = sharding.full_state_dict(t.raw_model)  # collective: every rank
+    if not t.dist.main:
+        return t.raw_model
+    model = build_model(t.params.model, t.inputs.data)
+    model.load_state_dict(full)
+    return model
+
+
+def final_metrics(state, tp, model, epoch_tokens: int) -> dict[str, Any]:
+    """metrics/train.json; `state.tokens` trained in all (the world size may have changed on a
+    resume), `epoch_tokens` in one pass over the train windows."""
+    last = next((r for r in reversed(state.curves) if "loss" in r), {})
+    tokens, elapsed, val = state.tokens, state.elapsed, state.val
+    metrics = {
+        "steps": tp.max_steps, "tokens": tokens, "wall_time_s": round(elapsed, 3),
+        "tokens_per_s": round(tokens / elapsed, 1) if elapsed > 0 else 0.0,
+        "loss": last.get("loss"), "ce": last.get("ce"), "rare_ce": last.get("rare_ce"),
+        "val_ce": val.get("val_ce"), "val_rare_ce": val.get("val_rare_ce"),
+        "val_ppl": math.exp(val["val_ce"]) if "val_ce" in val else None,
+        "epochs": round(tokens / epoch_tokens, 3),
+        "parameters": sum(q.numel() for q in model.parameters()),
+        "trainable_parameters": lora.trainable_parameters(model),
+    }
+    # NaN (no rare target seen, no val split) is not JSON: None says "not measured".
+    return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in metrics.items()}
+
+
+def write_curves(path: Path, rows: list[dict[str, Any]]) -> None:
+    with atomic_file(path) as f:
+        f.write(",".join(CURVE_COLUMNS) + "\n")
+        for row in rows:
+            f.write(",".join(_fmt(row.get(c)) for c in CURVE_COLUMNS) + "\n")
+
+
+def _fmt(value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    return str(value) if isinstance(value, int) else f"{value:.6g}"
+
+
+def save_model(model, data, paths, run, card: str = "") -> None:
+    """models/model: save_pretrained (safetensors, config) + the tokenizer + the run file, made a
+    complete Hugging Face folder (rarelm.export: context length, generation defaults, model card)."""
+    hf_logging.disable_progress_bar()  # no "Writing model shards" bar in the stage's log
+    with atomic_dir(paths.model) as tmp:
+        if lora.is_lora(model):
+            lora.save_merged(model, tmp)  # + the adapter in tmp/adapter
+        else:
+            model.save_pretrained(tmp)
+        for path in sorted(data.tokenizer_dir.iterdir()):
+            if path.is_file():
+                shutil.copy2(path, tmp / path.name)
+        export.complete(tmp, card)
+        run.save(tmp / "mlflow_run.json")

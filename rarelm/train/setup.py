@@ -1,0 +1,157 @@
+"""Everything a training run sets up before its first step, in one `Trainer`.
+
+    t = start(params, paths)   # process group, precision, inputs, checkpoint, MLflow run
+    build(t)                   # model, objective, optimizer, sample stream; resumed if a checkpoint
+
+Determinism: `torch.use_deterministic_algorithms(True)`, the model initialised from
+`seed` on every rank, then per-rank RNG seeds derived from `seed`; every piece of
+state that a later step depends on is in the checkpoint (rarelm.train.state).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rarelm import tracking
+from rarelm.objectives.objective import Objective
+from rarelm.objectives.selection import rare_mask
+from rarelm.params import Params, TrainParams
+from rarelm.train import sharding
+from rarelm.train.batches import SampleStream, epochs_to_train, sampling_weights, val_windows
+from rarelm.train.checkpoint import CheckpointStore
+from rarelm.train.dist import Dist
+from rarelm.train.inputs import Inputs, Paths, checkpoint_key, load_inputs
+from rarelm.train.model import build_model, provenance
+from rarelm.train.optim import configure_optimizer
+from rarelm.train.precision import Precision, deterministic
+from rarelm.train.process import exit_on_sigterm
+from rarelm.train.sampler import WeightedDistributedSampler
+from rarelm.train.state import RunState, resume_ranks, seed_everything
+
+UPSTREAM_STAGES = ["prepare", "tokenize", "rare_terms", "weights"]
+
+
+@dataclasses.dataclass
+class Trainer:
+    """One training run's parts: what `start` finds, then what `build` makes (None until then)."""
+
+    params: Params
+    paths: Paths
+    dist: Dist
+    precision: Precision
+    inputs: Inputs
+    pinned: dict[str, str]  # hub commits the run starts from (rarelm.train.model.provenance)
+    store: CheckpointStore
+    found: str  # the checkpoint this run resumes from, or ""
+    state: RunState
+    saved: dict[str, Any]  # the rest of the checkpoint's state dict (scaler, ranks, world size)
+    run: Any  # the MLflow run (rarelm.tracking.Run; inert on ranks other than 0)
+    model: Any = None  # what the loop calls: DDP-wrapped, FSDP-sharded and/or compiled
+    raw_model: Any = None  # the model underneath, which is saved and checkpointed
+    is_rare: Any = None  # bool [vocab]: the rare bucket
+    objective: Any = None
+    optimizer: Any = None
+    scaler: Any = None
+    stream: SampleStream | None = None
+    val_idx: Any = None  # the val windows validation scores
+    saved_window: dict[str, Any] | None = None  # the curve sums since the checkpoint's last row
+    upstream: dict[str, float] = dataclasses.field(default_factory=dict)  # logged with the first row
+    start_step: int = 0  # the step this session starts at (the checkpoint's, or 0)
+    session_t0: float = 0.0  # perf_counter at the session's start or its last checkpoint
+    session_step: int = 0  # the step then: tokens trained = those before + this session's
+    state_bytes: int = 0  # parameters + gradients + optimizer state on the fullest rank
+
+    @property
+    def tp(self) -> TrainParams:
+        return self.params.train
+
+    @property
+    def device(self):
+        return self.dist.device
+
+    @property
+    def tokens_per_step(self) -> int:
+        tp = self.tp
+        return tp.batch_size * self.params.model.block_size * tp.grad_accum * self.dist.world_size
+
+
+def start(params: Params, paths: Paths) -> Trainer:
+    """The process group, precision and inputs; the newest intact checkpoint of exactly these
+    params + data, if any; the MLflow run (rank 0), connecting in the background."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
+    dist = Dist.setup()
+    sharding.check_world_size(params.train.strategy, dist.world_size)
+    deterministic(params.train.compile, dist.device)
+    precision = Precision.pick(params.train.precision, dist.device)
+    inputs = load_inputs(params, paths)
+    pinned = provenance(params.model, inputs.data)  # hub commits: a new revision is a new run
+    store = CheckpointStore(paths.cache, checkpoint_key(params, paths, pinned))
+    found = dist.broadcast(str(store.latest_valid() or "") if dist.main else None)
+    saved = store.load_state(Path(found)) if found else {}
+    state = RunState.from_dict(saved) if found else RunState()
+    run = tracking.Run("train", "", "")  # inert on other ranks
+    if dist.main:
+        run = tracking.start_run(params, stage="train", run_id=state.run_id, background=True,
+                                 inputs=[paths.tokenized, paths.rare, paths.weights])
+        # torchrun stops the other workers with SIGTERM when one fails: end the run as FAILED.
+        signal.signal(signal.SIGTERM, exit_on_sigterm)
+    return Trainer(params, paths, dist, precision, inputs, pinned, store, found, state, saved, run)
+
+
+def build(t: Trainer) -> None:
+    """Model, objective, optimizer, grad scaler and sample stream, put back from the checkpoint
+    if `t.found`; then the model in train mode, ready for the first step."""
+    params, tp, inputs, dist = t.params, t.tp, t.inputs, t.dist
+    t.start_step = t.state.step
+    seed_everything(params.seed)  # the same initial weights on every rank
+    model = build_model(params.model, inputs.data).to(t.device)
+    t.raw_model = model  # what we save and checkpoint, whatever wraps it below
+    if tp.gradient_checkpointing:
+        model.activation_checkpointing_enable(  # transformers 5's name for it
+            activation_checkpointing_kwargs={"use_reentrant": False})
+    t.is_rare = rare_mask(inputs.buckets, model.get_input_embeddings().num_embeddings).to(t.device)
+    per_rank = -(-len(inputs.train_samples) // dist.world_size)
+    steps_per_epoch = -(-per_rank // (tp.batch_size * tp.grad_accum))  # AGG's memory
+    t.objective = Objective.from_params(params.loss, inputs.buckets, len(t.is_rare), t.device,
+                                        inputs.term_index, inputs.counts, steps_per_epoch)
+    t.objective.prepare_model(t.raw_model)  # AGG: gate the output layer's gradient
+    # DDP wraps the model; FSDP2 shards it in place (so raw_model is sharded too), before
+    # the optimizer is built on its parameters: AdamW's state then exists per shard only.
+    t.model = sharding.wrap(model, tp.strategy, dist, t.precision.dtype)
+    t.optimizer = configure_optimizer(t.model, tp, t.device)
+    t.scaler = torch.amp.GradScaler(t.device.type, enabled=t.precision.use_scaler)
+    t.stream = SampleStream(_sampler(t))  # start positions of windows in the train tokens
+    t.val_idx = val_windows(len(inputs.val_samples), tp.eval_batches * tp.batch_size)
+    if t.found:
+        t.store.load_weights(Path(t.found), t.raw_model, t.optimizer)
+        t.scaler.load_state_dict(t.saved.pop("scaler"))
+        t.saved_window = resume_ranks(t.saved.pop("ranks"), t.saved.pop("world_size"), t.start_step,
+                                      params.seed, dist, t.stream, t.objective)
+    else:
+        seed_everything(params.seed * 1000 + dist.rank)  # per-rank dropout, reproducibly
+    # Logged with the first step metrics, so that connecting has had time to finish.
+    if not t.start_step:
+        t.upstream = tracking.upstream_metrics(t.paths.metrics_dir, UPSTREAM_STAGES)
+    if tp.compile:
+        t.model = torch.compile(t.model)
+    t.run.require()  # a store that cannot log (tracking.required): one line before any step
+    t.model.train()
+
+
+def _sampler(t: Trainer) -> WeightedDistributedSampler:
+    """Each epoch: windows shifted by an offset, drawn by systematic resampling, shuffled,
+    sharded; with an alpha schedule the weights are recomputed from the scores per epoch."""
+    params, inputs = t.params, t.inputs
+    n_epochs = epochs_to_train(params.train, t.dist.world_size, len(inputs.train_samples))
+    weights = (inputs.weights if inputs.scores is None
+               else sampling_weights(params, inputs.scores, n_epochs))
+    return WeightedDistributedSampler(
+        weights, num_replicas=t.dist.world_size, rank=t.dist.rank, seed=params.seed,
+        block_size=params.model.block_size, shift_windows=params.weights.shift_windows)
+
