@@ -8,6 +8,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from rarelm import paths
 from rarelm.data import Samples, TokenizedData
 from rarelm.errors import RarelmError
 from rarelm.files import load_array
@@ -24,14 +25,14 @@ from rarelm.weights import load_weights
 class Paths:
     """Where the stage reads and writes (the defaults are the DAG's layout)."""
 
-    tokenized: Path = Path("data/tokenized")
-    rare: Path = Path("data/rare")
-    weights: Path = Path("data/weights")
-    model: Path = Path("models/model")
-    metrics: Path = Path("metrics/train.json")
-    plots: Path = Path("plots/train.csv")
-    metrics_dir: Path = Path("metrics")  # upstream stages' metrics, logged to MLflow
-    cache: Path = Path(".cache/train")  # checkpoints, outside DVC's outputs
+    tokenized: Path = Path(paths.TOKENIZED)
+    rare: Path = Path(paths.RARE)
+    weights: Path = Path(paths.WEIGHTS)
+    model: Path = Path(paths.MODEL)
+    metrics: Path = Path(paths.TRAIN_METRICS)
+    plots: Path = Path(paths.TRAIN_PLOT)
+    metrics_dir: Path = Path(paths.METRICS)  # upstream stages' metrics, logged to MLflow
+    cache: Path = Path(paths.TRAIN_CACHE)  # checkpoints, outside DVC's outputs
 
 
 class Inputs(NamedTuple):
@@ -47,18 +48,18 @@ class Inputs(NamedTuple):
     counts: np.ndarray | None  # train token counts, where a loss.* objective reads them
 
 
-def input_files(paths: Paths, params: Params) -> list[Path]:
+def input_files(where: Paths, params: Params) -> list[Path]:
     """Every file the run reads: its checkpoint key hashes their content."""
-    tokenizer = sorted(p for p in (paths.tokenized / "tokenizer").glob("*") if p.is_file())
-    scores = [paths.weights / "scores.npy"] if params.weights.schedule != "constant" else []
-    terms = [paths.rare / "term_index.npy"] if params.loss.targets != "rare_bucket" else []
-    counts = [paths.rare / "counts.npy"] if needs_counts(params.loss) else []
-    return [paths.tokenized / "meta.json", paths.tokenized / "train.tokens",
-            paths.tokenized / "val.tokens", *tokenizer, paths.rare / "buckets.npy",
-            paths.weights / "weights.npy", *scores, *terms, *counts]
+    tokenizer = sorted(p for p in (where.tokenized / "tokenizer").glob("*") if p.is_file())
+    scores = [where.weights / "scores.npy"] if params.weights.schedule != "constant" else []
+    terms = [where.rare / "term_index.npy"] if params.loss.targets != "rare_bucket" else []
+    counts = [where.rare / "counts.npy"] if needs_counts(params.loss) else []
+    return [where.tokenized / "meta.json", where.tokenized / "train.tokens",
+            where.tokenized / "val.tokens", *tokenizer, where.rare / "buckets.npy",
+            where.weights / "weights.npy", *scores, *terms, *counts]
 
 
-def load_inputs(params: Params, paths: Paths) -> Inputs:
+def load_inputs(params: Params, where: Paths) -> Inputs:
     """The stage's inputs, all checked.
 
     The log scores (data/weights/scores.npy) are read only where `weights.schedule`
@@ -67,25 +68,25 @@ def load_inputs(params: Params, paths: Paths) -> Inputs:
     (data/rare/counts.npy) only where a `loss.*` objective reads them; else None.
     """
     check_tensorboard(params.tracking)  # before any worker starts
-    data = TokenizedData.open(paths.tokenized)
+    data = TokenizedData.open(where.tokenized)
     block = params.model.block_size
     train_samples = Samples(data.tokens("train"), block)
     val_samples = Samples(data.tokens("val"), block)
     if len(train_samples) == 0:
-        raise RarelmError(f"{paths.tokenized}: the train split has fewer than "
+        raise RarelmError(f"{where.tokenized}: the train split has fewer than "
                           f"model.block_size + 1 = {block + 1} tokens")
-    buckets = load_buckets(paths.rare, data.vocab_size)
-    weights = load_weights(paths.weights / "weights.npy", len(train_samples))
+    buckets = load_buckets(where.rare, data.vocab_size)
+    weights = load_weights(where.weights / "weights.npy", len(train_samples))
     scores = None
     if params.weights.schedule != "constant":
-        scores = load_array(paths.weights / "scores.npy", np.float64, len(train_samples), "weights",
+        scores = load_array(where.weights / "scores.npy", np.float64, len(train_samples), "weights",
                             "(one log score per training sample); it does not match the tokenized data")
-    term_index = TermIndex.open(paths.rare, data) if params.loss.targets != "rare_bucket" else None
-    counts = load_counts(paths.rare, data.vocab_size) if needs_counts(params.loss) else None
+    term_index = TermIndex.open(where.rare, data) if params.loss.targets != "rare_bucket" else None
+    counts = load_counts(where.rare, data.vocab_size) if needs_counts(params.loss) else None
     return Inputs(data, train_samples, val_samples, weights, scores, buckets, term_index, counts)
 
 
-def checkpoint_key(params: Params, paths: Paths, pinned: dict[str, str]) -> str:
+def checkpoint_key(params: Params, where: Paths, pinned: dict[str, str]) -> str:
     """The run's checkpoint key: the params the stage reads, the hub commits it starts from
     (`pinned`), and the content of its input files. Not keyed by the number of processes: a
     run can go on at another world size (DCP reshards)."""
@@ -97,4 +98,4 @@ def checkpoint_key(params: Params, paths: Paths, pinned: dict[str, str]) -> str:
         "weights": {"schedule": params.weights.schedule, "clip_ratio": params.weights.clip_ratio,
                     "shift_windows": params.weights.shift_windows}}
     return checkpoint.run_key(stage_params | pinned,
-                              input_files(paths, params) + fingerprint_files(params.model))
+                              input_files(where, params) + fingerprint_files(params.model))

@@ -8,6 +8,8 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from rarelm.fmt import four_decimals
+
 ROW_FORMATS = (("loss", ".4f"), ("ce", ".4f"), ("rare_ce", ".4f"), ("lr", ".2e"),
                ("grad_norm", ".3f"), ("tokens_per_s", ",.0f"), ("val_ce", ".4f"),
                ("val_rare_ce", ".4f"))
@@ -63,7 +65,7 @@ def report(t, bar: Progress, row: dict[str, Any], done: int) -> None:
 def summary(metrics: dict[str, Any], paths) -> str:
     """The stage's one-line summary."""
     def f(key: str) -> str:
-        return "n/a" if metrics.get(key) is None else f"{metrics[key]:.4f}"
+        return four_decimals(metrics.get(key))
 
     return (f"train: {metrics['steps']} steps, {metrics['tokens']:,} tokens "
             f"({metrics['epochs']:g} epochs), loss {f('loss')}, val ce {f('val_ce')} "

@@ -11,7 +11,7 @@ from typing import Any
 from transformers.utils import logging as hf_logging
 
 from rarelm import export, tracking
-from rarelm.files import atomic_dir, atomic_file, write_json
+from rarelm.files import atomic_dir, write_csv, write_json
 from rarelm.train import lora, sharding
 from rarelm.train.model import build_model
 
@@ -79,16 +79,9 @@ def final_metrics(state, tp, model, epoch_tokens: int) -> dict[str, Any]:
 
 
 def write_curves(path: Path, rows: list[dict[str, Any]]) -> None:
-    with atomic_file(path) as f:
-        f.write(",".join(CURVE_COLUMNS) + "\n")
-        for row in rows:
-            f.write(",".join(_fmt(row.get(c)) for c in CURVE_COLUMNS) + "\n")
-
-
-def _fmt(value: Any) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return ""
-    return str(value) if isinstance(value, int) else f"{value:.6g}"
+    """plots/train.csv: one row per logged step, floats with 6 significant digits, "" where a row
+    has no value (no validation at that step)."""
+    write_csv(path, CURVE_COLUMNS, rows)
 
 
 def save_model(model, data, paths, run, card: str = "") -> None:
