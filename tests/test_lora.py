@@ -1,4 +1,4 @@
-"""LoRA through peft (rarelm/lora.py): what trains, what a checkpoint holds, the merged model."""
+"""LoRA through peft (rarelm/train/lora.py): what trains, what a checkpoint holds, the merged model."""
 
 from __future__ import annotations
 
