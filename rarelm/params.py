@@ -170,7 +170,7 @@ class TrainParams:
     # ddp: every rank holds the whole model and optimizer; fsdp: FSDP2 shards parameters,
     # gradients and optimizer state over the ranks (needs >= 2 ranks; README "Model size")
     strategy: Literal["ddp", "fsdp"] = "ddp"
-    max_steps: int = param(1000, ge=1)
+    max_steps: int = param(1000, ge=0)  # 0: no step, the starting (pretrained) model saved as is
     batch_size: int = param(16, ge=1)  # micro-batch per process
     grad_accum: int = param(1, ge=1)
     lr: float = param(3e-3, gt=0.0, le=10.0)

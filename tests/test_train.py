@@ -664,6 +664,24 @@ def test_non_finite_loss_stops_training_with_one_line_and_no_model(trained, tmp_
     assert not list((tmp_path / "nan" / "cache").glob("*/step-*"))  # no NaN checkpoint either
 
 
+def test_zero_steps_save_the_pretrained_model_as_it_is(trained, tmp_path):
+    """train.max_steps 0 (README "Real text": the base model's row): no step, the same weights, one
+    validation; what the evaluation of a base model without fine-tuning runs on."""
+    from safetensors.torch import load_file
+
+    root, _, _ = trained
+    base = _tiny_pretrained(root, tmp_path / "base")
+    result = _stage_run(root, tmp_path, "zero", **{"model.name_or_path": str(base), "train.max_steps": 0,
+                                                   "tracking.log_model": False})
+    assert result.returncode == 0, result.stderr[-3000:]
+    before = load_file(base / "model.safetensors")
+    after = load_file(tmp_path / "zero" / "model" / "model.safetensors")
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    metrics = json.loads((tmp_path / "zero" / "train.json").read_text())
+    assert (metrics["steps"], metrics["tokens"], metrics["epochs"]) == (0, 0, 0.0)
+    assert metrics["val_ce"] > 0 and metrics["val_ppl"] == pytest.approx(math.exp(metrics["val_ce"]))
+
+
 def test_pretrained_model_must_share_the_tokenizer(trained, tmp_path):
     from transformers import AutoTokenizer, DistilBertConfig, DistilBertModel, GPT2LMHeadModel
 

@@ -65,6 +65,8 @@ def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict
             report(t, bar, row, done)
             if done % tp.checkpoint_every == 0 and done < tp.max_steps:
                 save_checkpoint(t, meter, done)
+        if tp.max_steps == 0:  # no step: the starting (pretrained) model as it is, validated once
+            validate(t)
         metrics = finish(t)
         t.run.finish("FINISHED")
         return metrics
