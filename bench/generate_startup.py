@@ -50,7 +50,7 @@ def make_demo_sized(folder: Path) -> None:
     from transformers import GPT2LMHeadModel
 
     from rarelm.params import load_params
-    from rarelm.tokenization import EOT, save_hf_tokenizer, train_bpe
+    from rarelm.tokenize.tokenization import EOT, save_hf_tokenizer, train_bpe
     from rarelm.train.model import gpt2_config
 
     params = load_params("params.yaml")

@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from rarelm.files import write_json
-from rarelm.tokenization import save_hf_tokenizer, train_bpe
+from rarelm.tokenize.tokenization import save_hf_tokenizer, train_bpe
 
 work, device = Path(sys.argv[1]), sys.argv[2]
 vocab = 50257 if device == "cuda" else 512
@@ -74,7 +74,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from rarelm.data import Samples, TokenizedData
+from rarelm.artifacts.tokenized import Samples, TokenizedData
 
 work, name, overrides = Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
 p = yaml.safe_load(Path("params.yaml").read_text())
@@ -154,7 +154,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rarelm.data import Samples, TokenizedData
+from rarelm.artifacts.tokenized import Samples, TokenizedData
 from rarelm.train.batches import to_batch
 
 work, device_name = Path(sys.argv[1]), sys.argv[2]

@@ -2,7 +2,7 @@
 
     python bench/term_exposure.py [--params params.yaml] [--tokenized data/tokenized] [--rare data/rare]
 
-Runs the weights stage's own code (`rarelm.weights.compute`) on the pipeline's
+Runs the weights stage's own code (`rarelm.weights.stage.compute`) on the pipeline's
 tokenized data and rare_terms outputs (`dvc repro rare_terms` first) for each
 setting below, and prints one row per setting: the Kish effective sample size
 (fraction of samples) and the exposure of term occurrences per train-count band
@@ -39,7 +39,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from rarelm.params import load_params
-    from rarelm.weights import compute
+    from rarelm.weights.stage import compute
 
     base = load_params(args.params)
     print("| weights.score | alpha | term_beta | term_floor | ESS | "

@@ -7,7 +7,7 @@ For each corpus size it builds a prepared train split from the demo corpus
 (documents repeated with a counter so none is a duplicate), then measures, each
 in its own process so peak memory (max RSS) is that run's alone:
 
-* `stage`: `rarelm.tokenization.tokenize` with a fixed pretrained tokenizer (so
+* `stage`: `rarelm.tokenize.tokenization.tokenize` with a fixed pretrained tokenizer (so
   both sides do the same encoding work): read jsonl, encode in batches, write the
   memory-mapped arrays;
 * `raw`: what a user would otherwise write: read every document into a list and
@@ -59,9 +59,9 @@ def worker(mode: str, prepared: Path, tokenizer_dir: Path, out: Path) -> dict:
     """Run one measurement in this process; returns tokens and seconds."""
     import transformers  # noqa: F401  (imported before the clock starts, as on the raw side)
 
-    from rarelm.corpus import read_split
     from rarelm.params import TokenizerParams
-    from rarelm.tokenization import tokenize
+    from rarelm.prepare.corpus import read_split
+    from rarelm.tokenize.tokenization import tokenize
 
     if mode == "stage":
         start = time.perf_counter()
@@ -106,7 +106,7 @@ def main() -> None:
         return
 
     from rarelm.params import TokenizerParams
-    from rarelm.tokenization import tokenize
+    from rarelm.tokenize.tokenization import tokenize
 
     results = {}
     with tempfile.TemporaryDirectory() as tmp:

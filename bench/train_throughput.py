@@ -67,14 +67,15 @@ import numpy as np  # noqa: E402
 
 def make_inputs(tokenized: Path, prepared: Path, out: Path, params, name: str) -> tuple[Path, Path]:
     """data/rare and data/weights for `params`, made by the rare_terms and weights stages' code."""
-    from rarelm import rare, weights
+    from rarelm.rare_terms import stage
+    from rarelm.weights.stage import compute
 
     rare_dir, weights_dir = out / "rare", out / f"weights-{name}"
     if not (rare_dir / "terms.jsonl").exists():
         rare_dir.mkdir(parents=True, exist_ok=True)
-        rare.rare_terms(params.rare, "", prepared, tokenized, rare_dir)
+        stage.rare_terms(params.rare, "", prepared, tokenized, rare_dir)
     weights_dir.mkdir(parents=True, exist_ok=True)
-    w, scores, _, _ = weights.compute(params, tokenized, rare_dir)
+    w, scores, _, _ = compute(params, tokenized, rare_dir)
     np.save(weights_dir / "weights.npy", w)
     np.save(weights_dir / "scores.npy", scores)
     return rare_dir, weights_dir
@@ -98,7 +99,7 @@ def run_trainer(params, tokenized: Path, work: Path, warmup: int) -> float:
     import torch
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
-    from rarelm.data import Samples, TokenizedData
+    from rarelm.artifacts.tokenized import Samples, TokenizedData
     from rarelm.train.model import build_model
     from rarelm.train.precision import pick_precision
     from rarelm.train.state import seed_everything
@@ -157,10 +158,11 @@ def loss_cost(params, tokenized: Path, rare_dir: Path, reps: int = 40) -> dict[s
 
     import torch
 
-    from rarelm.data import Samples, TokenizedData
+    from rarelm.artifacts.buckets import load_buckets, load_counts
+    from rarelm.artifacts.term_index import TermIndex
+    from rarelm.artifacts.tokenized import Samples, TokenizedData
     from rarelm.objectives.objective import Objective
     from rarelm.params import LossParams
-    from rarelm.rare import TermIndex, load_buckets, load_counts
 
     data = TokenizedData.open(tokenized)
     vocab, block, width = data.vocab_size, params.model.block_size, params.model.n_embd
@@ -233,7 +235,7 @@ def step_cost(params, tokenized: Path, precisions: list[str], reps: int) -> dict
     clipping, fused AdamW) per precision, the precisions alternating step by step."""
     import torch
 
-    from rarelm.data import Samples, TokenizedData
+    from rarelm.artifacts.tokenized import Samples, TokenizedData
     from rarelm.objectives.rare_weight import rare_weighted_loss
     from rarelm.train.batches import to_batch
     from rarelm.train.model import build_model

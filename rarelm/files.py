@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import hashlib
 import json
 import os
 import shutil
@@ -148,3 +149,12 @@ def load_array(path: str | Path, dtype: Any, length: int, stage: str, mismatch: 
 
 def read_json(path: str | Path) -> Any:
     return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
+    """The file's sha256, hex, read in chunks (bounded memory)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()

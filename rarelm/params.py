@@ -84,7 +84,7 @@ class TokenizerParams:
 
 @dataclasses.dataclass(frozen=True)
 class RareParams:
-    """Frequency buckets and rare-term extraction (`rare_terms`; rules in rarelm/rare.py)."""
+    """Frequency buckets and rare-term extraction (`rare_terms`; rules in rarelm/rare_terms/)."""
 
     frequent_share: float = param(0.8, gt=0.0, lt=1.0)  # frequent tokens cover >= this share
     rare_share: float = param(0.05, gt=0.0, lt=1.0)  # rare tokens cover <= this share
@@ -101,7 +101,7 @@ class RareParams:
 
 @dataclasses.dataclass(frozen=True)
 class WeightsParams:
-    """How `weights` turns token frequencies into per-sample weights (rarelm/weights.py)."""
+    """How `weights` turns token frequencies into per-sample weights (rarelm/weights/scoring.py)."""
 
     # frequency: mean inverse token frequency of the window's targets; terms: the rarity of the
     # extracted terms the window holds (sum of 1 / train_count ** term_beta, plus term_floor)

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import typer
 
-from rarelm import demo as demo_corpora
 from rarelm import paths
+from rarelm.prepare import demo as demo_corpora
 from stages.compare import compare
 from stages.evaluate import evaluate
 from stages.generate import generate

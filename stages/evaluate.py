@@ -23,11 +23,11 @@ from pathlib import Path
 import typer
 
 from rarelm import paths
-from rarelm.corpus import read_split
 from rarelm.errors import RarelmError, user_errors
 from rarelm.files import atomic_file, write_csv, write_json
 from rarelm.fmt import four_digits
 from rarelm.params import load_params
+from rarelm.prepare.corpus import read_split
 
 app = typer.Typer(add_completion=False, help=__doc__)
 
@@ -50,17 +50,18 @@ def evaluate(
     started = time.perf_counter()
     with user_errors("evaluate"):
         # on use: numpy, torch and mlflow would add seconds to every `rarelm` command's start-up
-        from rarelm import term_search, tracking
-        from rarelm.data import TokenizedData
+        from rarelm import tracking
+        from rarelm.artifacts.buckets import load_buckets, load_counts, log_prior
+        from rarelm.artifacts.terms import load_terms
+        from rarelm.artifacts.tokenized import TokenizedData, load_tokenizer
         from rarelm.evaluate.mlflow_log import log_eval_files, log_eval_metrics
-        from rarelm.rare import load_buckets, load_counts, load_tokenizer, log_prior
 
         params = load_params(params_file)
         data = TokenizedData.open(tokenized)
         buckets = load_buckets(rare, data.vocab_size).astype("int64")
         tau = params.eval.logit_adjust_tau  # post-hoc logit adjustment needs the train prior
         prior = log_prior(load_counts(rare, data.vocab_size)) if tau else None
-        terms = term_search.load_terms(rare / "terms.jsonl")
+        terms = load_terms(rare / "terms.jsonl")
         tokenizer = load_tokenizer(data.tokenizer_dir, data.vocab_size)
         model = _load(model_dir, data, params.eval.device, params.eval.threads)
 

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import typer
 
-from rarelm import corpus, paths
+from rarelm import paths
 from rarelm.errors import user_errors
 from rarelm.files import atomic_dir, write_json
 from rarelm.params import load_params
+from rarelm.prepare import corpus
 
 app = typer.Typer(add_completion=False, help=__doc__)
 

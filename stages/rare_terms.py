@@ -20,7 +20,7 @@ data/rare/ and metrics/rare_terms.json:
                    tokens), so `weights` and `train` refuse an index that no longer matches
     summary.json   the same as metrics/rare_terms.json
 
-The rules (buckets, scoring, thresholds) are in rarelm/rare.py.
+The rules (buckets, scoring, thresholds) are in rarelm/rare_terms/.
 """
 
 from pathlib import Path
@@ -44,16 +44,18 @@ def rare_terms(
     metrics: Path = typer.Option(paths.RARE_TERMS_METRICS, help="metrics file"),
 ) -> None:
     """Count token frequencies, bucket the vocabulary and extract rare domain terms."""
-    from rarelm import rare  # on use: its numpy would add ~0.3 s to every `rarelm` command's start-up
+    # on use: their numpy would add ~0.3 s to every `rarelm` command's start-up
+    from rarelm.artifacts.buckets import BUCKET_NAMES
+    from rarelm.rare_terms import stage
 
     with user_errors("rare_terms"):
         params = load_params(params_file)
         with atomic_dir(out) as tmp:
-            result = rare.rare_terms(params.rare, params.corpus.reference_glossary, prepared,
-                                     tokenized, tmp)
+            result = stage.rare_terms(params.rare, params.corpus.reference_glossary, prepared,
+                                      tokenized, tmp)
         write_json(metrics, result)
     b = result["buckets"]
-    shares = ", ".join(f"{n} {b[n]['tokens']} ({b[n]['share']:.1%})" for n in rare.BUCKET_NAMES)
+    shares = ", ".join(f"{n} {b[n]['tokens']} ({b[n]['share']:.1%})" for n in BUCKET_NAMES)
     scored = ""
     if "extraction" in result:
         e = result["extraction"]

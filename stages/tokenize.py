@@ -4,7 +4,7 @@
 
 Trains a byte-level BPE tokenizer on the train split (or copies the local
 pretrained one in `tokenizer.name_or_path`) and writes data/tokenized/ (see
-rarelm.tokenization for the layout) and metrics/tokenize.json.
+rarelm.tokenize.tokenization for the layout) and metrics/tokenize.json.
 """
 
 from pathlib import Path
@@ -31,7 +31,7 @@ def tokenize(
     from rich.console import Console
     from rich.progress import Progress
 
-    from rarelm import tokenization
+    from rarelm.tokenize import tokenization
 
     with user_errors("tokenize"):
         params = load_params(params_file)

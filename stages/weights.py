@@ -6,7 +6,8 @@
 Reads the tokenized train split and data/rare/ (token counts and buckets, terms and where they
 occur), writes:
 
-    data/weights/weights.npy   float64 [samples], mean 1; weight i belongs to rarelm.data.Samples window i
+    data/weights/weights.npy   float64 [samples], mean 1; weight i belongs to window i of
+                               rarelm.artifacts.tokenized.Samples
     data/weights/scores.npy    float64 [samples], log score of each window (weights = scores at `alpha`;
                                training recomputes weights from them when weights.schedule varies alpha)
     data/weights/summary.json  the same as metrics/weights.json
@@ -15,7 +16,7 @@ occur), writes:
                                terms seen <= 8 times), top1pct_weight_share, min, max, max_over_min
     plots/weights.csv          histogram of log10 weights (log10_weight, samples)
 
-The formula is in rarelm/weights.py.
+The formulas are in rarelm/weights/scoring.py.
 """
 
 from pathlib import Path
@@ -43,11 +44,11 @@ def weights(
     # on use: numpy would add ~0.3 s to every `rarelm` command's start-up (`rarelm --help`)
     import numpy as np
 
-    from rarelm import weights as weighting
+    from rarelm.weights.stage import compute
 
     with user_errors("weights"):
         params = load_params(params_file)
-        values, scores, stats, histogram = weighting.compute(params, tokenized, rare_dir)
+        values, scores, stats, histogram = compute(params, tokenized, rare_dir)
         with atomic_dir(out) as tmp:
             np.save(tmp / "weights.npy", values)
             np.save(tmp / "scores.npy", scores)

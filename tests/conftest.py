@@ -80,7 +80,7 @@ TINY = {"n_terms": 40, "top_count": 30, "filler_sentences": (3, 6)}
 @pytest.fixture(scope="session")
 def tiny_raw(tmp_path_factory) -> Path:
     """Tiny demo corpora (en and zh) with their glossaries, built once per session."""
-    from rarelm.demo import write
+    from rarelm.prepare.demo import write
 
     out = tmp_path_factory.mktemp("raw")
     write(out, **TINY)

@@ -34,7 +34,7 @@ def test_base_stages_stay_out_of_the_main_projects_exp_show_and_plots():
 
 
 def test_base_corpus_stage_builds_the_registry_base_corpora():
-    from rarelm.corpora import load_registry
+    from rarelm.prepare.corpora import load_registry
 
     records = load_registry(REPO / "data/raw/corpora.json")
     base_corpora = sorted(n for n, r in records.items() if r["use"] == "base")

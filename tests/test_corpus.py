@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from rarelm import corpus
 from rarelm.errors import RarelmError
 from rarelm.params import CorpusParams
+from rarelm.prepare import corpus
 from tests.conftest import REPO, set_params
 
 

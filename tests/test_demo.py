@@ -1,7 +1,7 @@
 import gzip
 import hashlib
 
-from rarelm import demo
+from rarelm.prepare import demo
 from tests.conftest import REPO
 
 

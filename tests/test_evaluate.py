@@ -18,7 +18,8 @@ import yaml
 from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from rarelm import term_search
+from rarelm.artifacts.buckets import load_buckets
+from rarelm.artifacts.terms import Term, load_terms
 from rarelm.errors import RarelmError
 from rarelm.evaluate.decoding import greedy_continue, logit_adjustment
 from rarelm.evaluate.false_insertion import count_terms, false_insertion, term_start_mask
@@ -29,8 +30,8 @@ from rarelm.evaluate.term_metrics import em50_train_count, term_metrics
 from rarelm.evaluate.token_scoring import BUCKETS as BUCKET_NAMES
 from rarelm.evaluate.token_scoring import score_tokens
 from rarelm.params import EvalParams
-from rarelm.rare import load_buckets
-from rarelm.term_search import Occurrence, Term
+from rarelm.rare_terms import term_search
+from rarelm.rare_terms.term_search import Occurrence
 from tests.conftest import assert_user_error, run, set_params, stage
 
 LN2 = math.log(2)
@@ -306,7 +307,7 @@ def test_folded_positions_map_back_as_a_per_character_map_does():
 
 
 def test_occurrences_keep_the_term_as_written():
-    from rarelm.tokenization import EOT, train_bpe
+    from rarelm.tokenize.tokenization import EOT, train_bpe
 
     docs = ["Sign it with PKI. The pki keys, Pki roots.", "使用PKI证书签名"]
     tok = train_bpe(iter(docs * 20), vocab_size=300, min_frequency=2)
@@ -326,11 +327,11 @@ def test_terms_load_in_their_display_form(tmp_path):
     rows = [{"term": "pki", "count": 3, "train_occurrences": 7, "display": "PKI"},
             {"term": "zlib", "count": 2}]  # written before display forms existed: as extracted
     (tmp_path / "terms.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert term_search.load_terms(tmp_path / "terms.jsonl") == [Term("PKI", 7), Term("zlib", 2)]
+    assert load_terms(tmp_path / "terms.jsonl") == [Term("PKI", 7), Term("zlib", 2)]
 
 
 def test_exact_match_as_written_and_in_any_case():
-    from rarelm.tokenization import EOT, train_bpe
+    from rarelm.tokenize.tokenization import EOT, train_bpe
 
     doc = "Keys come from the PKI of the firm"
     tok = train_bpe(iter([doc, "a pki or Pki", "the PKI"] * 20), vocab_size=300, min_frequency=2)
@@ -376,7 +377,7 @@ class ScriptedLM(BigramLM):
 @pytest.mark.parametrize("cjk", ["merge", "chars"])
 def test_chinese_terms_inside_merged_tokens(cjk):
     """Byte-level BPE that merges across the term (merge) or never does (chars): found, scored on text."""
-    from rarelm.tokenization import EOT, train_bpe
+    from rarelm.tokenize.tokenization import EOT, train_bpe
 
     sentence = "董事会决定发行可交换保理。"
     corpus = [sentence, "公司发行可交换保理产品", "可交换保函", "the API网关 works"] * 30
@@ -417,8 +418,8 @@ def test_chinese_terms_inside_merged_tokens(cjk):
 
 def test_english_text_search_finds_what_the_token_search_found(tiny_raw):
     """Regression: on English text the text search finds every whole-word token-sequence match."""
-    from rarelm import corpus
-    from rarelm.tokenization import train_bpe
+    from rarelm.prepare import corpus
+    from rarelm.tokenize.tokenization import train_bpe
 
     docs = list(corpus.iter_documents(corpus.CorpusParams(path=str(tiny_raw / "demo_en.txt.gz"))))[:300]
     docs = [corpus.clean(d) for d in docs]
@@ -503,7 +504,7 @@ def test_bad_rare_inputs_are_one_line_errors(tmp_path):
         load_buckets(tmp_path / "nope", 8)
     (tmp_path / "terms.jsonl").write_text('{"term": "x"}\n')
     with pytest.raises(RarelmError, match=r"terms.jsonl:1: not a term record"):
-        term_search.load_terms(tmp_path / "terms.jsonl")
+        load_terms(tmp_path / "terms.jsonl")
     with pytest.raises(RarelmError, match="eval.splits"):
         EvalParams(splits=["test", "test"])
 
@@ -516,10 +517,11 @@ def workspace(tmp_path_factory, tiny_raw):
     """A folder with params.yaml, tokenized tiny corpus, synthetic rare files and a tiny GPT-2."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from rarelm import corpus, tokenization
-    from rarelm.data import TokenizedData
+    from rarelm.artifacts.tokenized import TokenizedData
     from rarelm.files import write_json
     from rarelm.params import load_params
+    from rarelm.prepare import corpus
+    from rarelm.tokenize import tokenization
     from tests.conftest import REPO
 
     root = tmp_path_factory.mktemp("ws")
@@ -578,7 +580,7 @@ def _hf_ppl(model_dir, tokens, block, bias=None):
 def test_stage_writes_metrics_plots_and_logs_into_the_training_run(workspace, tmp_path):
     import mlflow
 
-    from rarelm.data import TokenizedData
+    from rarelm.artifacts.tokenized import TokenizedData
 
     ws = tmp_path / "ws"
     shutil.copytree(workspace, ws)
@@ -642,7 +644,7 @@ def test_stage_writes_metrics_plots_and_logs_into_the_training_run(workspace, tm
 
 def test_stage_with_logit_adjustment_scores_the_adjusted_model(workspace, tmp_path):
     """eval.logit_adjust_tau > 0 reads data/rare/counts.npy; perplexity is that of logits - tau log pi."""
-    from rarelm.data import TokenizedData
+    from rarelm.artifacts.tokenized import TokenizedData
 
     ws = tmp_path / "ws"
     shutil.copytree(workspace, ws)

@@ -17,7 +17,7 @@ def folder(tmp_path_factory):
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from rarelm.tokenization import EOT, save_hf_tokenizer, train_bpe
+    from rarelm.tokenize.tokenization import EOT, save_hf_tokenizer, train_bpe
 
     out = tmp_path_factory.mktemp("model")
     tokenizer = train_bpe(iter(["the patient presented with acute myocardial infarction"] * 30),

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
+from rarelm.artifacts.buckets import log_prior
 from rarelm.errors import RarelmError
 from rarelm.evaluate.decoding import greedy_continue, logit_adjustment, logit_bias_processor
 from rarelm.evaluate.generate import Sampling, generate
 from rarelm.evaluate.model_folder import load_causal_lm, load_model_tokenizer
-from rarelm.rare import log_prior
 from tests.conftest import run
 
 TEXTS = ["the patient presented with acute myocardial infarction and chest pain",
@@ -26,7 +26,7 @@ def model_dir(tmp_path_factory):
     """A tiny random GPT-2 with a real BPE tokenizer, saved as a Hugging Face folder."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from rarelm.tokenization import EOT, save_hf_tokenizer, train_bpe
+    from rarelm.tokenize.tokenization import EOT, save_hf_tokenizer, train_bpe
 
     out = tmp_path_factory.mktemp("model")
     tokenizer = train_bpe(iter(TEXTS), vocab_size=300, min_frequency=1)

@@ -19,10 +19,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rarelm import hub, tokenization
-from rarelm.data import Samples, TokenizedData
+from rarelm import hub
+from rarelm.artifacts.tokenized import Samples, TokenizedData
 from rarelm.errors import RarelmError
 from rarelm.params import ModelParams, Params, TokenizerParams
+from rarelm.tokenize import tokenization
 from tests.conftest import REPO, assert_user_error, run
 
 REPO_ID = "rarelm-test/gpt2-zh"

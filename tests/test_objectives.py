@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
+from rarelm.artifacts.term_index import TermIndex
 from rarelm.objectives.agg import AdaptiveGradientGate
 from rarelm.objectives.objective import Objective
 from rarelm.objectives.rare_weight import rare_weighted_loss
-from rarelm.rare import TermIndex
 
 
 def logits_with_ce(targets: list[int], ce: list[float], vocab: int = 5) -> torch.Tensor:

@@ -39,7 +39,7 @@ def test_chinese_demo_by_params_alone(repo):
     assert read_json(repo / "metrics/prepare.json")["language"] == "zh"
     from transformers import AutoTokenizer
 
-    from rarelm.data import TokenizedData
+    from rarelm.artifacts.tokenized import TokenizedData
     data = TokenizedData.open(repo / "data/tokenized")
     hf = AutoTokenizer.from_pretrained(data.tokenizer_dir)
     off = data.offsets("test")

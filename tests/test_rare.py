@@ -9,8 +9,16 @@ import shutil
 import numpy as np
 import pytest
 
-from rarelm import rare
+from rarelm.artifacts.term_index import TermIndex
+from rarelm.artifacts.tokenized import TokenizedData, load_tokenizer
 from rarelm.errors import RarelmError
+from rarelm.prepare.corpus import read_split
+from rarelm.rare_terms.buckets import bucket_tokens, count_tokens
+from rarelm.rare_terms.glossary import extraction_scores, read_glossary, read_reference
+from rarelm.rare_terms.segmentation import Segmenter, join_words
+from rarelm.rare_terms.stage import rare_terms, training_documents
+from rarelm.rare_terms.term_index import build_term_index, display_form, surface_forms
+from rarelm.rare_terms.tfidf import count_phrases, tfidf_terms
 from tests.conftest import REPO, assert_user_error, set_params, stage
 
 # ------------------------------------------------------------------ counts and buckets
@@ -18,20 +26,20 @@ from tests.conftest import REPO, assert_user_error, set_params, stage
 
 def test_count_tokens_in_chunks_equals_bincount():
     tokens = np.random.default_rng(0).integers(0, 50, size=10_000).astype(np.uint16)
-    counts = rare.count_tokens(tokens, 60, chunk_tokens=1024)
+    counts = count_tokens(tokens, 60, chunk_tokens=1024)
     assert counts.dtype == np.int64 and counts.tolist() == np.bincount(tokens, minlength=60).tolist()
 
 
 def test_count_tokens_rejects_an_id_outside_the_vocabulary():
     with pytest.raises(RarelmError, match="token id 9 .* outside the vocabulary of 5"):
-        rare.count_tokens(np.array([1, 2, 9], dtype=np.uint16), 5, chunk_tokens=1024)
+        count_tokens(np.array([1, 2, 9], dtype=np.uint16), 5, chunk_tokens=1024)
 
 
 def test_buckets_by_hand():
     # 100 occurrences. Descending 50, 30 reach 80% -> frequent = count >= 30.
     # Ascending 2, 3, 5 cover 10 <= 10% (adding 10 would make 20) -> rare = count <= 5.
     counts = np.array([0, 50, 30, 10, 5, 3, 2])
-    buckets, summary = rare.bucket_tokens(counts, frequent_share=0.8, rare_share=0.1)
+    buckets, summary = bucket_tokens(counts, frequent_share=0.8, rare_share=0.1)
     assert buckets.dtype == np.int8
     assert buckets.tolist() == [3, 0, 0, 1, 2, 2, 2]
     assert summary["frequent_min_count"] == 30 and summary["rare_max_count"] == 5
@@ -45,7 +53,7 @@ def test_equal_counts_share_a_bucket():
     # 40 reaches 70% at the first 40 -> every token with count 40 is frequent, covering 80%;
     # rare: count-1 tokens cover 2/100 <= 5%, count 8 would make 10%.
     counts = np.array([40, 40, 10, 8, 1, 1])
-    buckets, _ = rare.bucket_tokens(counts, frequent_share=0.7, rare_share=0.05)
+    buckets, _ = bucket_tokens(counts, frequent_share=0.7, rare_share=0.05)
     assert buckets.tolist() == [0, 0, 1, 1, 2, 2]
 
 
@@ -53,30 +61,30 @@ def test_equal_counts_share_a_bucket():
 def test_thresholds_that_leave_a_bucket_empty(shares, empty):
     counts = np.array([50, 30, 10, 5, 3, 2])
     with pytest.raises(RarelmError, match=f"leave the {empty} bucket empty"):
-        rare.bucket_tokens(counts, *shares)
+        bucket_tokens(counts, *shares)
 
 
 # ------------------------------------------------------------------ words and terms
 
 
 def test_english_phrases_stop_at_punctuation_and_digits():
-    seg = rare.Segmenter("en")
+    seg = Segmenter("en")
     assert list(seg.phrases("Assessment: Bilateral nephrosclerosis, seen 3 times; year-old")) == [
         ["assessment"], ["bilateral", "nephrosclerosis"], ["seen"], ["times"], ["year-old"]]
 
 
 def test_chinese_glossary_terms_stay_whole():
     text = "董事会决定发行质押式掉期产品。"
-    plain = [w for p in rare.Segmenter("zh").phrases(text) for w in p]
+    plain = [w for p in Segmenter("zh").phrases(text) for w in p]
     assert "质押式掉期产品" not in plain
-    assert "质押式掉期产品" in [w for p in rare.Segmenter("zh", ["质押式掉期产品"]).phrases(text) for w in p]
-    assert rare.join_words(["债券", "ABS", "CLO", "产品"], "") == "债券ABS CLO产品"
+    assert "质押式掉期产品" in [w for p in Segmenter("zh", ["质押式掉期产品"]).phrases(text) for w in p]
+    assert join_words(["债券", "ABS", "CLO", "产品"], "") == "债券ABS CLO产品"
 
 
 def test_tfidf_terms_by_hand():
     docs = ["The patient has renal colic. Renal colic again.", "The patient is fine.",
             "The patient is well."]
-    terms = rare.tfidf_terms(docs, rare.Segmenter("en"), ngram_max=2, min_df=1, max_df=1.0,
+    terms = tfidf_terms(docs, Segmenter("en"), ngram_max=2, min_df=1, max_df=1.0,
                              min_count=2, min_mean_tf=1.0, top_k=10)
     # renal colic: count 2 in 1 of 3 documents, idf ln(4/2)+1, score (2/1)*idf.
     # "renal" and "colic" only ever occur inside a two-word n-gram that scores as high, so
@@ -86,25 +94,25 @@ def test_tfidf_terms_by_hand():
     assert [(t.term, t.count, t.df) for t in terms] == [("renal colic", 2, 1), ("patient", 3, 3)]
     assert [t.idf for t in terms] == pytest.approx(idf)
     assert [t.score for t in terms] == pytest.approx([2 * idf[0], idf[1]])
-    top = rare.tfidf_terms(docs, rare.Segmenter("en"), 2, 1, 1.0, 2, 1.0, top_k=1)
+    top = tfidf_terms(docs, Segmenter("en"), 2, 1, 1.0, 2, 1.0, top_k=1)
     assert [t.term for t in top] == ["renal colic"]
-    few = rare.tfidf_terms(docs, rare.Segmenter("en"), 2, 1, max_df=0.5, min_count=2,
+    few = tfidf_terms(docs, Segmenter("en"), 2, 1, max_df=0.5, min_count=2,
                            min_mean_tf=1.0, top_k=10)
     assert [t.term for t in few] == ["renal colic"]  # df 2 and 3 exceed half of 3 documents
-    bursty = rare.tfidf_terms(docs, rare.Segmenter("en"), 2, 1, 1.0, 2, min_mean_tf=1.5, top_k=10)
+    bursty = tfidf_terms(docs, Segmenter("en"), 2, 1, 1.0, 2, min_mean_tf=1.5, top_k=10)
     assert [t.term for t in bursty] == ["renal colic"]  # the others occur once per document
 
 
 def test_chinese_terms_by_hand():
     docs = ["董事会决定发行质押式掉期产品。本次质押式掉期产品募集资金。", "公司经营情况总体稳定。",
             "公司经营情况总体稳定。"]
-    seg = rare.Segmenter("zh")  # jieba cuts the term into 质押/式/掉/期/产品
-    terms = rare.tfidf_terms(docs, seg, ngram_max=5, min_df=1, max_df=1.0, min_count=2,
+    seg = Segmenter("zh")  # jieba cuts the term into 质押/式/掉/期/产品
+    terms = tfidf_terms(docs, seg, ngram_max=5, min_df=1, max_df=1.0, min_count=2,
                              min_mean_tf=1.0, top_k=2)
     assert [(t.term, t.count, t.df) for t in terms] == [
         ("质押式掉期产品", 2, 1), ("公司经营情况总体稳定", 2, 2)]
     assert terms[0].score == pytest.approx(2 * (math.log(4 / 2) + 1))
-    stats = rare.count_phrases(docs, seg, ["质押式掉期产品", "掉期", "押式"], n_docs=3)
+    stats = count_phrases(docs, seg, ["质押式掉期产品", "掉期", "押式"], n_docs=3)
     assert (stats["质押式掉期产品"].count, stats["质押式掉期产品"].df) == (2, 1)
     assert stats["掉期"].count == 2  # the words 掉 + 期 read as 掉期
     assert stats["押式"].count == 0  # cuts through the word 质押
@@ -112,7 +120,7 @@ def test_chinese_terms_by_hand():
 
 def test_count_phrases_of_glossary_terms():
     docs = ["Renal colic and renal colic.", "No colic here.", "Nothing."]
-    stats = rare.count_phrases(docs, rare.Segmenter("en"), ["Renal Colic", "gout"], n_docs=3)
+    stats = count_phrases(docs, Segmenter("en"), ["Renal Colic", "gout"], n_docs=3)
     assert (stats["Renal Colic"].count, stats["Renal Colic"].df) == (2, 1)
     assert stats["Renal Colic"].score == pytest.approx(2 * (math.log(4 / 2) + 1))
     assert (stats["gout"].count, stats["gout"].df, stats["gout"].score) == (0, 0, 0.0)
@@ -123,7 +131,7 @@ def test_count_phrases_of_glossary_terms():
 
 def candidates(language: str, text: str, n_max: int = 4) -> list[str]:
     """The candidate terms of one text, as shown."""
-    seg = rare.Segmenter(language)
+    seg = Segmenter(language)
     return [seg.display(key) for key in seg.candidate_analyzer(n_max)(text)]
 
 
@@ -179,12 +187,12 @@ def test_rule4_latin_and_chinese_are_not_glued_across_a_space():
 def test_glossary_terms_are_kept_whole_even_when_they_break_a_rule():
     docs = ["In vitro tests of the tool. In vitro again.", "Nothing here.", "Nor here."]
     assert not {"in vitro", "of the"} & set(candidates("en", docs[0]))
-    stats = rare.count_phrases(docs, rare.Segmenter("en"), ["in vitro", "of the"], n_docs=3)
+    stats = count_phrases(docs, Segmenter("en"), ["in vitro", "of the"], n_docs=3)
     assert (stats["in vitro"].count, stats["in vitro"].df, stats["of the"].count) == (2, 1, 1)
     zh_docs = ["输出将command的结果。再将command一次。", "没有。"]
     glossary = ["将command", "的结果"]
     assert not set(glossary) & set(candidates("zh", zh_docs[0]))  # the rules reject both
-    zh = rare.count_phrases(zh_docs, rare.Segmenter("zh", glossary), glossary, n_docs=2)
+    zh = count_phrases(zh_docs, Segmenter("zh", glossary), glossary, n_docs=2)
     assert [(zh[t].count, zh[t].df) for t in glossary] == [(2, 1), (1, 1)]
 
 
@@ -193,17 +201,17 @@ def test_demo_extraction_f1(tmp_path, language, found):
     """The committed demo corpus, as the rare_terms stage extracts it, against its reference
     glossary: true positives and extracted terms as recorded before the rules of issue 10
     (which left them unchanged), so F1 0.993 (en) and 0.990 (zh, 0.98997)."""
-    from rarelm import corpus
     from rarelm.params import RareParams
+    from rarelm.prepare import corpus
 
     params = corpus.CorpusParams(path=str(REPO / f"data/raw/demo_{language}.txt.gz"), language=language)
     stats = corpus.prepare(params, tmp_path)
     p = RareParams()
-    docs = rare.training_documents(tmp_path, stats["train"]["documents"], p.max_documents)
-    terms = rare.tfidf_terms(docs, rare.Segmenter(language), p.ngram_max, p.min_df, p.max_df,
+    docs = training_documents(tmp_path, stats["train"]["documents"], p.max_documents)
+    terms = tfidf_terms(docs, Segmenter(language), p.ngram_max, p.min_df, p.max_df,
                              p.min_count, p.min_mean_tf, p.top_k)
-    scores = rare.extraction_scores([t.term for t in terms],
-                                    rare.read_reference(REPO / f"data/raw/demo_{language}.glossary.tsv"))
+    scores = extraction_scores([t.term for t in terms],
+                                    read_reference(REPO / f"data/raw/demo_{language}.glossary.tsv"))
     assert (scores["true_positives"], scores["extracted"]) == found
     assert round(scores["f1"], 3) >= 0.99
 
@@ -211,25 +219,25 @@ def test_demo_extraction_f1(tmp_path, language, found):
 def test_extraction_scores_known_case():
     found = ["renal colic", "gout", "patient", "Acute Gastritis"]
     reference = ["acute gastritis", "renal  colic", "gout", "nephritis", "asthma", "eczema"]
-    s = rare.extraction_scores(found, reference)
+    s = extraction_scores(found, reference)
     assert (s["true_positives"], s["precision"], s["recall"]) == (3, 0.75, 0.5)
     assert s["f1"] == pytest.approx(0.6)
-    assert rare.extraction_scores([], reference)["f1"] == 0.0
+    assert extraction_scores([], reference)["f1"] == 0.0
 
 
 def test_read_glossaries(tmp_path):
     user = tmp_path / "g.txt"
     user.write_text("\ufeffrenal colic\n\n  gout  \nrenal colic\n", encoding="utf-8")
-    assert rare.read_glossary(user) == ["renal colic", "gout"]
+    assert read_glossary(user) == ["renal colic", "gout"]
     ref = tmp_path / "ref.tsv"
     ref.write_text("term\tdocuments\nrenal colic\t3\ngout\t2\n", encoding="utf-8")
-    assert rare.read_reference(ref) == ["renal colic", "gout"]
+    assert read_reference(ref) == ["renal colic", "gout"]
     (tmp_path / "empty.txt").write_text("\n \n", encoding="utf-8")
     with pytest.raises(RarelmError, match="holds no term"):
-        rare.read_glossary(tmp_path / "empty.txt")
+        read_glossary(tmp_path / "empty.txt")
     (tmp_path / "gbk.txt").write_bytes("质押式回购\n".encode("gbk"))
     with pytest.raises(RarelmError, match="not valid UTF-8"):
-        rare.read_glossary(tmp_path / "gbk.txt")
+        read_glossary(tmp_path / "gbk.txt")
 
 
 # ------------------------------------------------------------------ the stage through its CLI
@@ -289,10 +297,10 @@ def test_stage_outputs(work, tiny_raw):
     # as train writes it; a term train never has stays as the glossary gives it
     assert [(r["display"], r["train_occurrences"] > 0) for r in rows[:2]] == [
         ("idiopathic pneumomyositis", True), ("Renal colic", False)]
-    reference = rare.read_reference(tiny_raw / "demo_en.glossary.tsv")
+    reference = read_reference(tiny_raw / "demo_en.glossary.tsv")
     extracted = [r["term"] for r in rows if r["source"] == "tfidf"]
     assert metrics["extraction"] == pytest.approx(
-        {**rare.extraction_scores(extracted, reference),
+        {**extraction_scores(extracted, reference),
          "reference_in_train": metrics["extraction"]["reference_in_train"]})
     assert metrics["extraction"]["f1"] > 0.8  # tiny corpus: 40 terms, some seen once or never
     assert metrics["buckets"]["rare"]["share"] <= 0.05 <= metrics["buckets"]["frequent"]["share"] - 0.75
@@ -345,12 +353,10 @@ def brute_force_index(documents: list[str], tokenizer, offsets: np.ndarray, term
 
 
 def test_term_index_equals_a_brute_force_scan_across_batch_borders(work):
-    from rarelm.corpus import read_split
-    from rarelm.data import TokenizedData
 
     stage("rare_terms", work, check=True)
     data = TokenizedData.open(work / "data/tokenized")
-    tokenizer = rare.load_tokenizer(data.tokenizer_dir, data.vocab_size)
+    tokenizer = load_tokenizer(data.tokenizer_dir, data.vocab_size)
     terms = [json.loads(line)["term"] for line in (work / "data/rare/terms.jsonl").read_text().splitlines()]
     documents = list(read_split(work / "data/prepared", "train"))
     expected = brute_force_index(documents, tokenizer, data.offsets("train"), terms)
@@ -358,13 +364,13 @@ def test_term_index_equals_a_brute_force_scan_across_batch_borders(work):
     stored = np.load(work / "data/rare/term_index.npy")
     assert stored.tolist() == expected.tolist()
     for batch in (1, 7):  # documents per search batch: many borders
-        built, _ = rare.build_term_index(tokenizer, work / "data/prepared", data, terms,
+        built, _ = build_term_index(tokenizer, work / "data/prepared", data, terms,
                                          batch_documents=batch)
         assert built.tolist() == expected.tolist()
     rows = [json.loads(line) for line in (work / "data/rare/terms.jsonl").read_text().splitlines()]
     found = np.bincount(expected[:, 2], minlength=len(terms))
     assert [r["train_occurrences"] for r in rows] == found.tolist()
-    index = rare.TermIndex.open(work / "data/rare", data)
+    index = TermIndex.open(work / "data/rare", data)
     assert index.max_length == expected[:, 1].max()
     metrics = json.loads((work / "metrics/rare_terms.json").read_text())
     assert metrics["term_occurrences"] == len(expected)
@@ -377,7 +383,7 @@ def test_target_mask_equals_a_dense_mask():
     dense = np.zeros(520, dtype=bool)
     for s, n, _ in rows.tolist():
         dense[s:s + n] = True
-    index = rare.TermIndex(rows, max_length=4)
+    index = TermIndex(rows, max_length=4)
     windows = rng.integers(0, 480, 40)
     mask = index.target_mask(windows, block_size=16)
     assert mask.tolist() == [dense[w + 1:w + 17].tolist() for w in windows.tolist()]
@@ -387,7 +393,6 @@ def test_target_mask_equals_a_dense_mask():
     ("terms", "terms.jsonl"), ("tokenizer", "tokenizer"), ("index", "row count"), ("missing", None),
 ])
 def test_term_index_that_does_not_match_is_refused(work, change, what):
-    from rarelm.data import TokenizedData
 
     stage("rare_terms", work, check=True)
     rare_dir = work / "data/rare"
@@ -402,7 +407,7 @@ def test_term_index_that_does_not_match_is_refused(work, change, what):
     else:
         (rare_dir / "term_index.npy").unlink()
     with pytest.raises(RarelmError, match="re-run the rare_terms stage") as caught:
-        rare.TermIndex.open(rare_dir, TokenizedData.open(work / "data/tokenized"))
+        TermIndex.open(rare_dir, TokenizedData.open(work / "data/tokenized"))
     if what:
         assert f"not built from the current {what}" in str(caught.value)
 
@@ -417,9 +422,10 @@ EXCERPT = REPO / "tests/data/libpng_manual_excerpt.txt"
 def real_text(tmp_path_factory):
     """prepare, tokenize and rare_terms run in process on the real-text excerpt, one document
     per paragraph; TF-IDF limits opened up so that its few documents yield terms."""
-    from rarelm import corpus, tokenization
     from rarelm.files import write_json
     from rarelm.params import CorpusParams, RareParams, TokenizerParams
+    from rarelm.prepare import corpus
+    from rarelm.tokenize import tokenization
 
     root = tmp_path_factory.mktemp("real_text")
     prepared, tokenized, out = root / "prepared", root / "tokenized", root / "rare"
@@ -429,19 +435,17 @@ def real_text(tmp_path_factory):
         CorpusParams(path=str(EXCERPT), txt_documents="blank_line", reference_glossary=""), prepared))
     write_json(tokenized / "meta.json", tokenization.tokenize(TokenizerParams(vocab_size=600), prepared,
                                                               tokenized))
-    metrics = rare.rare_terms(RareParams(max_df=1.0, min_mean_tf=1.0), "", prepared, tokenized, out)
+    metrics = rare_terms(RareParams(max_df=1.0, min_mean_tf=1.0), "", prepared, tokenized, out)
     return root, metrics
 
 
 def test_real_text_index_equals_a_case_insensitive_brute_force(real_text):
-    from rarelm.corpus import read_split
-    from rarelm.data import TokenizedData
 
     root, metrics = real_text
     rows = [json.loads(line) for line in (root / "rare/terms.jsonl").read_text().splitlines()]
     terms = [r["term"] for r in rows]
     data = TokenizedData.open(root / "tokenized")
-    tokenizer = rare.load_tokenizer(data.tokenizer_dir, data.vocab_size)
+    tokenizer = load_tokenizer(data.tokenizer_dir, data.vocab_size)
     documents = list(read_split(root / "prepared", "train"))
     expected = brute_force_index(documents, tokenizer, data.offsets("train"), terms)
     assert np.load(root / "rare/term_index.npy").tolist() == expected.tolist()
@@ -465,9 +469,9 @@ def test_surface_and_display_forms():
     from collections import Counter
 
     forms = Counter({"pki": 2, "PKI": 5, "Pki": 2})
-    assert rare.surface_forms(forms) == {"PKI": 5, "Pki": 2, "pki": 2}
-    assert list(rare.surface_forms(forms)) == ["PKI", "Pki", "pki"]  # a tie: code-point order
-    assert rare.display_form("pki", forms) == "PKI"
-    assert rare.display_form("real programmers", Counter({"Real Programmers": 3, "real programmers": 1})) \
+    assert surface_forms(forms) == {"PKI": 5, "Pki": 2, "pki": 2}
+    assert list(surface_forms(forms)) == ["PKI", "Pki", "pki"]  # a tie: code-point order
+    assert display_form("pki", forms) == "PKI"
+    assert display_form("real programmers", Counter({"Real Programmers": 3, "real programmers": 1})) \
         == "Real Programmers"
-    assert rare.display_form("pki", Counter()) == "pki"  # never in train: as extracted
+    assert display_form("pki", Counter()) == "pki"  # never in train: as extracted

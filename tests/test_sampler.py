@@ -10,7 +10,7 @@ from scipy import stats
 from rarelm.errors import RarelmError
 from rarelm.train.batches import SampleStream
 from rarelm.train.sampler import WeightedDistributedSampler, systematic_draw
-from rarelm.weights import alpha_at, log_scores, weights_from_scores
+from rarelm.weights.scoring import alpha_at, log_scores, weights_from_scores
 
 
 def counts_of(sampler: WeightedDistributedSampler, epoch: int) -> np.ndarray:

@@ -3,10 +3,10 @@ import json
 import numpy as np
 import pytest
 
-from rarelm import tokenization
-from rarelm.data import Samples, TokenizedData
+from rarelm.artifacts.tokenized import Samples, TokenizedData
 from rarelm.errors import RarelmError
 from rarelm.params import TokenizerParams
+from rarelm.tokenize import tokenization
 
 DOCS = {"train": ["the patient reported fever", "fever and cough", "no fever today"] * 20,
         "val": ["cough today"], "test": ["the fever", "新词"]}

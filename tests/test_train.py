@@ -22,7 +22,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rarelm.data import Samples
+from rarelm.artifacts.tokenized import Samples
 from rarelm.errors import RarelmError
 from rarelm.objectives.rare_weight import rare_weighted_loss
 from rarelm.objectives.selection import rare_mask
@@ -498,7 +498,7 @@ def test_grad_accumulation_and_checkpointing_match_one_big_batch(trained, tmp_pa
     on an AVX512-BF16 CPU: 1.5% of the distance the weights moved, fp32 5e-6; losses 2e-6)."""
     from safetensors.torch import load_file
 
-    from rarelm.data import TokenizedData
+    from rarelm.artifacts.tokenized import TokenizedData
     from rarelm.params import load_params
     from rarelm.train import loop as train
     from rarelm.train.model import build_model
@@ -685,7 +685,7 @@ def test_zero_steps_save_the_pretrained_model_as_it_is(trained, tmp_path):
 def test_pretrained_model_must_share_the_tokenizer(trained, tmp_path):
     from transformers import AutoTokenizer, DistilBertConfig, DistilBertModel, GPT2LMHeadModel
 
-    from rarelm.data import TokenizedData
+    from rarelm.artifacts.tokenized import TokenizedData
     from rarelm.params import ModelParams
     from rarelm.train.model import gpt2_config, load_pretrained
 

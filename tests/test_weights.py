@@ -10,49 +10,51 @@ import shutil
 import numpy as np
 import pytest
 
-from rarelm import weights as weighting
-from rarelm.data import Samples, TokenizedData
+from rarelm.artifacts.tokenized import Samples, TokenizedData
+from rarelm.artifacts.weights import load_weights
 from rarelm.errors import RarelmError
+from rarelm.weights.scoring import log_scores, sample_weights, term_log_scores, weights_from_scores
+from rarelm.weights.stage import term_exposure, weight_stats
 from tests.conftest import REPO, assert_user_error, run, set_params, stage
 
 
 def test_weights_by_hand():
     counts = np.array([6, 2])  # p = 3/4, 1/4
     tokens = np.array([1, 0, 0, 1, 1, 0, 1])  # targets [0, 0], [1, 1], [0, 1]
-    log_score = weighting.log_scores(tokens, counts, block_size=2, chunk_tokens=1024)
+    log_score = log_scores(tokens, counts, block_size=2, chunk_tokens=1024)
     # mean inverse frequency: (4/3 + 4/3)/2, (4 + 4)/2, (4/3 + 4)/2
     assert np.exp(log_score) == pytest.approx([4 / 3, 4, 8 / 3])
-    w = weighting.weights_from_scores(log_score, alpha=1.0, clip_ratio=100.0)
+    w = weights_from_scores(log_score, alpha=1.0, clip_ratio=100.0)
     assert w == pytest.approx(np.array([4 / 3, 4, 8 / 3]) / (8 / 3))
-    half = weighting.weights_from_scores(log_score, alpha=0.5, clip_ratio=100.0)
+    half = weights_from_scores(log_score, alpha=0.5, clip_ratio=100.0)
     assert half == pytest.approx(np.sqrt([4 / 3, 4, 8 / 3]) / np.sqrt([4 / 3, 4, 8 / 3]).mean())
-    assert weighting.weights_from_scores(log_score, alpha=0.0, clip_ratio=100.0).tolist() == [1, 1, 1]
+    assert weights_from_scores(log_score, alpha=0.0, clip_ratio=100.0).tolist() == [1, 1, 1]
 
 
 def test_chunks_do_not_change_the_result():
     rng = np.random.default_rng(0)
     tokens = rng.zipf(1.3, size=50_000) % 300
     counts = np.bincount(tokens, minlength=300)
-    small = weighting.sample_weights(tokens, counts, 16, 0.8, 50.0, chunk_tokens=1024)
-    big = weighting.sample_weights(tokens, counts, 16, 0.8, 50.0, chunk_tokens=10**6)
+    small = sample_weights(tokens, counts, 16, 0.8, 50.0, chunk_tokens=1024)
+    big = sample_weights(tokens, counts, 16, 0.8, 50.0, chunk_tokens=10**6)
     assert len(small) == len(Samples(tokens, 16)) and small.dtype == np.float64
     assert np.array_equal(small, big)
 
 
 def test_clipping_around_the_median():
     log_score = np.array([0.0, 1.0, 2.0, 10.0])
-    w = weighting.weights_from_scores(log_score, alpha=1.0, clip_ratio=math.e ** 2)
+    w = weights_from_scores(log_score, alpha=1.0, clip_ratio=math.e ** 2)
     # median 1.5, band [0.5, 2.5]: log weights 0.5, 1, 2, 2.5
     expected = np.exp([0.5, 1.0, 2.0, 2.5])
     assert w == pytest.approx(expected / expected.mean())
     assert w.max() / w.min() == pytest.approx(math.e ** 2)
     assert w.mean() == pytest.approx(1.0)
-    no_spread = weighting.weights_from_scores(log_score, alpha=1.0, clip_ratio=1.0)
+    no_spread = weights_from_scores(log_score, alpha=1.0, clip_ratio=1.0)
     assert no_spread.tolist() == [1.0] * 4
 
 
 def test_huge_scores_do_not_overflow():
-    w = weighting.weights_from_scores(np.array([800.0, 801.0, 900.0]), alpha=3.0, clip_ratio=1e300)
+    w = weights_from_scores(np.array([800.0, 801.0, 900.0]), alpha=3.0, clip_ratio=1e300)
     assert np.isfinite(w).all() and w.mean() == pytest.approx(1.0)
 
 
@@ -60,7 +62,7 @@ def test_stats_by_hand():
     weights = np.array([0.5, 1.5])
     tokens = np.array([0, 0, 0, 1, 1])  # sample 0 targets [0, 0], sample 1 targets [1, 1]
     buckets = np.array([0, 2], dtype=np.int8)  # token 0 frequent, token 1 rare
-    stats = weighting.weight_stats(weights, tokens, buckets, block_size=2, chunk_tokens=1024)
+    stats = weight_stats(weights, tokens, buckets, block_size=2, chunk_tokens=1024)
     assert stats["ess"] == pytest.approx(4 / 2.5) and stats["ess_fraction"] == pytest.approx(0.8)
     assert stats["top1pct_weight_share"] == pytest.approx(0.75)  # the top sample: 1.5 of 2
     assert stats["rare_exposure"] == pytest.approx(1.5)  # both rare targets in the 1.5 sample
@@ -76,18 +78,18 @@ def test_term_scores_by_hand():
                       [8, 3, 0],    # first token in window 1, runs into window 2
                       [13, 1, 1]])  # past the last whole window: dropped
     counts = np.array([4, 2])
-    scores = np.exp(weighting.term_log_scores(index, counts, n_windows=3, block_size=4, beta=1.0, floor=0.1))
+    scores = np.exp(term_log_scores(index, counts, n_windows=3, block_size=4, beta=1.0, floor=0.1))
     assert scores == pytest.approx([0.1 + 1 / 4 + 1 / 2, 0.1 + 1 / 2 + 1 / 4, 0.1])
-    squared = np.exp(weighting.term_log_scores(index, counts, 3, 4, beta=2.0, floor=0.1))
+    squared = np.exp(term_log_scores(index, counts, 3, 4, beta=2.0, floor=0.1))
     assert squared == pytest.approx([0.1 + 1 / 16 + 1 / 4, 0.1 + 1 / 4 + 1 / 16, 0.1])
-    one_row_chunks = weighting.term_log_scores(index, counts, 3, 4, 1.0, 0.1, chunk_rows=1)
+    one_row_chunks = term_log_scores(index, counts, 3, 4, 1.0, 0.1, chunk_rows=1)
     assert np.array_equal(one_row_chunks, np.log(scores))
 
 
 def test_term_exposure_by_hand():
     index = np.array([[1, 1, 0], [2, 1, 1], [5, 1, 1], [6, 1, 2]])  # windows 0, 0, 1, 1 (block 4)
     counts = np.array([3, 9, 40])  # bands 2-3, 8-15, 32-63
-    exposure = weighting.term_exposure(np.array([1.5, 0.5]), index, counts, block_size=4)
+    exposure = term_exposure(np.array([1.5, 0.5]), index, counts, block_size=4)
     assert exposure == {"2-3": {"occurrences": 1, "exposure": 1.5},
                         "8-15": {"occurrences": 2, "exposure": 1.0},  # one in each window
                         "32-63": {"occurrences": 1, "exposure": 0.5},
@@ -100,17 +102,17 @@ def test_term_exposure_by_hand():
 ])
 def test_bad_params_in_the_library(alpha, clip, message):
     with pytest.raises(RarelmError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        weighting.weights_from_scores(np.zeros(3), alpha, clip)
+        weights_from_scores(np.zeros(3), alpha, clip)
 
 
 def test_load_weights_checks_the_sample_count(tmp_path):
     np.save(tmp_path / "w.npy", np.ones(5))
-    assert weighting.load_weights(tmp_path / "w.npy", 5).tolist() == [1.0] * 5
+    assert load_weights(tmp_path / "w.npy", 5).tolist() == [1.0] * 5
     with pytest.raises(RarelmError, match="expected float64 \\[6\\]"):
-        weighting.load_weights(tmp_path / "w.npy", 6)
+        load_weights(tmp_path / "w.npy", 6)
     np.save(tmp_path / "w.npy", np.ones(5, dtype=np.float32))
     with pytest.raises(RarelmError, match="does not match"):
-        weighting.load_weights(tmp_path / "w.npy", 5)
+        load_weights(tmp_path / "w.npy", 5)
 
 
 # ------------------------------------------------------------------ the stage through its CLI
@@ -187,7 +189,7 @@ def test_stage_outputs(work):
         rows = list(csv.DictReader(f))
     assert sum(int(r["samples"]) for r in rows) == n and len(rows) == 40
     scores = np.load(work / "data/weights/scores.npy")
-    assert np.array_equal(weighting.weights_from_scores(scores, 1.0, 100.0), w)
+    assert np.array_equal(weights_from_scores(scores, 1.0, 100.0), w)
 
 
 def test_term_scores_favour_windows_with_rare_terms(work):

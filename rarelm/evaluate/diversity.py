@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from rarelm import term_search
 from rarelm.evaluate.common import Progress, silent
 from rarelm.evaluate.decoding import sample_continue
 from rarelm.evaluate.token_scoring import BUCKETS, RARE
+from rarelm.rare_terms import term_search
 
 
 def sampled_continuations(model, tokens: np.ndarray, offsets: np.ndarray, *, n_prompts: int, n_new: int,

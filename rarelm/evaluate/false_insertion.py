@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from rarelm import term_search
 from rarelm.evaluate.common import Progress, ratio
 from rarelm.evaluate.diversity import sampled_continuations
+from rarelm.rare_terms import term_search
 
 
 def count_terms(texts: list[str], terms: list[term_search.Term]) -> int:

@@ -28,7 +28,8 @@ import numpy as np
 import torch
 from transformers import GenerationConfig, TextStreamer
 
-from rarelm import paths, rare
+from rarelm import paths
+from rarelm.artifacts.buckets import log_prior
 from rarelm.errors import RarelmError
 from rarelm.evaluate.decoding import context_length, generate_raw, logit_adjustment, logit_bias_processor
 from rarelm.evaluate.model_folder import load_causal_lm, load_model_tokenizer
@@ -78,7 +79,7 @@ def load_log_prior(path: str | Path, tokenizer) -> np.ndarray:
                           "of the rare_terms stage; give their path with --counts)")
     counts = load_array(path, np.int64, len(tokenizer), "rare_terms",
                         "for this model's tokenizer; it does not match the vocabulary")
-    return rare.log_prior(counts)
+    return log_prior(counts)
 
 
 def generate(model, tokenizer, prompt: str, sampling: Sampling, out: TextIO | None = None,

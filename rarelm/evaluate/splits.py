@@ -7,7 +7,6 @@ import dataclasses
 
 import numpy as np
 
-from rarelm import term_search
 from rarelm.errors import RarelmError
 from rarelm.evaluate.common import Progress
 from rarelm.evaluate.decoding import context_length, logit_adjustment
@@ -17,6 +16,7 @@ from rarelm.evaluate.term_generation import evaluate_terms
 from rarelm.evaluate.term_metrics import band_rows, term_metrics
 from rarelm.evaluate.token_scoring import score_tokens
 from rarelm.params import EvalParams
+from rarelm.rare_terms import term_search
 
 
 @dataclasses.dataclass

@@ -10,10 +10,10 @@ import dataclasses
 
 import numpy as np
 
-from rarelm import term_search
 from rarelm.evaluate.common import Progress, silent
 from rarelm.evaluate.decoding import greedy_continue
 from rarelm.evaluate.scoring import candidates_nll, continuation_scores
+from rarelm.rare_terms import term_search
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rarelm import term_search
+from rarelm.rare_terms import term_search
 
 
 def _mean(values) -> float | None:

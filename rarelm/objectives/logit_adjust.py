@@ -1,7 +1,7 @@
 """Logit-adjusted cross-entropy (Menon et al., ICLR 2021): `loss.logit_adjust_tau` (0: off).
 
 The loss sees p = softmax(logits + tau * log pi), pi the train unigram prior
-(`rarelm.rare.log_prior`); the logged cross-entropy stays that of the model's own
+(`rarelm.artifacts.buckets.log_prior`); the logged cross-entropy stays that of the model's own
 logits. Worked example: two tokens with equal logits, counts 2 and 0 (add-one prior
 3/4, 1/4), tau = 1: the adjusted softmax is the prior, so the loss of target 1 is
 -log 0.25 = 1.386 where plain cross-entropy is log 2 = 0.693.
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import torch
 
+from rarelm.artifacts.buckets import log_prior
 from rarelm.objectives.remedy import Context, Remedy
 from rarelm.params import LossParams
-from rarelm.rare import log_prior
 
 
 class LogitAdjustment(Remedy):

@@ -31,7 +31,7 @@ def rare_mask(buckets, vocab_size: int, bucket: int = RARE_BUCKET) -> torch.Tens
 class TargetSelection:
     """The selected targets of a batch, from its targets and the train positions its windows start at.
 
-    >>> from rarelm.rare import TermIndex
+    >>> from rarelm.artifacts.term_index import TermIndex
     >>> index = TermIndex(np.array([[2, 2, 0]]), max_length=2)  # a term on positions 2, 3
     >>> is_rare = torch.tensor([False, False, True])          # token 2 is in the rare bucket
     >>> y = torch.tensor([[2, 0, 1]])                          # targets at positions 1, 2, 3

@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 
 from rarelm.errors import RarelmError
+from rarelm.rare_terms.term_search import band_label
 from rarelm.report.configurations import Configuration
 from rarelm.report.run_data import RunData, occurrence_key
-from rarelm.term_search import band_label
 
 LOW_COUNT = 15  # "rare" terms for the headline slice: seen at most this often in train
 

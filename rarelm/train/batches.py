@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from rarelm.params import Params, TrainParams
-from rarelm.weights import alpha_at, weights_from_scores
+from rarelm.weights.scoring import alpha_at, weights_from_scores
 
 
 class SampleStream:

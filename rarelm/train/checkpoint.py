@@ -57,23 +57,19 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from rarelm.errors import RarelmError, disk_error
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
-# torch is imported inside the functions that use it: rarelm.rare (the rare_terms stage) imports
-# sha256_file from here, and would otherwise load torch (~2 s) for nothing.
+from rarelm.errors import RarelmError, disk_error
+from rarelm.files import sha256_file
+
 MANIFEST = "manifest.json"
 STATE = "state.pt"
 DCP = "dcp"
 KEY_FILE = ".signing-key"
 KEY_BYTES = 32
-
-
-def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def run_key(config: Any, files: list[str | Path]) -> str:
@@ -164,8 +160,6 @@ class CheckpointStore:
         `dist` is the job (rarelm.train.dist.Dist: `main`, `world_size`, `barrier`); `state` is
         what rank 0 saves beside the weights (plain data and tensors).
         """
-        import torch  # lazy: see the top
-        import torch.distributed.checkpoint as dcp  # lazy: see the top
 
         final = self.dir / f"step-{step:08d}"
         tmp = self.dir / f".step-{step:08d}.tmp"
@@ -233,7 +227,6 @@ class CheckpointStore:
 
     def load_state(self, path: Path) -> dict[str, Any]:
         """The state dict saved in checkpoint `path`, with the world size it was written at."""
-        import torch  # lazy: see the top
 
         state = torch.load(path / STATE, weights_only=True, map_location="cpu")
         state["world_size"] = json.loads((path / MANIFEST).read_text())["world_size"]
@@ -242,8 +235,6 @@ class CheckpointStore:
     def load_weights(self, path: Path, model, optimizer) -> None:
         """Checkpoint `path`'s model and optimizer state into this rank's `model` and `optimizer`
         (each rank its own part, however the checkpoint was sharded). Every rank calls it."""
-        import torch.distributed.checkpoint as dcp  # lazy: see the top
-        from torch.distributed.checkpoint.state_dict import set_state_dict  # lazy: see the top
 
         state = _state_dicts(model, optimizer)
         # every key asked for must be in the checkpoint
@@ -270,7 +261,6 @@ def _one_process_is_fine():
 def _os_errors_as_such():
     """DCP reports the ranks' failures as one CheckpointException; where a rank's was a full
     disk or a file size limit, raise that, so the stage says what happened in one line."""
-    from torch.distributed.checkpoint.api import CheckpointException  # lazy: see the top
 
     try:
         yield
@@ -284,7 +274,6 @@ def _os_errors_as_such():
 
 
 def _options():
-    from torch.distributed.checkpoint.state_dict import StateDictOptions  # lazy: see the top
 
     # LoRA: frozen base weights are neither saved nor expected on load (they are the
     # pretrained model's); strict=False lets set_state_dict leave them alone.
@@ -293,7 +282,6 @@ def _options():
 
 def _state_dicts(model, optimizer) -> dict[str, Any]:
     """The model's and the optimizer's state, keyed by parameter names (DTensors under FSDP)."""
-    from torch.distributed.checkpoint.state_dict import get_state_dict  # lazy: see the top
 
     model_state, optimizer_state = get_state_dict(model, optimizer, options=_options())
     # ignore_frozen_params keeps a frozen weight under its second name (a tied output layer)

@@ -9,16 +9,17 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from rarelm import paths
-from rarelm.data import Samples, TokenizedData
+from rarelm.artifacts.buckets import load_buckets, load_counts
+from rarelm.artifacts.term_index import TermIndex
+from rarelm.artifacts.tokenized import Samples, TokenizedData
+from rarelm.artifacts.weights import load_weights
 from rarelm.errors import RarelmError
 from rarelm.files import load_array
 from rarelm.objectives.objective import needs_counts
 from rarelm.params import Params
-from rarelm.rare import TermIndex, load_buckets, load_counts
 from rarelm.tracking import check_tensorboard
 from rarelm.train import checkpoint
 from rarelm.train.model import fingerprint_files
-from rarelm.weights import load_weights
 
 
 @dataclasses.dataclass(frozen=True)

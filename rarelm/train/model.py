@@ -1,6 +1,6 @@
 """The model `train` trains: a GPT-2-style causal LM from scratch, or a pretrained one.
 
-    model = build_model(params.model, data)     # data: rarelm.data.TokenizedData
+    model = build_model(params.model, data)     # data: rarelm.artifacts.tokenized.TokenizedData
 
 From scratch (`model.name_or_path: ""`) it is transformers' GPT2LMHeadModel sized
 by the `model` params, with the tokenizer's vocabulary, its end-of-text id as
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from rarelm.data import TokenizedData
+from rarelm.artifacts.tokenized import TokenizedData
 from rarelm.errors import RarelmError
 from rarelm.hub import Pretrained, resolve
 from rarelm.params import ModelParams

@@ -1,4 +1,4 @@
-"""Reading the tokenized corpus, and what one training sample is.
+"""Reading the tokenized corpus and its tokenizer, and what one training sample is.
 
 `TokenizedData` opens the `tokenize` stage's folder; token arrays are
 memory-mapped, so opening costs nothing and reading touches only what is read.
@@ -23,6 +23,7 @@ import dataclasses
 from pathlib import Path
 
 import numpy as np
+from tokenizers import Tokenizer
 
 from rarelm.errors import RarelmError
 from rarelm.files import read_json
@@ -88,3 +89,18 @@ class Samples:
             raise IndexError(i)
         start = i * self.block_size
         return self.tokens[start:start + self.block_size + 1]
+
+
+def load_tokenizer(tokenizer_dir: Path, vocab_size: int) -> Tokenizer:
+    """The pipeline's tokenizer (tokenizers.Tokenizer), checked against the tokenized data."""
+    path = tokenizer_dir / "tokenizer.json"
+    try:
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception as exc:  # tokenizers raises a plain Exception for a missing or bad file
+        raise RarelmError(f"{path}: not a readable tokenizer ({' '.join(str(exc).split())[:200]}); "
+                          "re-run the tokenize stage") from None
+    if tokenizer.get_vocab_size() != vocab_size:
+        raise RarelmError(
+            f"{path}: vocabulary of {tokenizer.get_vocab_size()} tokens, but the tokenized data "
+            f"says {vocab_size}; the vocabulary does not match the tokenized data, re-run tokenize")
+    return tokenizer

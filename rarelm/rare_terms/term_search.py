@@ -42,20 +42,13 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import json
 import re
 import sys
-from pathlib import Path
 
 import numpy as np
 
+from rarelm.artifacts.terms import Term
 from rarelm.errors import RarelmError
-
-
-@dataclasses.dataclass(frozen=True)
-class Term:
-    text: str  # as shown: its display form (any case finds it)
-    count: int  # occurrences in the train split (how rare the term is)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,31 +61,6 @@ class Occurrence:
     lead: str  # the document's text from `start`'s first character up to the term (" " in English)
     mention: str  # "first": no earlier occurrence of this term in its document; else "repeat"
     surface: str = ""  # the term as written here (find_occurrences sets it; "" = as the term's text)
-
-
-def load_terms(path: str | Path) -> list[Term]:
-    """Read terms.jsonl; a missing file or a malformed line is a one-line RarelmError."""
-    path = Path(path)
-    if not path.is_file():
-        raise RarelmError(f"{path}: no such file; run the rare_terms stage first")
-    terms = []
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                # display: the term's most frequent form in train ("PKI" for the term "pki")
-                text = str(row.get("display", row["term"]))
-                if not text.strip():
-                    raise ValueError("empty term")
-                # train_occurrences: the whole train split, by this module's search (rare_terms
-                # writes it); count: TF-IDF's, over at most rare.max_documents documents
-                terms.append(Term(text, int(row.get("train_occurrences", row["count"]))))
-            except (ValueError, KeyError, TypeError) as exc:
-                raise RarelmError(
-                    f"{path}:{line_no}: not a term record ({type(exc).__name__}: {exc})") from None
-    return terms
 
 
 # ---------------------------------------------------------------- search in text

@@ -18,7 +18,7 @@ measures.
     >>> len(glossary), glossary[0].count >= glossary[-1].count
     (5, True)
 
-`rarelm demo` (or `python -m rarelm.demo`) rebuilds the committed files under
+`rarelm demo` (or `python -m rarelm.prepare.demo`) rebuilds the committed files under
 data/raw/ bit for bit.
 """
 

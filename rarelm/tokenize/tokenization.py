@@ -1,6 +1,6 @@
 """The `tokenize` stage: a tokenizer, and every split as a memory-mapped token array.
 
-Layout of the output folder (read back with `rarelm.data.TokenizedData`):
+Layout of the output folder (read back with `rarelm.artifacts.tokenized.TokenizedData`):
 
     tokenizer/            Hugging Face tokenizer files (AutoTokenizer.from_pretrained loads them)
     train.tokens          raw little-endian token ids, uint16 if the vocabulary fits, else uint32
@@ -22,10 +22,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from rarelm.corpus import SPLITS, read_split
 from rarelm.errors import RarelmError
+from rarelm.hub import resolve
 from rarelm.params import TokenizerParams
+from rarelm.prepare.corpus import SPLITS, read_split
 
 EOT = "<|endoftext|>"
 
@@ -40,8 +42,6 @@ def train_bpe(texts: Iterator[str], vocab_size: int, min_frequency: int, cjk: st
     merges across word boundaries (fewer tokens per character). The choice is
     stored in tokenizer.json, so AutoTokenizer loads it as it was trained.
     """
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-
     tokenizer = Tokenizer(models.BPE())
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
     if cjk == "chars":
@@ -60,7 +60,7 @@ def train_bpe(texts: Iterator[str], vocab_size: int, min_frequency: int, cjk: st
 
 def save_hf_tokenizer(tokenizer, out_dir: Path) -> None:
     """Save a tokenizers.Tokenizer so that AutoTokenizer.from_pretrained(out_dir) loads it."""
-    from transformers import PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast  # here: importing transformers takes ~6 s
 
     PreTrainedTokenizerFast(
         tokenizer_object=tokenizer, bos_token=EOT, eos_token=EOT, pad_token=EOT, unk_token=EOT,
@@ -74,11 +74,9 @@ def load_pretrained(name_or_path: str, out_dir: Path):
     end of a document is the eos token; a BERT-style vocabulary without one (the Chinese
     GPT-2 models of uer/gpt2-chinese-*, trained on [CLS] text [SEP]) ends it with [SEP].
     """
-    from rarelm.hub import resolve
-
     key = "tokenizer.name_or_path"
     pretrained = resolve(name_or_path, key)  # before transformers' import: a missing one fails fast
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # here: importing transformers takes ~6 s
 
     try:
         hf = AutoTokenizer.from_pretrained(pretrained.path, local_files_only=True)

@@ -1,0 +1,103 @@
+"""The `rare_terms` stage, start to end: read and check everything, count, bucket, extract
+terms, find them in the train split, then write data/rare/ (see stages/rare_terms.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from rarelm.artifacts.buckets import BUCKET_NAMES
+from rarelm.artifacts.term_index import TERM_INDEX, TERM_INDEX_META
+from rarelm.artifacts.tokenized import TokenizedData, load_tokenizer
+from rarelm.errors import RarelmError
+from rarelm.files import read_json, write_json
+from rarelm.prepare.corpus import read_split
+from rarelm.rare_terms.buckets import bucket_tokens, count_tokens
+from rarelm.rare_terms.glossary import extraction_scores, read_glossary, read_reference
+from rarelm.rare_terms.segmentation import Segmenter, normalize_term
+from rarelm.rare_terms.term_index import (
+    build_term_index,
+    display_form,
+    surface_forms,
+    term_index_meta,
+    term_token_ids,
+)
+from rarelm.rare_terms.tfidf import TermStats, count_phrases, tfidf_terms
+
+
+def training_documents(prepared_dir: Path, n_train: int, max_documents: int) -> list[str]:
+    """The train split's documents, or `max_documents` of them evenly spread (bounds TF-IDF memory)."""
+    stride = max(1, math.ceil(n_train / max_documents))
+    return [doc for i, doc in enumerate(read_split(prepared_dir, "train")) if i % stride == 0]
+
+
+def rare_terms(params, reference_glossary: str, prepared_dir: Path, tokenized_dir: Path,
+               out_dir: Path) -> dict:
+    """Run the whole stage into out_dir (see stages/rare_terms.py); returns the metrics.
+
+    `params` is RareParams. Everything is read and checked before the first file is written.
+    """
+    data = TokenizedData.open(tokenized_dir)
+    tokenizer = load_tokenizer(data.tokenizer_dir, data.vocab_size)
+    glossary = read_glossary(params.glossary) if params.glossary else []
+    reference = read_reference(reference_glossary) if reference_glossary else []
+    try:
+        stats = read_json(prepared_dir / "stats.json")
+    except FileNotFoundError:
+        raise RarelmError(f"{prepared_dir}: no stats.json; run the prepare stage first") from None
+
+    counts = count_tokens(data.tokens("train"), data.vocab_size, params.chunk_tokens)
+    buckets, bucket_summary = bucket_tokens(counts, params.frequent_share, params.rare_share)
+
+    language = stats["language"]
+    documents = training_documents(prepared_dir, stats["train"]["documents"], params.max_documents)
+    segmenter = Segmenter(language, glossary)
+    extracted = tfidf_terms(documents, segmenter, params.ngram_max, params.min_df, params.max_df,
+                            params.min_count, params.min_mean_tf, params.top_k)
+    from_glossary = count_phrases(documents, segmenter, glossary, len(documents))
+
+    rows: dict[str, dict] = {}
+    for term, st in from_glossary.items():
+        rows[normalize_term(term)] = {"term": term, "source": "glossary", **_numbers(st)}
+    for st in extracted:
+        rows.setdefault(normalize_term(st.term), {"term": st.term, "source": "tfidf", **_numbers(st)})
+    table = sorted(rows.values(), key=lambda r: (r["source"] != "glossary", -r["score"], r["term"]))
+
+    metrics = {"language": language, "documents": len(documents),
+               "terms": len(table), "tfidf_terms": len(extracted), "glossary_terms": len(glossary),
+               "buckets": {name: {k: bucket_summary[name][k] for k in ("tokens", "share")}
+                           for name in BUCKET_NAMES}}
+    if reference:
+        metrics["extraction"] = extraction_scores([st.term for st in extracted], reference)
+        in_train = count_phrases(documents, segmenter, reference, len(documents))
+        # recall cannot exceed this: reference terms that occur in the training documents at all
+        metrics["extraction"]["reference_in_train"] = sum(st.df > 0 for st in in_train.values())
+
+    index, forms = build_term_index(tokenizer, prepared_dir, data, [row["term"] for row in table])
+    found = np.bincount(index[:, 2], minlength=len(table))
+    for row, n, written in zip(table, found.tolist(), forms, strict=True):
+        display = display_form(row["term"], written)
+        row["token_ids"] = term_token_ids(tokenizer, display)
+        row["train_occurrences"] = n  # in the whole train split, by the search evaluate uses
+        row["display"] = display  # the term as it is written most often in train
+        row["surface_forms"] = surface_forms(written)  # every way train writes it, with counts
+    metrics["term_occurrences"] = int(len(index))
+    metrics["terms_found_in_train"] = int((found > 0).sum())
+
+    np.save(out_dir / "counts.npy", counts)
+    np.save(out_dir / "buckets.npy", buckets)
+    write_json(out_dir / "buckets.json", bucket_summary)
+    with open(out_dir / "terms.jsonl", "w", encoding="utf-8", newline="\n") as f:
+        for row in table:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    np.save(out_dir / TERM_INDEX, index)
+    write_json(out_dir / TERM_INDEX_META, term_index_meta(index, len(table), data, out_dir))
+    write_json(out_dir / "summary.json", metrics)
+    return metrics
+
+
+def _numbers(st: TermStats) -> dict:
+    return {"count": st.count, "df": st.df, "idf": round(st.idf, 6), "score": round(st.score, 6)}

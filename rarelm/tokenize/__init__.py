@@ -1,0 +1,1 @@
+"""The `tokenize` stage: `tokenization` (train or load the tokenizer, encode every split)."""
