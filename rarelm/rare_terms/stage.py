@@ -44,10 +44,7 @@ def rare_terms(params, reference_glossary: str, prepared_dir: Path, tokenized_di
     tokenizer = load_tokenizer(data.tokenizer_dir, data.vocab_size)
     glossary = read_glossary(params.glossary) if params.glossary else []
     reference = read_reference(reference_glossary) if reference_glossary else []
-    try:
-        stats = read_json(prepared_dir / "stats.json")
-    except FileNotFoundError:
-        raise RarelmError(f"{prepared_dir}: no stats.json; run the prepare stage first") from None
+    stats = _prepared_stats(prepared_dir)
 
     counts = count_tokens(data.tokens("train"), data.vocab_size, params.chunk_tokens)
     buckets, bucket_summary = bucket_tokens(counts, params.frequent_share, params.rare_share)
@@ -57,14 +54,7 @@ def rare_terms(params, reference_glossary: str, prepared_dir: Path, tokenized_di
     segmenter = Segmenter(language, glossary)
     extracted = tfidf_terms(documents, segmenter, params.ngram_max, params.min_df, params.max_df,
                             params.min_count, params.min_mean_tf, params.top_k)
-    from_glossary = count_phrases(documents, segmenter, glossary, len(documents))
-
-    rows: dict[str, dict] = {}
-    for term, st in from_glossary.items():
-        rows[normalize_term(term)] = {"term": term, "source": "glossary", **_numbers(st)}
-    for st in extracted:
-        rows.setdefault(normalize_term(st.term), {"term": st.term, "source": "tfidf", **_numbers(st)})
-    table = sorted(rows.values(), key=lambda r: (r["source"] != "glossary", -r["score"], r["term"]))
+    table = term_table(count_phrases(documents, segmenter, glossary, len(documents)), extracted)
 
     metrics = {"language": language, "documents": len(documents),
                "terms": len(table), "tfidf_terms": len(extracted), "glossary_terms": len(glossary),
@@ -76,6 +66,45 @@ def rare_terms(params, reference_glossary: str, prepared_dir: Path, tokenized_di
         # recall cannot exceed this: reference terms that occur in the training documents at all
         metrics["extraction"]["reference_in_train"] = sum(st.df > 0 for st in in_train.values())
 
+    index = add_occurrences(table, tokenizer, prepared_dir, data)
+    metrics["term_occurrences"] = int(len(index))
+    metrics["terms_found_in_train"] = sum(row["train_occurrences"] > 0 for row in table)
+
+    np.save(out_dir / "counts.npy", counts)
+    np.save(out_dir / "buckets.npy", buckets)
+    write_json(out_dir / "buckets.json", bucket_summary)
+    write_terms(out_dir / "terms.jsonl", table)
+    np.save(out_dir / TERM_INDEX, index)
+    write_json(out_dir / TERM_INDEX_META, term_index_meta(index, len(table), data, out_dir))
+    write_json(out_dir / "summary.json", metrics)
+    return metrics
+
+
+def _prepared_stats(prepared_dir: Path) -> dict:
+    try:
+        return read_json(prepared_dir / "stats.json")
+    except FileNotFoundError:
+        raise RarelmError(f"{prepared_dir}: no stats.json; run the prepare stage first") from None
+
+
+def term_table(from_glossary: dict[str, TermStats], extracted: list[TermStats]) -> list[dict]:
+    """terms.jsonl's rows before their occurrences: glossary terms first, then TF-IDF terms,
+    each by score (best first) then term; a TF-IDF term the glossary has is the glossary's."""
+    rows: dict[str, dict] = {}
+    for term, st in from_glossary.items():
+        rows[normalize_term(term)] = {"term": term, "source": "glossary", **_numbers(st)}
+    for st in extracted:
+        rows.setdefault(normalize_term(st.term), {"term": st.term, "source": "tfidf", **_numbers(st)})
+    return sorted(rows.values(), key=lambda r: (r["source"] != "glossary", -r["score"], r["term"]))
+
+
+def _numbers(st: TermStats) -> dict:
+    return {"count": st.count, "df": st.df, "idf": round(st.idf, 6), "score": round(st.score, 6)}
+
+
+def add_occurrences(table: list[dict], tokenizer, prepared_dir: Path, data: TokenizedData) -> np.ndarray:
+    """Find every term of `table` in the train split; each row gains its token ids, train
+    occurrences, display form and surface forms. Returns the term index."""
     index, forms = build_term_index(tokenizer, prepared_dir, data, [row["term"] for row in table])
     found = np.bincount(index[:, 2], minlength=len(table))
     for row, n, written in zip(table, found.tolist(), forms, strict=True):
@@ -84,20 +113,11 @@ def rare_terms(params, reference_glossary: str, prepared_dir: Path, tokenized_di
         row["train_occurrences"] = n  # in the whole train split, by the search evaluate uses
         row["display"] = display  # the term as it is written most often in train
         row["surface_forms"] = surface_forms(written)  # every way train writes it, with counts
-    metrics["term_occurrences"] = int(len(index))
-    metrics["terms_found_in_train"] = int((found > 0).sum())
+    return index
 
-    np.save(out_dir / "counts.npy", counts)
-    np.save(out_dir / "buckets.npy", buckets)
-    write_json(out_dir / "buckets.json", bucket_summary)
-    with open(out_dir / "terms.jsonl", "w", encoding="utf-8", newline="\n") as f:
+
+def write_terms(path: Path, table: list[dict]) -> None:
+    """terms.jsonl: one JSON object per line, UTF-8 as is."""
+    with open(path, "w", encoding="utf-8", newline="\n") as f:
         for row in table:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    np.save(out_dir / TERM_INDEX, index)
-    write_json(out_dir / TERM_INDEX_META, term_index_meta(index, len(table), data, out_dir))
-    write_json(out_dir / "summary.json", metrics)
-    return metrics
-
-
-def _numbers(st: TermStats) -> dict:
-    return {"count": st.count, "df": st.df, "idf": round(st.idf, 6), "score": round(st.score, 6)}
