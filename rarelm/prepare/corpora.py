@@ -34,10 +34,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from rarelm import paths
 from rarelm.errors import EXIT_USER_ERROR, RarelmError
 from rarelm.files import atomic_file
 
-REGISTRY = Path("data/raw/corpora.json")
+REGISTRY = Path(paths.RAW) / "corpora.json"
 PACKAGES = Path(".cache/packages")
 
 _HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")

@@ -30,6 +30,7 @@ import itertools
 import random
 from pathlib import Path
 
+from rarelm import paths
 from rarelm.files import atomic_file
 
 
@@ -187,7 +188,7 @@ def generate(language: str, n_terms: int = 300, top_count: int = 700, seed: int 
     return docs, glossary
 
 
-def write(out_dir: str | Path = "data/raw", **kwargs: object) -> list[Path]:
+def write(out_dir: str | Path = paths.RAW, **kwargs: object) -> list[Path]:
     """Write demo_{en,zh}.txt.gz (one document per line) and their glossary TSVs."""
     out_dir = Path(out_dir)
     written = []
