@@ -159,6 +159,9 @@ class ModelParams:
     n_embd: int = param(128, ge=8)
     block_size: int = param(128, ge=8)
     dropout: float = param(0.0, ge=0.0, lt=1.0)
+    # the weights as stored in models/model (training runs in train.precision): float16 halves
+    # the folder; config.json keeps float32, so loaders upcast (the committed base/model is float16)
+    save_dtype: Literal["float32", "float16", "bfloat16"] = "float32"
     lora: LoraParams = dataclasses.field(default_factory=LoraParams)
 
 

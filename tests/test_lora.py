@@ -76,7 +76,7 @@ def test_saved_model_is_merged_and_its_logits_are_base_plus_adapter(tmp_path):
     model.eval()
     with torch.no_grad():
         expected = model(input_ids=IDS).logits
-    lora.save_merged(model, tmp_path / "out")
+    lora.save_merged(model, tmp_path / "out").save_pretrained(tmp_path / "out")
     assert (tmp_path / "out" / "adapter" / "adapter_config.json").is_file()
     merged = AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
     assert type(merged).__name__ == "GPT2LMHeadModel"

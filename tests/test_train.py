@@ -664,6 +664,28 @@ def test_non_finite_loss_stops_training_with_one_line_and_no_model(trained, tmp_
     assert not list((tmp_path / "nan" / "cache").glob("*/step-*"))  # no NaN checkpoint either
 
 
+def test_save_dtype_float16_halves_the_weights_and_loaders_upcast(tmp_path):
+    """model.save_dtype: float16 (the committed base): the file about half, one tied matrix, the
+    values rounded to fp16; config.json still float32, so AutoModelForCausalLM loads float32."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
+
+    from rarelm.train.saving import stored_weights
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=32, vocab_size=300, n_positions=16))
+    model.save_pretrained(tmp_path / "full", state_dict=stored_weights(model, "float32"))
+    model.save_pretrained(tmp_path / "half", state_dict=stored_weights(model, "float16"))
+    full, half = (tmp_path / d / "model.safetensors" for d in ("full", "half"))
+    assert 0.45 < half.stat().st_size / full.stat().st_size < 0.55
+    stored = load_file(half)
+    assert "lm_head.weight" not in stored and stored["transformer.wte.weight"].dtype == torch.float16
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "half")
+    assert loaded.dtype == torch.float32
+    assert torch.equal(loaded.transformer.h[0].mlp.c_fc.weight,
+                       model.transformer.h[0].mlp.c_fc.weight.half().float())
+
+
 def test_zero_steps_save_the_pretrained_model_as_it_is(trained, tmp_path):
     """train.max_steps 0 (README "Real text": the base model's row): no step, the same weights, one
     validation; what the evaluation of a base model without fine-tuning runs on."""

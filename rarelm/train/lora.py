@@ -1,7 +1,7 @@
 """LoRA fine-tuning of a pretrained causal LM (`model.lora`), through Hugging Face `peft`.
 
     model = apply(model, params.model.lora)     # frozen base + trainable low-rank adapters
-    save_merged(model, folder)                  # folder: merged model; folder/adapter: the adapter
+    save_merged(model, folder).save_pretrained(folder)   # folder/adapter: the adapter; folder: merged
 
 LoRA (Hu et al. 2021) freezes the pretrained weights W and trains, for each adapted
 linear layer, a low-rank update: y = W x + (alpha / r) B A x, with A (r x d_in)
@@ -88,11 +88,10 @@ def is_lora(model) -> bool:
     return hasattr(model, "merge_and_unload")
 
 
-def save_merged(model, folder: Path) -> None:
-    """The adapter into folder/adapter, then the merged model (base + adapter) into folder."""
+def save_merged(model, folder: Path):
+    """The adapter into folder/adapter; returns the merged model (base + adapter) to save."""
     model.save_pretrained(folder / ADAPTER)
-    merged = model.merge_and_unload()  # in place: the run is over
-    merged.save_pretrained(folder)
+    return model.merge_and_unload()  # in place: the run is over
 
 
 def trainable_parameters(model) -> int:

@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import torch
 from transformers.utils import logging as hf_logging
 
 from rarelm import export, tracking
@@ -33,7 +34,7 @@ def finish(t) -> dict[str, Any] | None:
                    "state_bytes_per_rank": t.state_bytes, "precision": t.precision.name, **t.pinned}
         card = export.model_card(t.params, metrics, tracking.dvc_hashes(
             [t.paths.tokenized, t.paths.rare, t.paths.weights]))
-        save_model(final_model, t.inputs.data, t.paths, run, card)
+        save_model(final_model, t.inputs.data, t.paths, run, card, t.params.model.save_dtype)
         write_curves(t.paths.plots, t.state.curves)
         write_json(t.paths.metrics, metrics)
         run.log_metrics(tracking.measured({f"final/{k}": v for k, v in metrics.items()
@@ -78,21 +79,41 @@ def final_metrics(state, tp, model, epoch_tokens: int) -> dict[str, Any]:
     return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in metrics.items()}
 
 
+def stored_weights(model, dtype: str) -> dict[str, torch.Tensor] | None:
+    """The state dict in the dtype to store (None: as it is), tied weights still one tensor, so
+    save_pretrained writes them once.
+
+    >>> from transformers import GPT2Config, GPT2LMHeadModel
+    >>> m = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=8, vocab_size=16, n_positions=8))
+    >>> half = stored_weights(m, "float16")
+    >>> half["lm_head.weight"] is half["transformer.wte.weight"], half["lm_head.weight"].dtype
+    (True, torch.float16)
+    """
+    if dtype == "float32":
+        return None
+    target, converted = getattr(torch, dtype), {}
+    out = {}
+    for name, tensor in model.state_dict().items():
+        if tensor.is_floating_point():
+            tensor = converted.setdefault(tensor.data_ptr(), tensor.to(target))
+        out[name] = tensor
+    return out
+
+
 def write_curves(path: Path, rows: list[dict[str, Any]]) -> None:
     """plots/train.csv: one row per logged step, floats with 6 significant digits, "" where a row
     has no value (no validation at that step)."""
     write_csv(path, CURVE_COLUMNS, rows)
 
 
-def save_model(model, data, paths, run, card: str = "") -> None:
-    """models/model: save_pretrained (safetensors, config) + the tokenizer + the run file, made a
-    complete Hugging Face folder (rarelm.export: context length, generation defaults, model card)."""
+def save_model(model, data, paths, run, card: str = "", dtype: str = "float32") -> None:
+    """models/model: save_pretrained (safetensors in `dtype`, config) + the tokenizer + the run file,
+    made a complete Hugging Face folder (rarelm.export: context length, generation defaults, card)."""
     hf_logging.disable_progress_bar()  # no "Writing model shards" bar in the stage's log
     with atomic_dir(paths.model) as tmp:
         if lora.is_lora(model):
-            lora.save_merged(model, tmp)  # + the adapter in tmp/adapter
-        else:
-            model.save_pretrained(tmp)
+            model = lora.save_merged(model, tmp)  # + the adapter in tmp/adapter
+        model.save_pretrained(tmp, state_dict=stored_weights(model, dtype))
         for path in sorted(data.tokenizer_dir.iterdir()):
             if path.is_file():
                 shutil.copy2(path, tmp / path.name)
