@@ -228,7 +228,7 @@ class TrackingParams:
 
     experiment: str = "rarelm"
     system_metrics: bool = True
-    # log the trained model (a text-generation pyfunc, rarelm/serving.py):
+    # log the trained model (a text-generation pyfunc, rarelm/tracking/serving.py):
     # auto = only models under 2 GB of weights; true / false = always / never
     log_model: Literal["auto", "true", "false"] = "auto"
     registered_model: str = "rarelm"  # registry name for `rarelm register` (and for `register`)

@@ -50,11 +50,12 @@ def evaluate(
     started = time.perf_counter()
     with user_errors("evaluate"):
         # on use: numpy, torch and mlflow would add seconds to every `rarelm` command's start-up
-        from rarelm import tracking
         from rarelm.artifacts.buckets import load_buckets, load_counts, log_prior
         from rarelm.artifacts.terms import load_terms
         from rarelm.artifacts.tokenized import TokenizedData, load_tokenizer
         from rarelm.evaluate.mlflow_log import log_eval_files, log_eval_metrics
+        from rarelm.tracking.run import open_run
+        from rarelm.tracking.uri import logs_text
 
         params = load_params(params_file)
         data = TokenizedData.open(tokenized)
@@ -67,7 +68,7 @@ def evaluate(
 
         out, results = _evaluate(params, model, tokenizer, data, buckets, terms, prepared, prior)
         # before any output is written: a store that cannot log is the error (tracking.required)
-        run = tracking.open_run(model_dir / "mlflow_run.json", "evaluate", params)
+        run = open_run(model_dir / "mlflow_run.json", "evaluate", params)
         try:
             # the training run's params are fixed at training time: the tau behind these metrics goes too
             log_eval_metrics(run, {**out, "logit_adjust_tau": tau}, inputs=[prepared, tokenized, rare])
@@ -84,7 +85,7 @@ def evaluate(
                 f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in result.occurrences))
         write_json(metrics, out)
         log_eval_files(run, [metrics, occurrences, bucket_csv, band_csv],
-                       tracking.logs_text(params.tracking.log_text, run.tracking_uri))
+                       logs_text(params.tracking.log_text, run.tracking_uri))
     print(_summary(params.eval.splits[0], out, time.perf_counter() - started))
 
 

@@ -1,4 +1,4 @@
-"""`rarelm register` and `rarelm champion`: the MLflow model registry, by hand (rarelm/registry.py).
+"""`rarelm register` and `rarelm champion`: the MLflow model registry, by hand (rarelm/tracking/registry.py).
 
     rarelm register                        # the run that trained models/model
     rarelm register exp-alpha07 --champion # a DVC experiment's run, and make it the champion
@@ -13,10 +13,11 @@ from pathlib import Path
 
 import typer
 
-from rarelm import paths, registry
+from rarelm import paths
 from rarelm.errors import RarelmError, user_errors
 from rarelm.params import load_params
-from rarelm.tracking import tracking_uri
+from rarelm.tracking import registry
+from rarelm.tracking.uri import tracking_uri
 
 
 def _client_and_params(params_file: Path):

@@ -3,15 +3,15 @@
     rarelm release v1.0.0 && dvc push
     dvc artifacts get <repo> rarelm -o model
 
-Not a DVC stage (rarelm/release.py says why the tag is needed).
+Not a DVC stage (rarelm/tracking/release.py says why the tag is needed).
 """
 
 from pathlib import Path
 
 import typer
 
-from rarelm import release as releases
 from rarelm.errors import user_errors
+from rarelm.tracking import release as releases
 
 
 def release(

@@ -667,8 +667,8 @@ def test_stage_with_logit_adjustment_scores_the_adjusted_model(workspace, tmp_pa
 
 def test_unreachable_store_is_one_warning_line_or_one_error_if_required(tmp_path, monkeypatch, capsys):
     """The store is MLFLOW_TRACKING_URI's (the model's run file names another: no hint)."""
-    from rarelm import tracking
     from rarelm.params import Params, TrackingParams
+    from rarelm.tracking.run import open_run
 
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
@@ -678,14 +678,14 @@ def test_unreachable_store_is_one_warning_line_or_one_error_if_required(tmp_path
                                     "experiment": "rarelm"}))
     optional = Params(tracking=TrackingParams(required=False))
     for path in (run_file, tmp_path / "missing.json"):  # a model trained with tracking or without
-        run = tracking.open_run(path, "evaluate", optional)
+        run = open_run(path, "evaluate", optional)
         log_eval_metrics(run, {"ppl": 3.0}, inputs=[])
         log_eval_files(run, [], log_text=True)
         lines = capsys.readouterr().err.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith(
             "rarelm evaluate: warning: MLflow tracking store http://127.0.0.1:9 is not reachable"), lines
     assert not (tmp_path / "x.db").exists()
-    run = tracking.open_run(run_file, "evaluate", Params())  # tracking.required: true
+    run = open_run(run_file, "evaluate", Params())  # tracking.required: true
     with pytest.raises(RarelmError, match=r"^MLflow tracking store http://127.0.0.1:9 cannot log \("):
         log_eval_metrics(run, {"ppl": 3.0}, inputs=[])
     assert capsys.readouterr().err == ""

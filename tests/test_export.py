@@ -1,4 +1,4 @@
-"""rarelm.export: models/model as a complete Hugging Face folder (context, generation defaults, card)."""
+"""rarelm.tracking.export: models/model as a complete Hugging Face folder (context, generation, card)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from rarelm import export
 from rarelm.errors import RarelmError
 from rarelm.params import Params
+from rarelm.tracking import export
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from rarelm.release import tag_name
+from rarelm.tracking.release import tag_name
 from tests.conftest import run
 
 

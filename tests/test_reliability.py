@@ -513,11 +513,11 @@ def test_bad_tracking_uri_gives_one_warning_and_an_inert_run(uri, monkeypatch, c
     """A malformed or impossible MLFLOW_TRACKING_URI: the stage goes on, nothing is logged or saved.
     (A server that is down: test_mlflow_server_down_...; train and evaluate on their own:
     tests/test_train.py and tests/test_evaluate.py.)"""
-    from rarelm import tracking
     from rarelm.params import Params, TrackingParams
+    from rarelm.tracking.run import start_run
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    run = tracking.start_run(Params(tracking=TrackingParams(required=False)), stage="train")
+    run = start_run(Params(tracking=TrackingParams(required=False)), stage="train")
     run.log_metrics({"train/loss": 1.0}, step=1)
     run.save(tmp_path / "mlflow_run.json")
     run.finish()

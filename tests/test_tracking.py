@@ -14,9 +14,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from rarelm import export, tracking
 from rarelm.errors import RarelmError
 from rarelm.params import Params, TrackingParams
+from rarelm.tracking import export, model_log, ui
+from rarelm.tracking.datasets import dvc_hashes
+from rarelm.tracking.experiment import EXPERIMENT_NOTE, experiment_id
+from rarelm.tracking.metrics import upstream_metrics
+from rarelm.tracking.naming import git_commit
+from rarelm.tracking.run import check_tensorboard, open_run, start_run
+from rarelm.tracking.store import prepare_store
+from rarelm.tracking.sweep import log_sweep
+from rarelm.tracking.uri import logs_text, tracking_uri
 from tests.conftest import REPO
 
 FAMILIES = ("summary/", "train/", "val/", "final/", "eval/", "system/")
@@ -97,18 +105,18 @@ def test_store_defaults_to_the_repo_root(monkeypatch, tmp_path):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("DVC_ROOT", raising=False)
     monkeypatch.chdir(tmp_path)
-    assert tracking.tracking_uri() == f"sqlite:///{tmp_path.resolve()}/mlflow.db"
+    assert tracking_uri() == f"sqlite:///{tmp_path.resolve()}/mlflow.db"
     monkeypatch.setenv("DVC_ROOT", "/work/some/repo")  # inside a queued experiment's temp copy
-    assert tracking.tracking_uri() == "sqlite:////work/some/repo/mlflow.db"
+    assert tracking_uri() == "sqlite:////work/some/repo/mlflow.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow.internal:5000")
-    assert tracking.tracking_uri() == "http://mlflow.internal:5000"
+    assert tracking_uri() == "http://mlflow.internal:5000"
 
 
 def test_upstream_metrics_are_flattened_and_missing_or_broken_files_skipped(tmp_path):
     (tmp_path / "prepare.json").write_text(json.dumps(
         {"documents": 10, "language": "en", "train": {"documents": 8}}))
     (tmp_path / "weights.json").write_text("{not json")
-    assert tracking.upstream_metrics(tmp_path, ["prepare", "tokenize", "weights"]) == {
+    assert upstream_metrics(tmp_path, ["prepare", "tokenize", "weights"]) == {
         "upstream/prepare/documents": 10.0, "upstream/prepare/train/documents": 8.0}
 
 
@@ -116,7 +124,7 @@ def test_one_prefix_per_metric_family():
     from rarelm.evaluate.mlflow_log import mlflow_metrics
 
     assert set(mlflow_metrics({"ppl": 3.0, "val": {"ppl": 4.0}})) == {"eval/ppl", "eval/val/ppl"}
-    source = (Path(tracking.__file__).parent / "train.py").read_text()
+    source = "".join(p.read_text() for p in sorted((REPO / "rarelm").rglob("*.py")))  # wherever train logs
     assert 'f"final/{k}"' in source and 'f"train.{k}"' not in source  # metrics/train.json
     assert 'f"train/{k}"' in source and 'f"val/{k[4:]}"' in source  # the step curves
 
@@ -127,7 +135,7 @@ def test_a_run_from_start_to_evaluate(store, monkeypatch, tmp_path):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
     monkeypatch.setenv("DVC_EXP_NAME", "exp-alpha07")
     params = Params()
-    run = tracking.start_run(params, stage="train")
+    run = start_run(params, stage="train")
     assert run.active
     run.log_metrics({"train/loss": 3.5}, step=10)
     run.log_metrics({"train/loss": 2.5}, step=20)
@@ -137,7 +145,7 @@ def test_a_run_from_start_to_evaluate(store, monkeypatch, tmp_path):
     info = json.loads((tmp_path / "mlflow_run.json").read_text())
     assert info == {"run_id": run.run_id, "tracking_uri": store, "experiment": "rarelm"}
 
-    again = tracking.open_run(tmp_path / "mlflow_run.json", "evaluate", params)
+    again = open_run(tmp_path / "mlflow_run.json", "evaluate", params)
     assert again.run_id == run.run_id
     again.log_metrics({"eval/ppl": 12.0})
     again.finish()
@@ -158,13 +166,13 @@ def test_resuming_continues_the_run_or_starts_a_new_one_if_it_is_gone(store, mon
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
     params = Params()
-    first = tracking.start_run(params, stage="train")
+    first = start_run(params, stage="train")
     first.finish("FAILED")  # a crashed attempt
-    resumed = tracking.start_run(params, stage="train", run_id=first.run_id)
+    resumed = start_run(params, stage="train", run_id=first.run_id)
     assert resumed.run_id == first.run_id
     assert mlflow.MlflowClient(store).get_run(first.run_id).info.status == "RUNNING"
     resumed.finish()
-    fresh = tracking.start_run(params, stage="train", run_id="0" * 32)  # not in this store
+    fresh = start_run(params, stage="train", run_id="0" * 32)  # not in this store
     assert fresh.active and fresh.run_id != "0" * 32
     fresh.finish()
 
@@ -173,7 +181,7 @@ def test_unreachable_store_is_one_warning_and_an_inert_run(monkeypatch, capsys, 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")  # nothing listens there
     t0 = time.monotonic()
     params = Params(tracking=TrackingParams(required=False))
-    run = tracking.start_run(params, stage="train")
+    run = start_run(params, stage="train")
     assert time.monotonic() - t0 < 30  # bounded retries and timeouts
     run.log_metrics({"train/loss": 1.0}, step=1)
     run.set_tags({"x": "y"})
@@ -186,7 +194,7 @@ def test_unreachable_store_is_one_warning_and_an_inert_run(monkeypatch, capsys, 
     assert len(lines) == 1, lines
     assert lines[0].startswith("rarelm train: warning: MLflow tracking store http://127.0.0.1:9 ")
     assert not run.active and not (tmp_path / "mlflow_run.json").exists()
-    assert not tracking.open_run(tmp_path / "mlflow_run.json", "evaluate", params).active
+    assert not open_run(tmp_path / "mlflow_run.json", "evaluate", params).active
 
 
 def test_an_evaluation_of_a_model_from_another_experiment_gets_its_own_run(store, workspace,
@@ -197,11 +205,11 @@ def test_an_evaluation_of_a_model_from_another_experiment_gets_its_own_run(store
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
     monkeypatch.setenv("DVC_EXP_NAME", "base-s1")
-    trained = tracking.start_run(Params(), stage="train")
+    trained = start_run(Params(), stage="train")
     trained.save(workspace / "mlflow_run.json")
     trained.finish()
     monkeypatch.setenv("DVC_EXP_NAME", "tau05-s1")
-    run = tracking.open_run(workspace / "mlflow_run.json", "evaluate",
+    run = open_run(workspace / "mlflow_run.json", "evaluate",
                             Params.from_dict({"eval": {"logit_adjust_tau": 0.5}}))
     assert run.active and run.run_id != trained.run_id
     run.log_metrics({"eval/ppl": 2.0})
@@ -212,7 +220,7 @@ def test_an_evaluation_of_a_model_from_another_experiment_gets_its_own_run(store
     assert mlrun.data.tags["rarelm.model_run_id"] == trained.run_id
     assert "eval/ppl" not in client.get_run(trained.run_id).data.metrics
     monkeypatch.setenv("DVC_EXP_NAME", "base-s1")  # the experiment that trained it: the same run
-    same = tracking.open_run(workspace / "mlflow_run.json", "evaluate", Params())
+    same = open_run(workspace / "mlflow_run.json", "evaluate", Params())
     same.finish()
     assert same.run_id == trained.run_id
 
@@ -222,8 +230,8 @@ def test_experiment_kind_run_name_and_source_tags(store, workspace, monkeypatch)
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
     params = Params(tracking=TrackingParams(experiment="kinds"))
-    commit = tracking.git_commit()
-    run = tracking.start_run(params, stage="train")  # as under `dvc repro`
+    commit = git_commit()
+    run = start_run(params, stage="train")  # as under `dvc repro`
     run.finish()
     client = mlflow.MlflowClient(store)
     mlrun = client.get_run(run.run_id)
@@ -236,13 +244,13 @@ def test_experiment_kind_run_name_and_source_tags(store, workspace, monkeypatch)
     assert "DVC_EXP_NAME" not in tags and "mlflow.source.git.repoURL" not in tags  # no remote
     experiment = client.get_experiment(mlrun.info.experiment_id)
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
-    assert experiment.tags["mlflow.note.content"] == tracking.EXPERIMENT_NOTE  # its description
+    assert experiment.tags["mlflow.note.content"] == EXPERIMENT_NOTE  # its description
     assert tags["mlflow.note.content"].startswith(f"train-{commit[:7]} at commit {commit[:7]}: alpha 0,")
 
     client.delete_experiment_tag(experiment.experiment_id, "mlflow.experimentKind")  # an older store
     monkeypatch.setenv("DVC_EXP_NAME", "lumpy-gaur")  # as under `dvc exp run`
     monkeypatch.setenv("DVC_EXP_BASELINE_REV", "f" * 40)
-    run = tracking.start_run(params, stage="train")
+    run = start_run(params, stage="train")
     run.finish()
     mlrun = client.get_run(run.run_id)
     assert mlrun.info.run_name == mlrun.data.tags["DVC_EXP_NAME"] == "lumpy-gaur"
@@ -250,17 +258,17 @@ def test_experiment_kind_run_name_and_source_tags(store, workspace, monkeypatch)
     assert mlrun.data.tags["mlflow.note.content"].startswith("DVC experiment lumpy-gaur at commit fffffff:")
     assert client.get_experiment(experiment.experiment_id).tags["mlflow.experimentKind"] == \
         "custom_model_development"
-    assert tracking.experiment_id(store, "kinds") == experiment.experiment_id
-    assert tracking.ui_url(experiment.experiment_id).endswith(
+    assert experiment_id(store, "kinds") == experiment.experiment_id
+    assert ui.ui_url(experiment.experiment_id).endswith(
         f"/#/experiments/{experiment.experiment_id}?workflowType=machine_learning")
 
 
 def test_ui_url_command_without_a_store_links_the_experiments_and_creates_none(tmp_path, capsys):
-    assert tracking.main(["ui-url", f"sqlite:///{tmp_path / 'none.db'}"]) == 0
+    assert ui.main(["ui-url", f"sqlite:///{tmp_path / 'none.db'}"]) == 0
     out = capsys.readouterr().out
-    assert out == f"MLflow runs: {tracking.UI}/#/experiments?workflowType=machine_learning\n"
+    assert out == f"MLflow runs: {ui.UI}/#/experiments?workflowType=machine_learning\n"
     assert not (tmp_path / "none.db").exists()
-    assert tracking.main(["nonsense"]) == 2
+    assert ui.main(["nonsense"]) == 2
 
 
 def test_data_inputs_carry_dvc_hashes_as_digests(store, workspace, monkeypatch):
@@ -269,9 +277,9 @@ def test_data_inputs_carry_dvc_hashes_as_digests(store, workspace, monkeypatch):
     from rarelm.evaluate.mlflow_log import log_eval_files, log_eval_metrics
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
-    assert tracking.dvc_hashes(["data/tokenized", workspace / "data/weights", "data/rare", "nope"]) == {
+    assert dvc_hashes(["data/tokenized", workspace / "data/weights", "data/rare", "nope"]) == {
         "data/tokenized": "a" * 32 + ".dir", "data/weights": "b" * 32 + ".dir"}  # data/rare is stale
-    run = tracking.start_run(Params(), stage="train", background=True,
+    run = start_run(Params(), stage="train", background=True,
                              inputs=[Path("data/tokenized"), Path("data/weights"), Path("data/rare")])
     run.save(workspace / "mlflow_run.json")
     run.finish()
@@ -282,7 +290,7 @@ def test_data_inputs_carry_dvc_hashes_as_digests(store, workspace, monkeypatch):
              "output": " bilateral pyelomyositis", "exact_match": True, "nll": 0.5}]
     occurrences.write_text("".join(json.dumps(r) + "\n" for r in rows))
     for _ in range(2):  # evaluate twice into the run: the table is replaced, not appended to
-        again = tracking.open_run(workspace / "mlflow_run.json", "evaluate", Params())
+        again = open_run(workspace / "mlflow_run.json", "evaluate", Params())
         log_eval_metrics(again, {"ppl": 3.0}, inputs=["data/prepared", "data/tokenized"])
         log_eval_files(again, [occurrences], log_text=True)
         assert again.run_id == run.run_id
@@ -307,7 +315,7 @@ def test_logged_model_serves_any_prompt_through_pyfunc(store, tiny_model, monkey
     monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
     params = Params(tracking=TrackingParams(experiment="models", registered_model="rarelm-test",
                                             system_metrics=False))
-    run = tracking.start_run(params, stage="train")
+    run = start_run(params, stage="train")
     uri = run.log_model(tiny_model, params.tracking)
     run.finish()
     err = capsys.readouterr().err.strip().splitlines()
@@ -322,7 +330,7 @@ def test_logged_model_serves_any_prompt_through_pyfunc(store, tiny_model, monkey
         client.get_run(run.run_id).info.experiment_id != "0"
     info = mlflow.models.get_model_info(uri)
     assert info.saved_input_example_info is not None  # the UI shows it; MLflow checked it at logging
-    assert {p.name: p.default for p in info.signature.params.params} == tracking.SERVING_DEFAULTS
+    assert {p.name: p.default for p in info.signature.params.params} == model_log.SERVING_DEFAULTS
     folder = Path(mlflow.artifacts.download_artifacts(uri)) / "artifacts/model"
     assert (folder / "README.md").read_text() == (tiny_model / "README.md").read_text()  # the model card
 
@@ -344,9 +352,9 @@ def test_logged_model_serves_any_prompt_through_pyfunc(store, tiny_model, monkey
 
     off = dataclasses.replace(params.tracking, log_model="false")
     registered = dataclasses.replace(params.tracking, log_model="true", register=True)
-    second = tracking.start_run(params, stage="train")
+    second = start_run(params, stage="train")
     assert second.log_model(tiny_model, off) is None
-    monkeypatch.setattr(tracking, "MODEL_LOG_LIMIT", 1000)  # `auto` skips models this large
+    monkeypatch.setattr(model_log, "MODEL_LOG_LIMIT", 1000)  # `auto` skips models this large
     assert second.log_model(tiny_model, params.tracking) is None
     assert second.log_model(tiny_model, registered) == "models:/rarelm-test/1"  # true: any size
     second.finish()
@@ -356,10 +364,10 @@ def test_logged_model_serves_any_prompt_through_pyfunc(store, tiny_model, monkey
 
 
 def test_the_serving_defaults_are_rarelm_generates():
-    from rarelm import serving
     from rarelm.evaluate.generate import Sampling
+    from rarelm.tracking import serving
 
-    assert serving.DEFAULTS == tracking.SERVING_DEFAULTS
+    assert serving.DEFAULTS == model_log.SERVING_DEFAULTS
     assert {k: getattr(Sampling(), k) for k in ("temperature", "top_k", "top_p")} == \
         {k: export.SAMPLING[k] for k in ("temperature", "top_k", "top_p")}
 
@@ -371,7 +379,7 @@ def test_register_and_champion_through_the_cli(store, tiny_model, workspace, mon
     from stages.cli import app
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
-    commit = tracking.git_commit()
+    commit = git_commit()
     (workspace / "params.yaml").write_text("tracking: {experiment: registry, registered_model: rarelm-cli, "
                                           "system_metrics: false}\n")
     params = Params(tracking=TrackingParams(experiment="registry", system_metrics=False))
@@ -383,7 +391,7 @@ def test_register_and_champion_through_the_cli(store, tiny_model, workspace, mon
     monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
     for name, exact_match in (("exp-good", 0.75), ("exp-bad", 0.25)):
         monkeypatch.setenv("DVC_EXP_NAME", name)
-        run = tracking.start_run(params, stage="train")
+        run = start_run(params, stage="train")
         run.log_metrics({"summary/term_exact_match": exact_match, "eval/ppl": 3.0})
         if name == "exp-good":  # exp-bad logs no model
             run.log_model(tiny_model, params.tracking)
@@ -425,13 +433,13 @@ def test_tensorboard_writes_the_step_curves_under_runs(workspace, store, monkeyp
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")  # written even without a store
     params = Params(tracking=TrackingParams(tensorboard=True))
-    run = tracking.start_run(params, stage="train")
+    run = start_run(params, stage="train")
     run.log_metrics({"train/loss": 3.0, "val/ce": 4.0}, step=10)
     run.log_metrics({"train/loss": 2.0}, step=20)
     run.log_metrics({"upstream/prepare/documents": 5.0}, step=0)
     run.finish()
     (folder,) = (workspace / "runs").iterdir()
-    assert folder.name == f"train-{tracking.git_commit()[:7]}"
+    assert folder.name == f"train-{git_commit()[:7]}"
     events = EventAccumulator(str(folder))
     events.Reload()
     assert sorted(events.Tags()["scalars"]) == ["train/loss", "val/ce"]
@@ -445,8 +453,8 @@ def test_tensorboard_on_without_the_package_is_a_one_line_error(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard"
                         else real(name, *a))
     with pytest.raises(RarelmError, match=r"tracking.tensorboard = true needs the tensorboard package"):
-        tracking.check_tensorboard(TrackingParams(tensorboard=True))
-    tracking.check_tensorboard(TrackingParams(tensorboard=False))
+        check_tensorboard(TrackingParams(tensorboard=True))
+    check_tensorboard(TrackingParams(tensorboard=False))
 
 
 def test_artifacts_go_beside_the_store_not_into_the_temporary_workspace(tmp_path, monkeypatch):
@@ -460,7 +468,7 @@ def test_artifacts_go_beside_the_store_not_into_the_temporary_workspace(tmp_path
     temporary.mkdir(parents=True)
     monkeypatch.chdir(temporary)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store}")
-    run = tracking.start_run(Params(tracking=TrackingParams(experiment="beside", system_metrics=False)),
+    run = start_run(Params(tracking=TrackingParams(experiment="beside", system_metrics=False)),
                              stage="train")
     (temporary / "report.txt").write_text("kept")
     run._client.log_artifact(run.run_id, str(temporary / "report.txt"), "eval")
@@ -480,13 +488,13 @@ def test_a_sweep_becomes_a_parent_run_over_its_experiments(store, workspace, mon
     ids = {}
     for name in ("base-s1", "alpha07-s1", "other"):
         monkeypatch.setenv("DVC_EXP_NAME", name)
-        run = tracking.start_run(params, stage="train")
+        run = start_run(params, stage="train")
         run.finish()
         ids[name] = run.run_id
     (workspace / "final").mkdir()
     (workspace / "final/report.md").write_text("| config | diff |\n")
-    assert tracking.log_sweep("none-such", "headline-x", ["base-s1"], workspace / "final") is None
-    parent = tracking.log_sweep("sweeps", "headline-abc", ["base-s1", "alpha07-s1"], workspace / "final")
+    assert log_sweep("none-such", "headline-x", ["base-s1"], workspace / "final") is None
+    parent = log_sweep("sweeps", "headline-abc", ["base-s1", "alpha07-s1"], workspace / "final")
     client = mlflow.MlflowClient(store)
     assert client.get_run(parent).info.run_name == "headline-abc"
     assert client.get_run(parent).data.tags["mlflow.note.content"].startswith("Sweep headline-abc: 2 runs")
@@ -500,14 +508,14 @@ def test_a_sweep_becomes_a_parent_run_over_its_experiments(store, workspace, mon
 WRITER = """
 import os, sys, time
 import mlflow  # imported before the start line, so the three reach the fresh store together
-from rarelm import tracking
+from rarelm.tracking.run import start_run
 from rarelm.params import Params, TrackingParams
 
 folder, i = sys.argv[1], sys.argv[2]
 open(os.path.join(folder, f"ready-{i}"), "w").close()
 while not os.path.exists(os.path.join(folder, "go")):
     time.sleep(0.005)
-run = tracking.start_run(Params(tracking=TrackingParams(system_metrics=False)), stage="train")
+run = start_run(Params(tracking=TrackingParams(system_metrics=False)), stage="train")
 run.log_metrics({"train/loss": float(i)}, step=1)
 run.require()
 run.finish()
@@ -566,7 +574,7 @@ def test_a_half_migrated_store_is_recreated_if_empty_else_refused_in_one_line(bl
     _half_migrated(blank_store, full, with_run=True)
     params = Params(tracking=TrackingParams(system_metrics=False))
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{empty}")
-    run = tracking.start_run(params, stage="train")
+    run = start_run(params, stage="train")
     run.require()
     run.finish()
     assert run.run_id and not [t for t in _store_tables(empty) if t.startswith("_alembic_tmp_")]
@@ -575,7 +583,7 @@ def test_a_half_migrated_store_is_recreated_if_empty_else_refused_in_one_line(bl
                     "_alembic_tmp_tags) and held no runs: created it anew")
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{full}")
-    run = tracking.start_run(params, stage="train")
+    run = start_run(params, stage="train")
     with pytest.raises(RarelmError) as error:
         run.require()
     assert str(error.value) == (
@@ -588,14 +596,14 @@ def test_a_half_migrated_store_is_recreated_if_empty_else_refused_in_one_line(bl
 
 def test_required_tracking_fails_in_one_line_and_optional_warns_once(monkeypatch, capsys):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://alice:s3cret@127.0.0.1:9/?token=t0k")
-    run = tracking.start_run(Params(), stage="train")  # tracking.required: true by default
+    run = start_run(Params(), stage="train")  # tracking.required: true by default
     run.log_metrics({"train/loss": 1.0}, step=1)
     with pytest.raises(RarelmError) as error:
         run.require()
     assert str(error.value).startswith(
         "MLflow tracking store http://***@127.0.0.1:9/?token=*** cannot log (MlflowException: ")
     assert str(error.value).endswith("set tracking.required: false to go on without tracking")
-    optional = tracking.start_run(Params(tracking=TrackingParams(required=False)), stage="train")
+    optional = start_run(Params(tracking=TrackingParams(required=False)), stage="train")
     optional.require()  # not an error
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("rarelm train: warning: MLflow tracking store http://***@127.0.0.1:9/?token=*** ")
@@ -608,7 +616,7 @@ def test_git_remote_is_logged_without_user_info(store, workspace, monkeypatch):
     subprocess.run(["git", "remote", "add", "origin", "https://oauth2:ghp_s3cret@github.com/org/rarelm.git"],
                    check=True)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
-    run = tracking.start_run(Params(tracking=TrackingParams(system_metrics=False)), stage="train")
+    run = start_run(Params(tracking=TrackingParams(system_metrics=False)), stage="train")
     run.finish()
     tags = mlflow.MlflowClient(store).get_run(run.run_id).data.tags
     assert tags["mlflow.source.git.repoURL"] == "https://github.com/org/rarelm.git"
@@ -625,17 +633,17 @@ def test_run_file_names_the_repo_store_relatively_and_evaluate_logs_where_it_is_
         shutil.copy(blank_store, db)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     params = Params(tracking=TrackingParams(system_metrics=False))
-    trained = tracking.start_run(params, stage="train")
+    trained = start_run(params, stage="train")
     trained.save(workspace / "mlflow_run.json")
     trained.finish()
     info = json.loads((workspace / "mlflow_run.json").read_text())
     assert info == {"run_id": trained.run_id, "tracking_uri": "sqlite:///mlflow.db", "experiment": "rarelm"}
-    same = tracking.open_run(workspace / "mlflow_run.json", "evaluate", params)
+    same = open_run(workspace / "mlflow_run.json", "evaluate", params)
     same.finish()
     assert same.run_id == trained.run_id
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{other}")  # the model's record is no hint here
-    run = tracking.open_run(workspace / "mlflow_run.json", "evaluate", params)
+    run = open_run(workspace / "mlflow_run.json", "evaluate", params)
     run.log_metrics({"eval/ppl": 2.0})
     run.finish()
     mlrun = mlflow.MlflowClient(f"sqlite:///{other}").get_run(run.run_id)
@@ -647,10 +655,10 @@ def test_run_file_names_the_repo_store_relatively_and_evaluate_logs_where_it_is_
 
 RESUME_AND_LOG = """
 import sys
-from rarelm import tracking
+from rarelm.tracking.run import start_run
 from rarelm.params import Params, TrackingParams
 
-run = tracking.start_run(Params(tracking=TrackingParams(system_metrics=False)), "train", run_id=sys.argv[1])
+run = start_run(Params(tracking=TrackingParams(system_metrics=False)), "train", run_id=sys.argv[1])
 run._client.log_artifact(run.run_id, sys.argv[2], "eval")
 run.require()
 run.finish()
@@ -667,7 +675,7 @@ def test_a_moved_store_points_its_artifacts_at_its_new_folder(blank_store, tmp_p
     original.mkdir()
     shutil.copy(blank_store, original / "mlflow.db")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{original / 'mlflow.db'}")
-    run = tracking.start_run(Params(tracking=TrackingParams(system_metrics=False)), stage="train")
+    run = start_run(Params(tracking=TrackingParams(system_metrics=False)), stage="train")
     (tmp_path / "report.txt").write_text("first")
     run._client.log_artifact(run.run_id, str(tmp_path / "report.txt"))
     run.finish()
@@ -689,14 +697,14 @@ def test_a_moved_store_points_its_artifacts_at_its_new_folder(blank_store, tmp_p
 START_RUN = """
 import sys
 import typer
-from rarelm import tracking
+from rarelm.tracking.run import start_run
 from rarelm.errors import user_errors
 from rarelm.params import Params, TrackingParams
 
 def main(mode: str):  # as a stage runs it: a RarelmError is one line and exit 2
     with user_errors("train"):
         params = Params(tracking=TrackingParams(system_metrics=False, required=mode == "required"))
-        run = tracking.start_run(params, stage="train")
+        run = start_run(params, stage="train")
         run.log_metrics({"train/loss": 1.0}, step=1)
         run.require()
         run.finish()
@@ -711,7 +719,7 @@ def read_only_store(blank_store, tmp_path):
     (whom file modes do not stop); prepared once before, as any store in use is."""
     db = tmp_path / "mlflow.db"
     shutil.copy(blank_store, db)
-    tracking.prepare_store(f"sqlite:///{db}", "train")
+    prepare_store(f"sqlite:///{db}", "train")
     if os.geteuid() != 0:
         db.chmod(0o444)
     elif subprocess.run(["chattr", "+i", str(db)], capture_output=True).returncode != 0:
@@ -751,9 +759,9 @@ def test_test_corpus_text_goes_to_mlflow_only_when_log_text_says(store, workspac
     client = mlflow.MlflowClient(store)
     logged = {}
     for log_text in ("false", "true"):
-        run = tracking.open_run(workspace / "none.json", "evaluate", Params())
-        log_eval_files(run, [workspace / "eval.json", rows], tracking.logs_text(log_text, store))
+        run = open_run(workspace / "none.json", "evaluate", Params())
+        log_eval_files(run, [workspace / "eval.json", rows], logs_text(log_text, store))
         logged[log_text] = {a.path for a in client.list_artifacts(run.run_id, "eval")}
     assert logged == {"false": {"eval/eval.json"},
                       "true": {"eval/eval.json", "eval/eval_occurrences.jsonl", "eval/term_samples.json"}}
-    assert tracking.logs_text("auto", store) and not tracking.logs_text("auto", "http://mlflow.internal:5000")
+    assert logs_text("auto", store) and not logs_text("auto", "http://mlflow.internal:5000")

@@ -402,7 +402,7 @@ def test_mlflow_run_holds_params_step_metrics_tags_and_system_metrics(trained, t
         "data/tokenized", "data/rare", "data/weights"}  # digests from dvc.lock
     (model,) = mlrun.outputs.model_outputs  # logged (tracking.log_model: auto), not registered
     assert not client.search_model_versions(f"name = 'rarelm' and run_id = '{info['run_id']}'")
-    folder = root / "models/model"  # a complete Hugging Face folder (rarelm.export)
+    folder = root / "models/model"  # a complete Hugging Face folder (rarelm.tracking.export)
     assert json.loads((folder / "tokenizer_config.json").read_text())["model_max_length"] == 32
     assert json.loads((folder / "generation_config.json").read_text())["top_k"] == 50
     assert "| `alpha` | `0.5` |" in (folder / "README.md").read_text()

@@ -7,7 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from rarelm.tracking import measured, redact, summary_metrics
+from rarelm.tracking.metrics import measured, summary_metrics
+from rarelm.tracking.redaction import redact
 
 
 def mlflow_metrics(metrics: dict) -> dict[str, float]:

@@ -44,7 +44,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from rarelm import tracking
 from rarelm.errors import RarelmError
 from rarelm.params import load_params
 from rarelm.report.compare import compare
@@ -59,6 +58,8 @@ from rarelm.report.headline_plan import (
     combination,
 )
 from rarelm.report.runs import load_run
+from rarelm.tracking.naming import git_commit
+from rarelm.tracking.sweep import log_sweep
 
 
 def ranking(repo: Path, plan: Plan, names: list[str], seeds: list[int]) -> list[tuple[str, float]]:
@@ -164,9 +165,9 @@ def _log_sweep(repo: Path, plan: Plan, out: Path, swept: list[str], finalists: l
     except RarelmError:  # the experiments ran with their own params: nothing to group by here
         return
     uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{repo / 'mlflow.db'}"  # the repo's store
-    commit = tracking.git_commit(repo)[:7]
+    commit = git_commit(repo)[:7]
     rounds = "a fixed comparison" if plan.fixed else "three rounds"
-    tracking.log_sweep(mlflow_experiment, f"{plan.section}-{commit}", swept, out / "final", uri=uri, note=(
+    log_sweep(mlflow_experiment, f"{plan.section}-{commit}", swept, out / "final", uri=uri, note=(
         f"rarelm headline at commit {commit}: {len(swept)} experiments in {rounds}; finalists "
         f"{', '.join(finalists) or 'none'}. The final comparison (paired bootstrap over terms and seeds) "
         "is in this run's artifacts" + ("." if plan.fixed else f"; the screening round in {out / 'screen'}.")

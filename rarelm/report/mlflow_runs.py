@@ -16,7 +16,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-from rarelm import tracking
 from rarelm.errors import RarelmError
 from rarelm.paths import MLFLOW_RUN, MODEL
 from rarelm.report.run_data import (
@@ -28,14 +27,15 @@ from rarelm.report.run_data import (
     parse_json,
     parse_occurrences,
 )
+from rarelm.tracking.redaction import redact
+from rarelm.tracking.uri import set_http_defaults, tracking_uri
 
 
 def mlflow_client(uri: str):
     """A client for the store; a SQLite store that does not exist is an error, not a new empty file."""
     if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
         raise RarelmError(f"no MLflow store at {uri} (set MLFLOW_TRACKING_URI?)")
-    for key, value in tracking._HTTP_DEFAULTS.items():
-        os.environ.setdefault(key, value)
+    set_http_defaults()
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # stderr is for errors
     import mlflow  # takes ~2 s to import; only a comparison that reads or logs MLflow runs needs it
 
@@ -45,7 +45,7 @@ def mlflow_client(uri: str):
 
 def load_mlflow_run(run_id: str) -> RunData:
     """An MLflow run's per-occurrence rows (eval/), eval.json and params; a one-line error if absent."""
-    uri = tracking.tracking_uri()
+    uri = tracking_uri()
     client = mlflow_client(uri)
     try:
         run = client.get_run(run_id)
@@ -85,7 +85,7 @@ def baseline_mlflow_run(run: RunData, repo: Path) -> str | None:
             return json.loads(info.read_text(encoding="utf-8")).get("run_id")
         return None
     if run.experiment and "'" not in run.experiment:
-        client = mlflow_client(tracking.tracking_uri())
+        client = mlflow_client(tracking_uri())
         found = client.search_experiments()
         ids = [e.experiment_id for e in found]
         runs = client.search_runs(ids, f"tags.DVC_EXP_NAME = '{run.experiment}'",
@@ -105,12 +105,12 @@ def log_report(paths: list[Path], baseline: RunData, repo: str | Path = ".") -> 
             print(f"rarelm compare: warning: no MLflow run known for {baseline.name}; report not logged",
                   file=sys.stderr)
             return None
-        client = mlflow_client(tracking.tracking_uri())
+        client = mlflow_client(tracking_uri())
         for path in paths:
             client.log_artifact(run_id, str(path), "compare")
         return run_id
     except Exception as exc:  # tracking never fails the command
-        reason = tracking.redact(" ".join(str(exc).split())[:200])
-        print(f"rarelm compare: warning: MLflow tracking store {tracking.redact(tracking.tracking_uri())} "
+        reason = redact(" ".join(str(exc).split())[:200])
+        print(f"rarelm compare: warning: MLflow tracking store {redact(tracking_uri())} "
               f"is not reachable ({type(exc).__name__}: {reason}); report not logged", file=sys.stderr)
         return None

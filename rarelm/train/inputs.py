@@ -17,7 +17,7 @@ from rarelm.errors import RarelmError
 from rarelm.files import load_array
 from rarelm.objectives.objective import needs_counts
 from rarelm.params import Params
-from rarelm.tracking import check_tensorboard
+from rarelm.tracking.run import check_tensorboard
 from rarelm.train import checkpoint
 from rarelm.train.model import fingerprint_files
 

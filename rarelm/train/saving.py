@@ -11,8 +11,10 @@ from typing import Any
 import torch
 from transformers.utils import logging as hf_logging
 
-from rarelm import export, tracking
 from rarelm.files import atomic_dir, write_csv, write_json
+from rarelm.tracking import export
+from rarelm.tracking.datasets import dvc_hashes
+from rarelm.tracking.metrics import measured, summary_metrics
 from rarelm.train import lora, sharding
 from rarelm.train.model import build_model
 
@@ -32,14 +34,14 @@ def finish(t) -> dict[str, Any] | None:
         metrics = {**final_metrics(t.state, tp, final_model, len(t.inputs.train_samples)
                                    * t.params.model.block_size),
                    "state_bytes_per_rank": t.state_bytes, "precision": t.precision.name, **t.pinned}
-        card = export.model_card(t.params, metrics, tracking.dvc_hashes(
+        card = export.model_card(t.params, metrics, dvc_hashes(
             [t.paths.tokenized, t.paths.rare, t.paths.weights]))
         save_model(final_model, t.inputs.data, t.paths, run, card, t.params.model.save_dtype)
         write_curves(t.paths.plots, t.state.curves)
         write_json(t.paths.metrics, metrics)
-        run.log_metrics(tracking.measured({f"final/{k}": v for k, v in metrics.items()
+        run.log_metrics(measured({f"final/{k}": v for k, v in metrics.items()
                                            if isinstance(v, (int, float))})
-                        | tracking.summary_metrics(metrics), step=tp.max_steps)
+                        | summary_metrics(metrics), step=tp.max_steps)
         run.log_json(metrics, "final/train.json")
         run.set_tags({"precision": t.precision.name, **t.pinned})
         run.log_model(t.paths.model, t.params.tracking)  # a pyfunc (rarelm/serving.py); registered if asked
@@ -108,7 +110,7 @@ def write_curves(path: Path, rows: list[dict[str, Any]]) -> None:
 
 def save_model(model, data, paths, run, card: str = "", dtype: str = "float32") -> None:
     """models/model: save_pretrained (safetensors in `dtype`, config) + the tokenizer + the run file,
-    made a complete Hugging Face folder (rarelm.export: context length, generation defaults, card)."""
+    made a complete Hugging Face folder (rarelm/tracking/export.py: context length, generation defaults, card)."""
     hf_logging.disable_progress_bar()  # no "Writing model shards" bar in the stage's log
     with atomic_dir(paths.model) as tmp:
         if lora.is_lora(model):

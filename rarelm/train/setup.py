@@ -18,10 +18,11 @@ from typing import Any
 
 import torch
 
-from rarelm import tracking
 from rarelm.objectives.objective import Objective
 from rarelm.objectives.selection import rare_mask
 from rarelm.params import Params, TrainParams
+from rarelm.tracking.metrics import upstream_metrics
+from rarelm.tracking.run import Run, start_run
 from rarelm.train import sharding
 from rarelm.train.batches import SampleStream, epochs_to_train, sampling_weights, val_windows
 from rarelm.train.checkpoint import CheckpointStore
@@ -95,9 +96,9 @@ def start(params: Params, paths: Paths) -> Trainer:
     found = dist.broadcast(str(store.latest_valid() or "") if dist.main else None)
     saved = store.load_state(Path(found)) if found else {}
     state = RunState.from_dict(saved) if found else RunState()
-    run = tracking.Run("train", "", "")  # inert on other ranks
+    run = Run("train", "", "")  # inert on other ranks
     if dist.main:
-        run = tracking.start_run(params, stage="train", run_id=state.run_id, background=True,
+        run = start_run(params, stage="train", run_id=state.run_id, background=True,
                                  inputs=[paths.tokenized, paths.rare, paths.weights])
         # torchrun stops the other workers with SIGTERM when one fails: end the run as FAILED.
         signal.signal(signal.SIGTERM, exit_on_sigterm)
@@ -137,7 +138,7 @@ def build(t: Trainer) -> None:
         seed_everything(params.seed * 1000 + dist.rank)  # per-rank dropout, reproducibly
     # Logged with the first step metrics, so that connecting has had time to finish.
     if not t.start_step:
-        t.upstream = tracking.upstream_metrics(t.paths.metrics_dir, UPSTREAM_STAGES)
+        t.upstream = upstream_metrics(t.paths.metrics_dir, UPSTREAM_STAGES)
     if tp.compile:
         t.model = torch.compile(t.model)
     t.run.require()  # a store that cannot log (tracking.required): one line before any step

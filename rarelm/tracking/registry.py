@@ -74,7 +74,7 @@ def summary_metrics(metrics: dict[str, float]) -> dict[str, float]:
 
 def register(client, name: str, run_id: str, champion: bool = False) -> str:
     """A new version of registered model `name` from the model that run `run_id` logged."""
-    from mlflow.exceptions import MlflowException
+    from mlflow.exceptions import MlflowException  # mlflow (~2 s): only when a model is registered
 
     run = client.get_run(run_id)
     model_id = logged_model_id(run)
@@ -97,7 +97,7 @@ def register(client, name: str, run_id: str, champion: bool = False) -> str:
 
 def set_champion(client, name: str, version: str) -> None:
     """Point the `champion` alias of `name` at `version` (which must exist)."""
-    from mlflow.exceptions import MlflowException
+    from mlflow.exceptions import MlflowException  # mlflow (~2 s): only when a model is registered
 
     try:
         client.get_model_version(name, str(version))

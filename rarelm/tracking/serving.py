@@ -21,9 +21,12 @@ from __future__ import annotations
 import logging
 
 import mlflow
+import torch
 from mlflow.pyfunc import PythonModel
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+from transformers.utils import logging as hf_logging
 
-# rarelm generate's defaults (rarelm.export.SAMPLING): the signature's params and their defaults
+# rarelm generate's defaults (rarelm.tracking.export.SAMPLING): the signature's params and their defaults
 DEFAULTS = {"max_new_tokens": 32, "do_sample": True, "temperature": 0.8, "top_k": 50, "top_p": 0.95,
             "seed": 0}
 log = logging.getLogger("rarelm.serving")
@@ -33,9 +36,6 @@ class TextGenerator(PythonModel):
     """A causal LM folder (artifact "model") behind MLflow's pyfunc interface."""
 
     def load_context(self, context) -> None:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-        from transformers.utils import logging as hf_logging
-
         hf_logging.set_verbosity_error()  # the long-prompt warning below says it once, in our words
         hf_logging.disable_progress_bar()
         folder = context.artifacts["model"]
@@ -51,9 +51,6 @@ class TextGenerator(PythonModel):
         return [self._continue(str(prompt), settings) for prompt in model_input]
 
     def _continue(self, prompt: str, settings: dict) -> str:
-        import torch
-        from transformers import GenerationConfig
-
         new = int(settings["max_new_tokens"])
         if new < 1 or new >= self.context:
             raise ValueError(f"max_new_tokens = {new} is not allowed (must be in [1, {self.context}))")

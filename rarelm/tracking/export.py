@@ -56,7 +56,7 @@ def positions(config) -> int | None:
 
 def complete(folder: str | Path, card: str) -> None:
     """Make a saved model + tokenizer folder complete (see the module docstring)."""
-    from transformers import AutoConfig, GenerationConfig
+    from transformers import AutoConfig, GenerationConfig  # ~6 s: the model card needs none
 
     folder = Path(folder)
     config = AutoConfig.from_pretrained(folder, local_files_only=True)
@@ -84,7 +84,7 @@ def model_card(params, metrics: dict[str, Any], digests: dict[str, str]) -> str:
     """README.md of the model folder: metadata for the hub, then data, params, metrics, use.
 
     `params` is a rarelm.params.Params, `metrics` metrics/train.json's dict, `digests`
-    {data path: md5 from dvc.lock} (rarelm.tracking.dvc_hashes).
+    {data path: md5 from dvc.lock} (rarelm.tracking.datasets.dvc_hashes).
     """
     language = params.corpus.language if params.corpus.language != "auto" else "multilingual"
     flat = {k: v for k, v in params.flat().items() if k.split(".")[0] in CARD_SECTIONS}

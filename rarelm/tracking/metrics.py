@@ -1,0 +1,89 @@
+"""Which figures become MLflow metrics, under which names.
+
+One prefix per family (the UI draws one chart section per prefix): `summary/<k>` the
+few to read first (SUMMARY), `train/<k>` and `val/<k>` step curves, `final/<k>`
+metrics/train.json at the end, `eval/<k>` (`eval/<split>/<k>`) metrics/eval.json,
+`system/<k>` MLflow's system metrics. Counts and constants (NOT_MEASURED, `n_*`) are
+no metrics: they stay in JSON artifacts (`final/train.json`, `eval/eval.json`,
+`upstream.json` with the earlier stages' metrics/<stage>.json) and tags.
+
+    >>> measured(summary_metrics({"ppl": 3.5, "n_eval_terms": 9}) | {"eval/n_eval_terms": 9.0})
+    {'summary/ppl': 3.5}
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+# summary/<name>: the metrics file key behind it; a short family that a person reads first
+SUMMARY = {"term_nll_per_char": "term_nll_per_char", "term_token_acc": "term_token_acc",
+           "term_exact_match": "term_exact_match",
+           "term_exact_match_le15": "term_exact_match_le15", "false_insertion": "false_insertion_rate",
+           "ppl": "ppl", "ppl_frequent": "ppl_frequent", "em50_train_count": "em50_train_count",
+           "tokens_per_s": "tokens_per_s"}
+# metrics-file keys that count or restate settings: artifacts and tags, not MLflow metrics (`n_*` too)
+NOT_MEASURED = {"steps", "tokens", "epochs", "parameters", "trainable_parameters", "state_bytes_per_rank",
+                "gen_unique_tokens", "human_unique_tokens", "logit_adjust_tau"}
+
+
+def leaves(data: Any, prefix: str = "", sep: str = ".") -> dict[str, Any]:
+    """Every leaf of nested dicts, keyed by its path: {"a.b": value}.
+
+    >>> leaves({"train": {"lr": 0.1, "name": "x"}, "targets": ["test"]})
+    {'train.lr': 0.1, 'train.name': 'x', 'targets': ['test']}
+    """
+    if not isinstance(data, dict):
+        return {prefix.removesuffix(sep): data}
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        out.update(leaves(value, f"{prefix}{key}{sep}", sep))
+    return out
+
+
+def flatten(data: Any, prefix: str = "", sep: str = ".") -> dict[str, float]:
+    """Numeric leaves of nested dicts as {"a.b": 1.0}; strings and lists are skipped.
+
+    >>> flatten({"train": {"tokens": 10, "name": "x"}, "vocab": 5}, "tokenize.")
+    {'tokenize.train.tokens': 10.0, 'tokenize.vocab': 5.0}
+    """
+    return {key: float(value) for key, value in leaves(data, prefix, sep).items()
+            if isinstance(value, (int, float)) and not isinstance(value, bool)}
+
+
+def upstream_metrics(metrics_dir: str | Path, stages: list[str]) -> dict[str, float]:
+    """metrics/<stage>.json of every stage that has one, as "upstream/<stage>/<key>"."""
+    out: dict[str, float] = {}
+    for stage in stages:
+        path = Path(metrics_dir) / f"{stage}.json"
+        if path.is_file():
+            try:
+                out.update(flatten(json.loads(path.read_text(encoding="utf-8")),
+                                   f"upstream/{stage}/", sep="/"))
+            except (OSError, ValueError):
+                continue  # a broken metrics file is that stage's problem, not tracking's
+    return out
+
+
+def summary_metrics(metrics: dict[str, Any]) -> dict[str, float]:
+    """The `summary/` family from a metrics file's dict (eval.json or train.json): what exists of it.
+
+    >>> summary_metrics({"term_exact_match": 0.5, "term_token_acc": 0.8, "n_eval_terms": 9, "ppl": None})
+    {'summary/term_token_acc': 0.8, 'summary/term_exact_match': 0.5}
+    """
+    return {f"summary/{name}": float(metrics[key]) for name, key in SUMMARY.items()
+            if isinstance(metrics.get(key), (int, float)) and not isinstance(metrics[key], bool)}
+
+
+def measured(metrics: dict[str, float]) -> dict[str, float]:
+    """MLflow metrics without the counts and constants (NOT_MEASURED, `n_*`), whatever their prefix.
+
+    >>> measured({"eval/ppl": 2.0, "eval/n_eval_terms": 5.0, "final/steps": 9.0, "eval/val/n_x": 1.0})
+    {'eval/ppl': 2.0}
+    """
+    def counted(key: str) -> bool:
+        name = key.rsplit("/", 1)[-1]
+        return name.startswith("n_") or name in NOT_MEASURED
+
+    return {k: v for k, v in metrics.items() if not counted(k)}
