@@ -12,27 +12,17 @@ from __future__ import annotations
 import getpass
 import json
 import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
+from rarelm import git
 from rarelm.tracking.redaction import without_userinfo
 from rarelm.tracking.uri import repo_root
 
 
-def _git(*args: str, cwd: Path | None = None) -> str:
-    """`git <args>`'s output, or "" outside a git repo (or without git)."""
-    try:
-        out = subprocess.run(["git", *args], cwd=cwd or repo_root(),
-                             capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    return out.stdout.strip() if out.returncode == 0 else ""
-
-
 def git_commit(cwd: Path | None = None) -> str:
     """The checked-out commit, or "" outside a git repo."""
-    return _git("rev-parse", "HEAD", cwd=cwd)
+    return git.output(cwd or repo_root(), "rev-parse", "HEAD")
 
 
 def run_name(stage: str, commit: str) -> str | None:
@@ -53,7 +43,8 @@ def run_tags(stage: str) -> dict[str, str]:
     git.repoURL}` (the remote without its user info) and `mlflow.user`.
     """
     commit = os.environ.get("DVC_EXP_BASELINE_REV") or git_commit()
-    branch = _git("rev-parse", "--abbrev-ref", "HEAD")
+    root = repo_root()
+    branch = git.output(root, "rev-parse", "--abbrev-ref", "HEAD")
     try:
         user = getpass.getuser()
     except (OSError, KeyError):  # no name for this uid (a container)
@@ -65,7 +56,7 @@ def run_tags(stage: str) -> dict[str, str]:
             "mlflow.source.name": f"stages/{stage}.py", "mlflow.source.type": "LOCAL",
             "mlflow.source.git.commit": commit,
             "mlflow.source.git.branch": "" if branch == "HEAD" else branch,
-            "mlflow.source.git.repoURL": without_userinfo(_git("remote", "get-url", "origin")),
+            "mlflow.source.git.repoURL": without_userinfo(git.output(root, "remote", "get-url", "origin")),
             "mlflow.user": user}
 
 

@@ -18,10 +18,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from rarelm import paths
 from rarelm.errors import RarelmError
 
 CHAMPION = "champion"
-RUN_FILE = "models/model/mlflow_run.json"
+RUN_FILE = f"{paths.MODEL}/{paths.MLFLOW_RUN}"
 
 
 def find_run(client, experiment: str, ref: str = "", run_file: str | Path = RUN_FILE):

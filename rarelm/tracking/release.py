@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import configparser
 import re
-import subprocess
 from pathlib import Path
 
+from rarelm import git
 from rarelm.errors import RarelmError
 
 SEMVER = re.compile(r"v?(\d+)\.(\d+)\.(\d+)")
@@ -34,10 +34,6 @@ def tag_name(artifact: str, version: str) -> str:
     if not SEMVER.fullmatch(version):
         raise RarelmError(f"version {version!r} is not allowed (must be vMAJOR.MINOR.PATCH, e.g. v1.0.0)")
     return f"{artifact}@v{version.removeprefix('v')}"
-
-
-def _git(root: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True)
 
 
 def default_remote(root: Path) -> str:
@@ -54,16 +50,17 @@ def release(version: str, artifact: str = "rarelm", root: str | Path = ".") -> s
     """Tag HEAD as `artifact@vX.Y.Z` (annotated); returns the tag. One-line errors for the rest."""
     root = Path(root)
     tag = tag_name(artifact, version)
-    if _git(root, "rev-parse", "--verify", "HEAD").returncode != 0:
+    if git.run(root, "rev-parse", "--verify", "HEAD").returncode != 0:
         raise RarelmError(f"{root.resolve().name}: not a git repository with a commit to tag")
-    if _git(root, "rev-parse", "--verify", f"refs/tags/{tag}").returncode == 0:
+    if git.run(root, "rev-parse", "--verify", f"refs/tags/{tag}").returncode == 0:
         raise RarelmError(f"tag {tag} already exists (versions are immutable: release a new one)")
-    changed = [line[3:] for line in _git(root, "status", "--porcelain", "--", *TRACKED).stdout.splitlines()]
+    status = git.run(root, "status", "--porcelain", "--", *TRACKED).stdout
+    changed = [line[3:] for line in status.splitlines()]
     if changed:
         raise RarelmError(f"{', '.join(changed)} has uncommitted "
                           "changes: commit the model's hashes first, so the tag names this model")
     message = f"Registering artifact {artifact} version v{version.removeprefix('v')}"
-    result = _git(root, "tag", "-a", tag, "-m", message)
+    result = git.run(root, "tag", "-a", tag, "-m", message)
     if result.returncode != 0:
         raise RarelmError(f"git tag {tag} failed: {' '.join(result.stderr.split())[:200]}")
     return tag
