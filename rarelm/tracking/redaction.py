@@ -30,10 +30,9 @@ def redact(text: str) -> str:
 def without_userinfo(url: str) -> str:
     """A git remote URL without user name or token (an scp-like `git@host:path` has no secret).
 
-    >>> without_userinfo("https://oauth2:ghp_abc@github.com/org/rarelm.git")
-    'https://github.com/org/rarelm.git'
-    >>> without_userinfo("git@github.com:org/rarelm.git")
-    'git@github.com:org/rarelm.git'
+    >>> [without_userinfo(url) for url in ("https://oauth2:ghp_abc@github.com/org/rarelm.git",
+    ...                                    "git@github.com:org/rarelm.git")]
+    ['https://github.com/org/rarelm.git', 'git@github.com:org/rarelm.git']
     """
     return _scrub(url, r"\g<scheme>")
 

@@ -142,7 +142,7 @@ class Run:
                     self._tensorboard.add_scalar(key, value, step)
         if not self.active or not metrics:
             return
-        from mlflow.entities import Metric  # imported by _connect already: no cost here
+        from mlflow.entities import Metric  # mlflow stays out of module import (~2 s); loaded by now
 
         now = int(time.time() * 1000)
         try:
