@@ -25,6 +25,7 @@ import yaml
 from rarelm.errors import RarelmError
 from rarelm.params import Params
 from rarelm.paths import EVAL_METRICS, EVAL_OCCURRENCES, PARAMS
+from rarelm.tracking.metrics import leaves
 
 MLFLOW_OCCURRENCES = "eval/eval_occurrences.jsonl"
 MLFLOW_SUMMARY = "eval/eval.json"
@@ -125,18 +126,8 @@ def _yaml_params(text: str, where: str) -> dict[str, str]:
     try:
         flat = Params.from_dict(raw).flat()  # the same keys as an MLflow run's params
     except (RarelmError, TypeError, ValueError):
-        flat = _flatten(raw)  # params of an older or newer schema: compare what is written
+        flat = leaves(raw)  # params of an older or newer schema: compare what is written
     return {key: canonical(value) for key, value in flat.items()}
-
-
-def _flatten(data: dict, prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        if isinstance(value, dict):
-            out.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
 
 
 def canonical(value: Any) -> str:
