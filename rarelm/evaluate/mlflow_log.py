@@ -28,7 +28,7 @@ def mlflow_metrics(metrics: dict) -> dict[str, float]:
 
 def log_eval_metrics(run, metrics: dict, inputs: list[str | Path]) -> None:
     """Log metrics (`mlflow_metrics`) and `inputs` as "evaluation" datasets (digests from dvc.lock)
-    into `run` (rarelm.tracking.open_run), then `run.require()`: before any output is written, a
+    into `run` (rarelm.tracking.run.open_run), then `run.require()`: before any output is written, a
     store that cannot log is the stage's one-line error when `tracking.required` is on."""
     run.log_metrics(summary_metrics(metrics) | measured(mlflow_metrics(metrics)))
     if "logit_adjust_tau" in metrics:  # the setting behind these figures: a tag, not a metric

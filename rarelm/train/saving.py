@@ -110,7 +110,8 @@ def write_curves(path: Path, rows: list[dict[str, Any]]) -> None:
 
 def save_model(model, data, paths, run, card: str = "", dtype: str = "float32") -> None:
     """models/model: save_pretrained (safetensors in `dtype`, config) + the tokenizer + the run file,
-    made a complete Hugging Face folder (rarelm/tracking/export.py: context length, generation defaults, card)."""
+    made a complete Hugging Face folder (rarelm/tracking/export.py: context length, generation
+    defaults, model card)."""
     hf_logging.disable_progress_bar()  # no "Writing model shards" bar in the stage's log
     with atomic_dir(paths.model) as tmp:
         if lora.is_lora(model):

@@ -52,7 +52,7 @@ class Trainer:
     found: str  # the checkpoint this run resumes from, or ""
     state: RunState
     saved: dict[str, Any]  # the rest of the checkpoint's state dict (scaler, ranks, world size)
-    run: Any  # the MLflow run (rarelm.tracking.Run; inert on ranks other than 0)
+    run: Any  # the MLflow run (rarelm.tracking.run.Run; inert on ranks other than 0)
     model: Any = None  # what the loop calls: DDP-wrapped, FSDP-sharded and/or compiled
     raw_model: Any = None  # the model underneath, which is saved and checkpointed
     is_rare: Any = None  # bool [vocab]: the rare bucket
