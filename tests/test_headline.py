@@ -143,7 +143,7 @@ def test_reports_and_readme_table(repo):
     assert readme.startswith("# demo\n\nbefore\n\n") and readme.endswith("\n\nafter\n")
     assert "old table" not in readme and f"]({Path('reports') / FIGURE})" in readme
     rows = [line for line in readme.splitlines() if line.startswith("| good |")]
-    assert len(rows) == 2  # final and screening tables
+    assert len(rows) == 3  # final, its per-run figures, screening
     cells = [c.strip() for c in rows[0].strip("|").split("|")]
     per_char = report_row(result["final"], "good", "all", "nll_per_char")
     assert cells[1:3] == ["2", "40"] and cells[3] == f"{per_char['value']:.3f}"
@@ -154,6 +154,11 @@ def test_reports_and_readme_table(repo):
     ppl = np.mean([1.9 - 0.07] * 2)  # the stand-in's ppl at alpha 0.7, both seeds
     assert cells[9] == f"{ppl:.4f} ({ppl / 1.9 - 1:+.1%})"
     assert cells[10] == "1.0800 (+6.9%)"  # false-insertion rate: seeds 2, 3 -> 1.09, 1.07 vs 1.02, 1.00
+    per_run = [c.strip() for c in rows[1].strip("|").split("|")]
+    ppl_row = next(r for r in result["final"]["run_rows"]
+                   if r["configuration"] == "good" and r["metric"] == "ppl")
+    assert per_run[1].startswith(f"{ppl:.4g} [") and f"({ppl / 1.9 - 1:+.1%})" in per_run[1]
+    assert ppl_row["value_lo"] == pytest.approx(ppl)  # both seeds give the same stand-in ppl
     assert "took no part in the choice" in readme
 
 

@@ -77,7 +77,8 @@ def _run_cell(report: dict, config: str, key: str) -> str:
 def table(report: dict) -> str:
     """Markdown: per configuration, the term metrics with differences and intervals (terms x seeds),
     overall perplexity and false-insertion rate beside the baseline's."""
-    names = {"nll_per_char": "term NLL/char", "token_acc": "term-token acc", "exact_match": "exact match"}
+    names = {"nll_per_char": "term NLL/char", "token_acc": "term-token acc", "exact_match": "exact match",
+             "exact_match_ci": "exact match, any case"}
     metrics = [m for m in TABLE_METRICS if m in report["metrics"]]
     head = "".join(f" {names[m]} | diff [95% CI] |" for m in metrics)
     lines = [f"| configuration | seeds | terms |{head} ppl (vs baseline) | false insertion (vs baseline) |",
@@ -90,6 +91,55 @@ def table(report: dict) -> str:
             cells += [f"{row['value']:.3f}", _ci(row)]
         cells += [_run_cell(report, label, "ppl"), _run_cell(report, label, "false_insertion_rate")]
         lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+RUN_TABLE = {"ppl": "ppl", "ppl_frequent": "frequent ppl", "ppl_medium": "medium ppl", "ppl_rare": "rare ppl",
+             "false_insertion_rate": "false insertion"}
+
+
+def _sig(x: float | None) -> str:
+    """4 significant digits, whole numbers from 10,000 on, "n/a" for None.
+
+    >>> _sig(55.21674), _sig(0.29113), _sig(351025.4), _sig(None)
+    ('55.22', '0.2911', '351,025', 'n/a')
+    """
+    if x is None:
+        return "n/a"
+    return f"{x:,.0f}" if abs(x) >= 1e4 else f"{x:.4g}"
+
+
+def _seed_cell(row: dict | None) -> str:
+    """A run-level figure: mean over seeds [its 95% interval over seeds], and the change to the
+    baseline's [interval] for the other configurations.
+
+    >>> _seed_cell({"value": 55.2167, "value_lo": 55.1085, "value_hi": 55.3249, "diff": -370.46,
+    ...             "diff_lo": -370.56, "diff_hi": -370.34, "relative": -0.8703})
+    '55.22 [55.11, 55.32]; -370.5 [-370.6, -370.3] (-87.0%)'
+    """
+    if row is None:
+        return "n/a"
+    cell = _sig(row["value"])
+    if row.get("value_lo") is not None:
+        cell += f" [{_sig(row['value_lo'])}, {_sig(row['value_hi'])}]"
+    if row.get("diff") is not None:
+        cell += f"; {_sig(row['diff'])}"
+        if row.get("diff_lo") is not None:
+            cell += f" [{_sig(row['diff_lo'])}, {_sig(row['diff_hi'])}]"
+        if row.get("relative") is not None:
+            cell += f" ({row['relative']:+.1%})"
+    return cell
+
+
+def run_table(report: dict) -> str:
+    """Markdown: per configuration, perplexity overall and by frequency bucket and the false-insertion
+    rate, each as mean over seeds with its interval over seeds (t, 95%) and the change to the baseline."""
+    keys = [k for k in RUN_TABLE if any(r["metric"] == k for r in report.get("run_rows", []))]
+    lines = ["| configuration | " + " | ".join(RUN_TABLE[k] for k in keys) + " |",
+             "| --- |" + " --- |" * len(keys)]
+    for c in report["configurations"]:
+        rows = {r["metric"]: r for r in report.get("run_rows", []) if r["configuration"] == c["label"]}
+        lines.append("| " + " | ".join([c["label"], *(_seed_cell(rows.get(k)) for k in keys)]) + " |")
     return "\n".join(lines)
 
 
@@ -116,7 +166,10 @@ def readme_section(result: dict, figure: str) -> str:
     lines = [start, origin, "", rules, "",
              f"**{title}** ({plan['final_split']} split, seeds {final_seeds}; intervals: paired bootstrap "
              "over terms and seeds together; ppl and false insertion: means over seeds):",
-             "", table(result["final"]), "", f"![exact match by train count]({figure})"]
+             "", table(result["final"]), "",
+             "Per run (mean over seeds [95% interval over seeds]; change to the baseline [interval], "
+             "paired by seed):", "", run_table(result["final"]), "",
+             f"![exact match by train count]({figure})"]
     if screened:
         lines += ["", f"**Screening round** ({plan['screen_split']} split, seed(s) "
                       f"{', '.join(map(str, plan['screen_seeds']))}; finalists: "

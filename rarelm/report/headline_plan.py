@@ -20,7 +20,7 @@ from rarelm.errors import RarelmError
 PREFIX = "hl-"
 RANK_SLICE = "all"
 RANK_METRIC, TIE_METRIC = "nll_per_char", "token_acc"  # lower first; then higher first
-TABLE_METRICS = (RANK_METRIC, TIE_METRIC, "exact_match")
+TABLE_METRICS = (RANK_METRIC, TIE_METRIC, "exact_match", "exact_match_ci")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,6 +28,7 @@ LOW_COUNT = 15  # "rare" terms for the headline slice: seen at most this often i
 # metric -> (the row's field, how its value becomes a number); a null or absent field leaves the metric out
 METRICS: dict[str, tuple[str, Any]] = {
     "exact_match": ("exact_match", lambda v: float(bool(v))),
+    "exact_match_ci": ("exact_match_ci", lambda v: float(bool(v))),  # compared case folded
     "first_token_acc": ("first_token_hit", lambda v: float(bool(v))),
     "nll": ("nll", float),
     "choice_acc": ("choice_rank", lambda v: float(int(v) == 1)),
