@@ -28,8 +28,10 @@ positions), timed interleaved with the plain one, median of 40, over the time of
 one plain step, which is all they add per step: the sampler's epoch draw costs the
 same for any weights. `objective_overhead` does the same for each `loss.*` objective
 of rarelm/objectives/ (tlat_exp, tlat_chi2, face from targets or predictions, focal,
-logit_adjust, unlikelihood at term targets, agg), the output layer included in every
-timing since AGG changes its backward pass. The last line is one JSON object:
+logit_adjust, unlikelihood (previous-context negatives), frequent_unlikelihood at term
+targets, terms_after_first, normalize, agg), the output layer included in every timing
+since AGG changes its backward pass. `loss.kl_base` is not in it: its cost is one more
+forward of the whole model, no backward (rarelm/objectives/kl_base.py). The last line is one JSON object:
 {"ours_tokens_per_s", "trainer_tokens_per_s", "speedup_vs_trainer", "rare_tokens_per_s",
 "terms_tokens_per_s", "rare_overhead", "terms_overhead", "objective_overhead", ...}.
 
@@ -189,7 +191,10 @@ def loss_cost(params, tokenized: Path, rare_dir: Path, reps: int = 40) -> dict[s
                   "face_predictions": objective(token_weight="face", face_source="predictions"),
                   "focal": objective(focal_gamma=2.0),
                   "logit_adjust": objective(logit_adjust_tau=1.0),
-                  "unlikelihood": objective("terms", unlikelihood=1.0),
+                  "unlikelihood": objective(unlikelihood=1.0),
+                  "frequent_unlikelihood": objective("terms", frequent_unlikelihood=1.0),
+                  "terms_after_first": objective("terms_after_first", 2.0),
+                  "normalize": objective("terms", 2.0, normalize="targets"),
                   "agg": objective(agg=True)}
     plain_head = torch.nn.Linear(width, vocab, bias=False)
     heads = {}
@@ -206,7 +211,7 @@ def loss_cost(params, tokenized: Path, rare_dir: Path, reps: int = 40) -> dict[s
         for name in rng.permutation(list(objectives)):  # no objective always first after another
             obj = objectives[name]
             t0 = time.perf_counter()
-            loss, _ = obj(heads[name](hidden), targets, starts)
+            loss, _ = obj(heads[name](hidden), targets, starts, targets)  # inputs: any ids
             loss.backward()
             obj.step_end(rep + 1)
             times[name].append(time.perf_counter() - t0)

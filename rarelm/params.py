@@ -122,8 +122,9 @@ class LossParams:
     """Target weighting: weight 1 + rare_weight on the targets that `targets` selects."""
 
     rare_weight: float = param(0.0, ge=0.0, le=1e4)
-    # rare_bucket: targets in the rare frequency bucket; terms: tokens of term occurrences; both
-    targets: Literal["rare_bucket", "terms", "both"] = "rare_bucket"
+    # rare_bucket: targets in the rare frequency bucket; terms: tokens of term occurrences; both;
+    # terms_after_first: the tokens of a term occurrence after its first (rarelm/objectives/selection.py)
+    targets: Literal["rare_bucket", "terms", "both", "terms_after_first"] = "rare_bucket"
     # per-vocabulary target weight from frequency (rarelm/objectives/): uniform (none); token-level
     # adaptive training's exponential / chi-square forms; FACE (frequency-aware cross-entropy)
     token_weight: Literal["uniform", "tlat_exp", "tlat_chi2", "face"] = "uniform"
@@ -135,7 +136,15 @@ class LossParams:
     logit_adjust_tau: float = param(0.0, ge=0.0, le=100.0)  # loss on logits + tau * log prior; 0 = off
     agg: bool = False  # adaptive gradient gating of rare tokens' output embeddings
     agg_alpha: float = param(0.03, gt=0.0, le=1.0)  # AGG: rare = in-batch appearance rate below this
-    unlikelihood: float = param(0.0, ge=0.0, le=1e4)  # weight of unlikelihood at the selected targets
+    # token-level unlikelihood (Welleck et al. 2020) at every target: negatives = previous context
+    unlikelihood: float = param(0.0, ge=0.0, le=1e4)
+    # the repo's earlier variant: frequent-bucket tokens ranked above the target, at the selected targets
+    frequent_unlikelihood: float = param(0.0, ge=0.0, le=1e4)
+    # KL(base || model) on the targets `targets` does not select, to the frozen starting model
+    kl_base: float = param(0.0, ge=0.0, le=1e4)
+    # the weighted loss over: weights = sum of the weights | targets = their number (the unselected
+    # targets keep their plain-CE share whatever rare_weight is)
+    normalize: Literal["weights", "targets"] = "weights"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -152,20 +152,107 @@ def test_logit_adjustment_by_hand():
     assert stats.tolist() == pytest.approx([math.log(2), 1.0, math.log(2), 1.0], rel=1e-6)
 
 
-def test_unlikelihood_by_hand_at_the_selected_targets():
+def test_frequent_unlikelihood_by_hand_at_the_selected_targets():
     # probabilities .5 .3 .2 ... at each of two targets; token 0 (frequent) ranks above
     # target 2 (selected: a term position) but not above target 0; target 1 is not selected
     probs = torch.tensor([0.5, 0.3, 0.2, 1e-9, 1e-9])
     logits = torch.log(probs).expand(1, 3, 5).clone()
     y = torch.tensor([[0, 1, 2]])
     index = TermIndex(np.array([[1, 1, 0], [3, 1, 0]]), max_length=1)  # positions 1 and 3
-    objective = _objective(targets="terms", index=index, unlikelihood=0.5)
+    objective = _objective(targets="terms", index=index, frequent_unlikelihood=0.5)
     loss, _ = objective(logits, y, np.array([0]))
     ce = -torch.log(probs[[0, 1, 2]]).mean().item()
     assert loss.item() == pytest.approx(ce + 0.5 * -math.log(1 - 0.5) / 3, rel=1e-5)
 
 
-@pytest.mark.parametrize("neutral", [{}, {"focal_gamma": 0.0, "logit_adjust_tau": 0.0, "unlikelihood": 0.0},
+def test_unlikelihood_pushes_down_the_previous_context_at_every_target_by_hand():
+    # Welleck et al.'s token level: window x = 0 3 2 1, targets y = 3 2 1 3; p = .5 .3 .2 .0 .0
+    # at every position (token 3's probability ~0: -log(1 - p) = 0 whatever the set holds)
+    # C = {0}, {0, 3}, {0, 3, 2}, {0, 2, 1} (the context x_0..x_j minus the target y_j)
+    probs = torch.tensor([0.5, 0.3, 0.2, 1e-9, 1e-9])
+    logits = torch.log(probs).expand(1, 4, 5).clone()
+    x, y = torch.tensor([[0, 3, 2, 1]]), torch.tensor([[3, 2, 1, 3]])
+    ul = [-math.log(0.5), -math.log(0.5), -math.log(0.5) - math.log(0.8),
+          -math.log(0.5) - math.log(0.8) - math.log(0.7)]
+    ce = -torch.log(probs[[3, 2, 1, 3]]).mean().item()
+    loss, stats = _objective(unlikelihood=2.0)(logits, y, np.array([0]), x)
+    assert loss.item() == pytest.approx(ce + 2.0 * sum(ul) / 4, rel=1e-5)
+    assert stats[0].item() == pytest.approx(4 * ce, rel=1e-6)  # the logged sums stay plain CE
+    with pytest.raises(RuntimeError, match="needs the input ids"):
+        _objective(unlikelihood=2.0)(logits, y, np.array([0]))
+
+
+class _TableLM(torch.nn.Module):
+    """A real torch model whose logits at a position are a table row of its input token."""
+
+    def __init__(self, rows: list[list[float]]):
+        super().__init__()
+        self.table = torch.nn.Embedding.from_pretrained(torch.log(torch.tensor(rows)), freeze=False)
+
+    def forward(self, input_ids, use_cache=False):
+        return type("Out", (), {"logits": self.table(input_ids)})()
+
+
+def test_kl_to_the_base_by_hand_on_the_unselected_targets_only():
+    # base: p = (.5, .5) after every token; the model now says (.25, .75). Targets 1 and 2
+    # are a term's (selected), target 0 is not: the penalty is kl_base * KL(base || model) / 3
+    model = _TableLM([[0.5, 0.5], [0.5, 0.5]])
+    objective = _objective(targets="terms", index=INDEX, kl_base=2.0)
+    objective.prepare_model(model)
+    with torch.no_grad():
+        model.table.weight.copy_(torch.log(torch.tensor([[0.25, 0.75], [0.25, 0.75]])))
+    x, y = torch.tensor([[0, 1, 0]]), torch.tensor([[1, 0, 1]])
+    loss, stats = objective(model(x).logits, y, np.array([0]), x)
+    kl = 0.5 * math.log(0.5 / 0.25) + 0.5 * math.log(0.5 / 0.75)  # 0.1438
+    ce = (-math.log(0.75) - math.log(0.25) - math.log(0.75)) / 3
+    assert loss.item() == pytest.approx(ce + 2.0 * kl / 3, rel=1e-6)
+    assert stats[0].item() == pytest.approx(3 * ce, rel=1e-6)
+    assert objective.kl_base.base.table.weight.requires_grad is False  # frozen, in eval mode
+    assert not objective.kl_base.base.training
+
+
+def test_kl_to_the_base_is_zero_at_the_start_and_the_base_stays_frozen():
+    model = _tiny_lm()
+    objective = _objective(kl_base=1.0)
+    objective.prepare_model(model)
+    x = torch.tensor([[0, 1, 0, 2, 0, 3]])
+    y = torch.tensor([[1, 0, 2, 0, 3, 0]])
+    plain, _ = Objective("rare_bucket", 0.0, IS_RARE)(model(input_ids=x).logits, y, np.array([0]))
+    loss, _ = objective(model(input_ids=x).logits, y, np.array([0]), x)
+    assert loss.item() == pytest.approx(plain.item(), abs=1e-6)  # the model is its base
+    loss.backward()
+    torch.optim.SGD(model.parameters(), lr=1.0).step()
+    loss, _ = objective(model(input_ids=x).logits, y, np.array([0]), x)
+    assert loss.item() > Objective("rare_bucket", 0.0, IS_RARE)(model(input_ids=x).logits, y,
+                                                                np.array([0]))[0].item()
+    assert torch.equal(objective.kl_base.base.lm_head.weight, _tiny_lm().lm_head.weight)
+
+
+def test_normalize_by_the_number_of_targets_keeps_the_unselected_share_by_hand():
+    # ce 1, 3, 2; the second and third targets are a term's; rare_weight 2: w = 1, 3, 3
+    logits = logits_with_ce([0, 1, 2], CE)
+    loss, _ = _objective(targets="terms", index=INDEX, rare_weight=2.0, normalize="targets")(
+        logits, Y, np.array([0]))
+    assert loss.item() == pytest.approx((1 * 1.0 + 3 * 3.0 + 3 * 2.0) / 3, rel=1e-6)  # not / 7
+    plain, _ = _objective(normalize="targets")(logits, Y, np.array([0]))  # no weights: the mean
+    assert plain.item() == pytest.approx(2.0, rel=1e-6)
+
+
+def test_terms_after_first_weighs_a_term_past_its_first_token_by_hand():
+    # one term occurrence covers targets 1 and 2: only target 2 is selected; ce 1, 3, 5
+    ce = [1.0, 3.0, 5.0]
+    loss, _ = Objective("terms_after_first", 2.0, IS_RARE, INDEX)(logits_with_ce([0, 1, 2], ce), Y,
+                                                                 np.array([0]))
+    assert loss.item() == pytest.approx((1.0 + 3.0 + 3 * 5.0) / 5, rel=1e-6)
+    mask = Objective("terms_after_first", 1.0, IS_RARE, INDEX).selected(
+        torch.zeros(2, 3, dtype=torch.long), np.array([0, 2]))
+    # the second window starts mid-term: its first target (position 3) is the term's second token
+    assert mask.tolist() == [[False, False, True], [True, False, False]]
+
+
+@pytest.mark.parametrize("neutral", [{}, {"focal_gamma": 0.0, "logit_adjust_tau": 0.0, "unlikelihood": 0.0,
+                                          "frequent_unlikelihood": 0.0, "kl_base": 0.0,
+                                          "normalize": "weights"},
                                      {"token_weight": "tlat_exp", "tlat_a": 0.0}])
 def test_neutral_settings_are_plain_cross_entropy_with_its_gradients(neutral):
     logits = torch.randn(2, 4, 5, generator=torch.Generator().manual_seed(0))

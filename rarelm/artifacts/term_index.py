@@ -61,13 +61,18 @@ class TermIndex:
         rows = np.asarray(self.rows[first:last])
         return rows[rows[:, 0] + rows[:, 1] > lo]
 
-    def target_mask(self, starts: np.ndarray, block_size: int) -> np.ndarray:
+    def target_mask(self, starts: np.ndarray, block_size: int, skip_first: bool = False) -> np.ndarray:
         """Bool [windows, block_size]: target j of the window starting at s (position s + 1 + j)
-        is a token of a term occurrence."""
+        is a token of a term occurrence (with `skip_first`: one after the occurrence's first).
+
+        >>> TermIndex(np.array([[2, 2, 0]]), 2).target_mask(np.array([0]), 4, skip_first=True).tolist()
+        [[False, False, True, False]]
+        """
+        skip = int(skip_first)
         mask = np.zeros((len(starts), block_size + 1), dtype=np.int8)
         for w, s in enumerate(np.asarray(starts, dtype=np.int64).tolist()):
             for start, length, _ in self.overlapping(s + 1, s + 1 + block_size).tolist():
-                a, b = max(start, s + 1) - s - 1, min(start + length, s + 1 + block_size) - s - 1
+                a, b = max(start + skip, s + 1) - s - 1, min(start + length, s + 1 + block_size) - s - 1
                 mask[w, a] += 1
                 mask[w, b] -= 1
         return np.cumsum(mask[:, :-1], axis=1) > 0

@@ -7,22 +7,33 @@ with it, one module each, with its formula, source and a worked example:
     w_t  = (1 + rare_weight * selected_t) * token_weight[y_t]   loss.token_weight
     l_t  = (1 - p_t)^gamma * -log p_t                            loss.focal_gamma (0: CE)
     p    = softmax(logits + tau * log pi)                        loss.logit_adjust_tau (0: as is)
-    loss = sum(w_t * l_t) / sum(w_t)
-           + unlikelihood * sum_t UL_t / n_targets               loss.unlikelihood (0: off)
+    loss = sum(w_t * l_t) / D                                    loss.normalize: D = sum(w_t) | N
+           + unlikelihood * sum_t UL_t / N                       loss.unlikelihood (0: off)
+           + frequent_unlikelihood * sum_{t selected} UL'_t / N  loss.frequent_unlikelihood (0: off)
+           + kl_base * sum_{t not selected} KL_t / N             loss.kl_base (0: off)
+
+(N: the number of targets.)
 
 * token_weight: `tlat.py` (token-level adaptive training, Gu et al. 2020: exponential
   or chi-square in the train count), `face.py` (FACE, Jiang et al. 2019: from the
   relative frequency of the targets or of the model's argmax predictions, refreshed
   during training); uniform = 1;
 * `focal.py` (Lin et al. 2017), `logit_adjust.py` (Menon et al. 2021; pi = the train
-  unigram prior), `unlikelihood.py` (Welleck et al. 2020);
+  unigram prior), `unlikelihood.py` (Welleck et al. 2020, as published: previous-context
+  negatives at every target), `frequent_unlikelihood.py` (the repo's earlier variant:
+  frequent tokens ranked above the selected targets);
+* aimed at the trade between the terms and the general text (issue 22): `normalize.py`
+  (the unselected targets keep their plain-CE share), `kl_base.py` (KL to the frozen
+  starting model on the unselected targets), and `loss.targets: terms_after_first`
+  (`selection.py`: a term's tokens after its first);
 * `agg.py`: `loss.agg`, adaptive gradient gating (AGG, Yu et al. 2022) changes no
   loss: it gates the gradient that reaches rare tokens' output-embedding rows.
 
 With every `loss.*` at its default the loss, its gradients and the logged sums are
 exactly those of `rare_weighted_loss`. The logged sums are always plain
 cross-entropy of the model's own logits. `objective.Objective` is the one entry
-point the training loop calls: `prepare_model` once, the objective per micro-batch,
+point the training loop calls: `prepare_model` once, the objective per micro-batch
+(logits, targets, window starts, input ids),
 `step_end` after each optimizer step, `state` / `load_state` with each checkpoint.
 
 Adding a remedy is four things, nowhere else:

@@ -67,7 +67,7 @@ class AdaptiveGradientGate(Remedy):
                               f"{type(head).__name__}")
         self.wrap(head)
 
-    def on_batch(self, logits: torch.Tensor, y: torch.Tensor) -> None:
+    def on_batch(self, logits: torch.Tensor, y: torch.Tensor, x) -> None:
         self.observe(y)
 
     def on_step_end(self, done: int, all_reduce) -> None:

@@ -61,7 +61,7 @@ class FaceWeights(Remedy):
             return None
         return cls(context.counts, params.face_source, params.face_refresh, context.device)
 
-    def on_batch(self, logits: torch.Tensor, y: torch.Tensor) -> None:
+    def on_batch(self, logits: torch.Tensor, y: torch.Tensor, x) -> None:
         with torch.no_grad():
             seen = y if self.source == "targets" else logits.detach().argmax(-1)
             self.pending += torch.bincount(seen.reshape(-1), minlength=len(self.counts))

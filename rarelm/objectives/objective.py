@@ -17,7 +17,10 @@ from rarelm.errors import RarelmError
 from rarelm.objectives.agg import AdaptiveGradientGate
 from rarelm.objectives.face import FaceWeights
 from rarelm.objectives.focal import Focal
+from rarelm.objectives.frequent_unlikelihood import FrequentUnlikelihood
+from rarelm.objectives.kl_base import KlToBase
 from rarelm.objectives.logit_adjust import LogitAdjustment
+from rarelm.objectives.normalize import TargetCountNormalization
 from rarelm.objectives.rare_weight import RareWeight, plain_stats, rare_weighted_loss, weighted_mean
 from rarelm.objectives.remedy import Context, Remedy
 from rarelm.objectives.selection import FREQUENT_BUCKET, TargetSelection, rare_mask
@@ -25,8 +28,10 @@ from rarelm.objectives.tlat import TlatWeights
 from rarelm.objectives.unlikelihood import Unlikelihood
 from rarelm.params import LossParams
 
+# KlToBase copies the model in prepare_model: before AdaptiveGradientGate re-routes its output layer
 REMEDIES: list[type[Remedy]] = [RareWeight, TlatWeights, FaceWeights, LogitAdjustment, Focal,
-                                Unlikelihood, AdaptiveGradientGate]
+                                TargetCountNormalization, Unlikelihood, FrequentUnlikelihood, KlToBase,
+                                AdaptiveGradientGate]
 _NAMES = {remedy.name for remedy in REMEDIES}
 
 
@@ -46,13 +51,14 @@ def _check_counts(params: LossParams, counts) -> None:
 class Objective:
     """The loss `train` optimises, per `loss.*` (rarelm/objectives/__init__.py).
 
-    Called with a batch's logits, targets and the train-split positions its
-    windows start at (`starts`, int64 [B]); the term index turns those into the
+    Called with a batch's logits, targets, the train-split positions its windows
+    start at (`starts`, int64 [B]) and its input ids (`x`, for the remedies that read the
+    context: unlikelihood, KL to the base); the term index turns `starts` into the
     term positions among the targets (`selected`).
 
     `loss.targets` and `loss.rare_weight` come as `targets` and `rare_weight`, the
     other `loss.*` in `params` (a `LossParams`), with the bucket of frequent tokens
-    (`is_frequent`, for unlikelihood), the train `counts` where `needs_counts`, and
+    (`is_frequent`, for frequent_unlikelihood), the train `counts` where `needs_counts`, and
     `steps_per_epoch` (AGG's memory); `from_params` builds it all from buckets. Each
     remedy that is on is reachable by its name (`objective.face`, `objective.agg`;
     None where off).
@@ -91,15 +97,17 @@ class Objective:
         return self.selection(y, starts)
 
     def prepare_model(self, model) -> None:
-        """Once, before DDP or compile wrap the model: AGG routes its output layer through the gate."""
+        """Once, before DDP or compile wrap the model and before a checkpoint's weights are loaded:
+        KL to the base copies it, AGG routes its output layer through the gate."""
         for remedy in self.remedies:
             remedy.prepare_model(model)
 
-    def __call__(self, logits: torch.Tensor, y: torch.Tensor, starts: np.ndarray
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(loss, stats) as `rare_weighted_loss` returns them, for logits [B, T, V], targets [B, T]."""
+    def __call__(self, logits: torch.Tensor, y: torch.Tensor, starts: np.ndarray,
+                 x: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(loss, stats) as `rare_weighted_loss` returns them, for logits [B, T, V], targets [B, T]
+        and inputs x [B, T]."""
         for remedy in self.remedies:
-            remedy.on_batch(logits, y)
+            remedy.on_batch(logits, y, x)
         if self.reshaped:
             return self._reshaped_loss(logits, y, starts)
         selected = self.selected(y, starts) if self.rare_weight else None
@@ -119,13 +127,21 @@ class Objective:
         for remedy in self.remedies:
             per_target = remedy.transform(per_target)
             weights = remedy.target_weights(weights, targets, selected)
-        loss = weighted_mean(per_target, weights)
+        loss = self._mean(per_target, weights)
         for remedy in self.remedies:
             penalty = remedy.penalty(raw, targets, selected)
             loss = loss if penalty is None else loss + penalty
         # the logged sums are plain cross-entropy of the model's own logits
         plain = ce if adjusted is raw else F.cross_entropy(raw, targets, reduction="none")
         return loss, plain_stats(plain, self.is_rare[targets])
+
+    def _mean(self, per_target: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+        """sum(w l) / sum(w), or over the denominator a remedy sets (`loss.normalize`)."""
+        for remedy in self.remedies:
+            denominator = remedy.denominator(weights)
+            if denominator is not None:
+                return (per_target * weights).sum() / denominator
+        return weighted_mean(per_target, weights)
 
     def step_end(self, done: int, dist=None) -> None:
         """After optimizer step `done`: FACE sums its counts over the ranks (and refreshes), AGG

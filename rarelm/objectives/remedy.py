@@ -6,11 +6,13 @@ neutral default here, so a remedy writes only the hooks it needs:
 
     reads_counts(params)   the setting that makes it read the train counts, or ""
     from_params(params, context) -> the remedy, or None where its params turn it off
-    prepare_model(model)   once, before DDP / compile wrap the model
-    on_batch(logits, y)    every micro-batch, before the loss
+    prepare_model(model)   once, before DDP / compile wrap the model (the starting model: pretrained
+                           or freshly initialised, before a checkpoint's weights are loaded)
+    on_batch(logits, y, x) every micro-batch, before the loss (x: the input ids [B, T], or None)
     adjust_logits(z)       float32 logits [N, V] -> the logits the cross-entropy sees
     transform(loss)        per-target loss [N] -> per-target loss [N]
     target_weights(w, targets, selected)   per-target weights [N] (None = all 1) times its own
+    denominator(weights)   what sum(w_t * l_t) is divided by (None: sum(w_t), or N where w is None)
     penalty(z, targets, selected)          a scalar added to the weighted mean
     on_step_end(done, all_reduce)          after optimizer step `done`
     state() / load_state(state)            its checkpointed state (None = nothing to keep)
@@ -67,7 +69,7 @@ class Remedy:
     def prepare_model(self, model) -> None:
         pass
 
-    def on_batch(self, logits: torch.Tensor, y: torch.Tensor) -> None:
+    def on_batch(self, logits: torch.Tensor, y: torch.Tensor, x: torch.Tensor | None) -> None:
         pass
 
     def adjust_logits(self, logits: torch.Tensor) -> torch.Tensor:
@@ -79,6 +81,9 @@ class Remedy:
     def target_weights(self, weights: torch.Tensor | None, targets: torch.Tensor,
                        selected: torch.Tensor | None) -> torch.Tensor | None:
         return weights
+
+    def denominator(self, weights: torch.Tensor | None) -> torch.Tensor | None:
+        return None
 
     def penalty(self, logits: torch.Tensor, targets: torch.Tensor,
                 selected: torch.Tensor | None) -> torch.Tensor | None:

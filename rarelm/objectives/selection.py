@@ -5,10 +5,16 @@
   (data/rare/term_index.npy), so every token of "myocardial infarction"
   counts, including a medium-frequency modifier, and a number or a one-off
   word does not;
-* both: either.
+* both: either;
+* terms_after_first: the tokens of a term occurrence after its first ("infarction" of
+  "myocardial infarction", not "myocardial"): where a term is already under way. The
+  first token is where the model decides to start the term at all; weighting it more
+  teaches the model to start terms more often (false insertion, and the cost to
+  general text), weighting only the continuation does not (the remedy aimed at the
+  trade of issue 22). A term of one token has no such target.
 
-`loss.rare_weight` (rarelm/objectives/rare_weight.py) and `loss.unlikelihood` act
-on the selected targets.
+`loss.rare_weight` (rarelm/objectives/rare_weight.py) and `loss.frequent_unlikelihood` act
+on the selected targets, `loss.kl_base` on the others.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import numpy as np
 import torch
 
 FREQUENT_BUCKET, RARE_BUCKET = 0, 2  # data/rare/buckets.npy: 0 frequent, 1 medium, 2 rare, 3 unseen
-TARGET_CHOICES = ("rare_bucket", "terms", "both")
+TARGET_CHOICES = ("rare_bucket", "terms", "both", "terms_after_first")
 
 
 def rare_mask(buckets, vocab_size: int, bucket: int = RARE_BUCKET) -> torch.Tensor:
@@ -36,8 +42,8 @@ class TargetSelection:
     >>> is_rare = torch.tensor([False, False, True])          # token 2 is in the rare bucket
     >>> y = torch.tensor([[2, 0, 1]])                          # targets at positions 1, 2, 3
     >>> [TargetSelection(t, is_rare, index)(y, np.array([0])).tolist()
-    ...  for t in ("rare_bucket", "terms", "both")]
-    [[[True, False, False]], [[False, True, True]], [[True, True, True]]]
+    ...  for t in ("rare_bucket", "terms", "both", "terms_after_first")]
+    [[[True, False, False]], [[False, True, True]], [[True, True, True]], [[False, False, True]]]
     """
 
     def __init__(self, targets: str, is_rare: torch.Tensor, term_index=None):
@@ -52,5 +58,6 @@ class TargetSelection:
         rare = self.is_rare[y]
         if self.targets == "rare_bucket":
             return rare
-        terms = torch.from_numpy(self.term_index.target_mask(starts, y.size(1))).to(y.device)
-        return terms if self.targets == "terms" else terms | rare
+        skip_first = self.targets == "terms_after_first"
+        terms = torch.from_numpy(self.term_index.target_mask(starts, y.size(1), skip_first)).to(y.device)
+        return terms | rare if self.targets == "both" else terms

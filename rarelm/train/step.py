@@ -25,7 +25,7 @@ def forward_backward_step(t: Trainer, starts: np.ndarray, last: bool):
     with sharding.gradient_sync(t.model, last):
         with t.precision.autocast():
             logits = t.model(input_ids=x, use_cache=False).logits
-        loss, stats = t.objective(logits, y, starts)
+        loss, stats = t.objective(logits, y, starts, x)
         t.scaler.scale(loss / t.tp.grad_accum).backward()
     return loss, stats
 
