@@ -21,7 +21,7 @@ from rarelm.report import headline as hl
 from rarelm.report.dvc_queue import existing
 from rarelm.report.headline_outputs import END, FIGURE, START, readme_section, report_row
 from rarelm.report.headline_plan import PREFIX, Plan
-from tests.conftest import run
+from tests.conftest import REPO, run
 from tests.test_compare import GENERATOR
 
 TRAIN = """
@@ -235,3 +235,71 @@ def test_ranking_guards_overall_perplexity_and_false_insertion(monkeypatch):
     monkeypatch.setattr(hl, "_compare", lambda *args: report)
     ranked = hl.ranking(Path("."), plan, ["a", "b", "c", "d", "e"], [1])
     assert ranked == [("c", -0.2), ("e", -0.1), ("a", -0.1)]
+
+
+# --------------------------------------------------------------------------- the real-text plans (issue 22)
+
+REALTEXT_PLANS = sorted((REPO / "realtext").glob("*.yaml"))
+
+
+def _params_of(overrides: list[str]):
+    """params.yaml with `dvc exp run -S` overrides applied (an override of a key params.yaml does
+    not have fails, as DVC refuses it), validated into Params."""
+    import copy
+
+    from rarelm.params import Params
+
+    raw = copy.deepcopy(yaml.safe_load((REPO / "params.yaml").read_text(encoding="utf-8")))
+    for item in overrides:
+        key, value = item.split("=", 1)
+        *parents, leaf = key.split(".")
+        section = raw
+        for name in parents:
+            section = section[name]
+        assert leaf in section, key
+        section[leaf] = yaml.safe_load(value)
+    return Params.from_dict(raw)
+
+
+@pytest.mark.parametrize("path", REALTEXT_PLANS, ids=lambda p: p.stem)
+def test_every_real_text_experiment_sets_existing_params_to_valid_values(path):
+    """A dry listing of each plan: every experiment of its first round, overrides on params.yaml."""
+    plan = Plan.load(path)
+    names = [*plan.configurations, *plan.decode]
+    listing = plan.batch(names, plan.screen_seeds or plan.final_seeds, {})
+    assert len(listing) == len(names) * len(plan.screen_seeds or plan.final_seeds)
+    for _, overrides in listing:
+        params = _params_of(overrides)
+        assert params.model.name_or_path == "base/model" and params.corpus.path.startswith("data/raw/")
+
+
+@pytest.mark.parametrize("corpus", ["foldoc_en", "manpages_zh"])
+def test_real_text_headline_plans_fix_issue_22s_rules_before_the_results(corpus):
+    from rarelm.report.headline_plan import RANK_METRIC, TIE_METRIC
+
+    plan = Plan.load(REPO / "realtext" / f"headline_{corpus}.yaml")
+    assert (plan.baseline, plan.screen_seeds, plan.final_seeds) == ("finetune", [1337], [1, 2, 3])
+    assert (plan.screen_split, plan.final_split, plan.finalists) == ("val", "test", 2)
+    assert (plan.ppl_tolerance, plan.insertion_tolerance) == (0.02, 0.10)
+    assert (RANK_METRIC, TIE_METRIC) == ("nll_per_char", "token_acc")
+    assert "eval.splits=[val,test]" in plan.common and plan.prefix == f"rh-{corpus}-"
+    runs = {name: _params_of([*plan.common, *plan.overrides(name, {})]) for name in plan.configurations}
+    steps = {name: params.train.max_steps for name, params in runs.items()}
+    assert steps["finetune"] == 300 and steps["finetune-longer"] == 400  # 300 x 4/3: the KL's extra forward
+    losses = {name: params.loss for name, params in runs.items()}
+    assert losses["kl-base"].kl_base > 0 and losses["unlikelihood"].unlikelihood > 0
+    assert losses["term-loss-after-first"].targets == "terms_after_first"
+    assert losses["term-loss-normalized"].normalize == "targets"
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert f"<!-- {plan.section}:start -->" in readme and f"<!-- {plan.section}:end -->" in readme
+
+
+def test_the_real_text_learning_curve_is_three_budgets_of_three_configurations():
+    plan = Plan.load(REPO / "realtext" / "curve_foldoc_en.yaml")
+    assert plan.fixed and plan.final_split == "test"
+    runs = {name: _params_of([*plan.common, *plan.overrides(name, {})]) for name in plan.configurations}
+    budgets: dict[tuple, list[int]] = {}
+    for params in runs.values():
+        loss = params.loss
+        budgets.setdefault((loss.targets, loss.rare_weight, loss.kl_base), []).append(params.train.max_steps)
+    assert list(budgets.values()) == [[300, 600, 1200]] * 3

@@ -619,6 +619,31 @@ def test_face_agg_focal_run_resumes_bit_identical(trained, tmp_path, monkeypatch
     assert rows("resumed") == rows("whole")
 
 
+def test_kl_base_unlikelihood_normalize_run_resumes_bit_identical(trained, tmp_path, monkeypatch):
+    """The remedies of issue 22 together (KL to the frozen starting model, unlikelihood with
+    previous-context negatives, term weights after a term's first token, divided by the number
+    of targets): a run that crashes after its step-4 checkpoint and is started again ends
+    byte-identical to an uninterrupted one (the base is copied again from the same start)."""
+    from rarelm.params import load_params
+
+    root, _, _ = trained
+    monkeypatch.chdir(root)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")  # no store needed here
+    base = load_params(root / "params.yaml")
+    base = dataclasses.replace(base, tracking=dataclasses.replace(base.tracking, required=False))
+    params = dataclasses.replace(
+        base, loss=dataclasses.replace(base.loss, targets="terms_after_first", rare_weight=2.0,
+                                       normalize="targets", unlikelihood=0.5, kl_base=1.0),
+        train=dataclasses.replace(base.train, nproc=1, max_steps=7, batch_size=8, log_every=1,
+                                  eval_every=7, checkpoint_every=4, precision="fp32"))
+
+    _whole_then_crashed_and_resumed(params, tmp_path, monkeypatch, crash_step=6)
+    whole, resumed = (tmp_path / n / "model.safetensors" for n in ("whole", "resumed"))
+    assert resumed.read_bytes() == whole.read_bytes()
+    rows = lambda name: [r["loss"] for r in csv.DictReader((tmp_path / f"{name}.csv").open())]  # noqa: E731
+    assert rows("resumed") == rows("whole") and len(rows("whole")) == 7
+
+
 def test_curves_of_a_run_resumed_between_two_rows_equal_the_uninterrupted_ones(trained, tmp_path,
                                                                                monkeypatch):
     """A checkpoint every 3 steps, a curve row every 4: crashed after the step-6 checkpoint, the
