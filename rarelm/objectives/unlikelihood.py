@@ -27,28 +27,37 @@ from rarelm.objectives.remedy import Context, Remedy
 from rarelm.params import LossParams
 
 
-def context_negatives(x: torch.Tensor, y: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """Bool [B, T, V]: token v is a negative of target j, i.e. among x_0 .. x_j and not y_j.
+def context_negatives(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Bool [B, T, T]: context token x_i is a negative of target j (i <= j, x_i != y_j), each distinct
+    token once (at its first position in the window).
 
-    >>> context_negatives(torch.tensor([[0, 1, 2]]), torch.tensor([[1, 2, 1]]), 3).int().tolist()
+    A [B, T, T] mask over context positions rather than [B, T, V] over the vocabulary: a window
+    has at most T distinct tokens.
+
+    >>> context_negatives(torch.tensor([[0, 1, 2]]), torch.tensor([[1, 2, 1]])).int().tolist()
     [[[1, 0, 0], [1, 1, 0], [1, 0, 1]]]
+    >>> context_negatives(torch.tensor([[5, 5]]), torch.tensor([[5, 7]])).int().tolist()  # 5 once
+    [[[0, 0], [1, 0]]]
     """
-    seen = torch.zeros(*x.shape, vocab_size, dtype=torch.uint8, device=x.device)
-    seen.scatter_(2, x[..., None], 1)
-    seen = seen.cummax(dim=1).values.bool()  # seen at or before position j
-    return seen.scatter(2, y[..., None], False)
+    t = x.size(1)
+    earlier = torch.ones(t, t, dtype=torch.bool, device=x.device).tril(-1)  # [i, k]: k < i
+    first = ~((x[:, :, None] == x[:, None, :]) & earlier).any(-1)  # [B, i]: no earlier x_k == x_i
+    causal = earlier | torch.eye(t, dtype=torch.bool, device=x.device)  # [j, i]: i <= j
+    return causal[None] & first[:, None, :] & (x[:, None, :] != y[:, :, None])
 
 
-def unlikelihood(logits: torch.Tensor, negatives: torch.Tensor) -> torch.Tensor:
-    """sum_t sum_{c in C_t} -log(1 - p_c) for logits [N, V] and negatives [N, V] (bool).
+def unlikelihood(logits: torch.Tensor, x: torch.Tensor, negatives: torch.Tensor) -> torch.Tensor:
+    """sum_j sum_{i negative} -log(1 - p_j(x_i)) for logits [B, T, V], inputs x [B, T] and
+    `context_negatives` [B, T, T].
 
-    >>> logits = torch.log(torch.tensor([[0.5, 0.3, 0.2]])).expand(3, 3)
-    >>> negatives = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]]).bool()
-    >>> round(unlikelihood(logits, negatives).item(), 4)
+    >>> logits = torch.log(torch.tensor([0.5, 0.3, 0.2])).expand(1, 3, 3)
+    >>> x, y = torch.tensor([[0, 1, 2]]), torch.tensor([[1, 2, 1]])
+    >>> round(unlikelihood(logits, x, context_negatives(x, y)).item(), 4)
     2.6593
     """
     p = torch.softmax(logits.float(), dim=-1)
-    return -(torch.log((1.0 - p).clamp_min(1e-5)) * negatives).sum()
+    p_context = p.gather(2, x[:, None, :].expand(-1, x.size(1), -1))  # [B, j, i]: p_j(x_i)
+    return -(torch.log((1.0 - p_context).clamp_min(1e-5)) * negatives).sum()
 
 
 class Unlikelihood(Remedy):
@@ -56,18 +65,19 @@ class Unlikelihood(Remedy):
 
     name = "unlikelihood"
 
-    def __init__(self, weight: float, vocab_size: int):
-        self.weight, self.vocab_size = weight, vocab_size
-        self.negatives: torch.Tensor | None = None
+    def __init__(self, weight: float):
+        self.weight = weight
+        self.x = self.negatives = None
 
     @classmethod
     def from_params(cls, params: LossParams, context: Context) -> Unlikelihood | None:
-        return cls(params.unlikelihood, context.vocab_size) if params.unlikelihood > 0 else None
+        return cls(params.unlikelihood) if params.unlikelihood > 0 else None
 
     def on_batch(self, logits, y, x) -> None:
         if x is None:
             raise RuntimeError("loss.unlikelihood needs the input ids: call the objective with x")
-        self.negatives = context_negatives(x, y, logits.size(-1)).reshape(-1, logits.size(-1))
+        self.x, self.negatives = x, context_negatives(x, y)
 
     def penalty(self, logits, targets, selected):
-        return self.weight * unlikelihood(logits, self.negatives) / targets.numel()
+        batched = logits.reshape(*self.x.shape, logits.size(-1))
+        return self.weight * unlikelihood(batched, self.x, self.negatives) / targets.numel()
