@@ -23,8 +23,11 @@ when there is none: then the penalty pulls toward a random model, which is not u
 `prepare_model` copies it once, before a checkpoint's weights are loaded (so a resumed
 run has the same base), in eval mode without gradients, in float32 weights like the
 model; its forward runs under the autocast dtype of the model's logits, i.e. the
-training precision. Cost: one extra forward of the base per micro-batch (no backward:
-about a third of a step's arithmetic) and a second copy of the weights in memory.
+training precision. Cost: one extra forward of the base per micro-batch (no backward) and a
+soft-target cross-entropy over the vocabulary, and a second copy of the weights in memory. On the
+committed base model (width 128, 8,192 tokens, so the output layer and softmaxes dominate) a step
+took 1.8-2.0x a plain one's CPU time (`python bench/objective_step_cost.py`), far over the 10% issue
+22 hoped for; on wider models the extra forward tends to a third of a step.
 """
 
 from __future__ import annotations

@@ -1,0 +1,67 @@
+"""CPU seconds of one full training step of the base model, plain CE against `loss.kl_base` and
+`loss.unlikelihood` (the remedies that cost more than the output layer's loss).
+
+    python bench/objective_step_cost.py [--model base/model] [--reps 5]
+
+One step = forward of base/model on 16 windows of 128 random token ids, the objective, backward
+and an AdamW step, in fp32 on one thread, the three objectives interleaved (their order reversed
+every other repeat), the first repeat left out as warm-up; each figure is the median of the
+process's CPU time (time.process_time), which other load on a shared machine does not inflate as
+it does wall time. The KL's extra forward of the frozen base is in its step. Prints one dict of
+seconds and one of ratios to plain. The compute-matched `finetune-longer` of
+realtext/headline_*.yaml takes its step count from the KL's ratio.
+"""
+
+import sys
+from pathlib import Path
+
+# Run as a file, this folder is sys.path[0], and bench/tokenize.py would shadow the standard library's
+sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+import argparse  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="base/model")
+    parser.add_argument("--reps", type=int, default=5)
+    args = parser.parse_args()
+    from transformers import AutoModelForCausalLM
+
+    from rarelm.objectives.objective import Objective
+    from rarelm.params import LossParams
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model = AutoModelForCausalLM.from_pretrained(args.model, local_files_only=True).float()
+    vocab = model.get_output_embeddings().weight.shape[0]
+    buckets = np.zeros(vocab, dtype=np.int64)
+    objectives = {name: Objective.from_params(LossParams(**loss), buckets, vocab, "cpu")
+                  for name, loss in (("plain", {}), ("kl_base", {"kl_base": 1.0}),
+                                     ("unlikelihood", {"unlikelihood": 1.0}))}
+    objectives["kl_base"].prepare_model(model)  # the frozen copy: the model as loaded
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.0)  # lr 0: every step the same model
+    ids = torch.randint(0, vocab, (16, 129))
+    x, y, starts = ids[:, :-1], ids[:, 1:], np.zeros(16, dtype=np.int64)
+    times: dict[str, list[float]] = {name: [] for name in objectives}
+    for rep in range(args.reps):
+        for name in (list(objectives) if rep % 2 else list(objectives)[::-1]):
+            t0 = time.process_time()
+            loss, _ = objectives[name](model(input_ids=x, use_cache=False).logits, y, starts, x)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            if rep:
+                times[name].append(time.process_time() - t0)
+    median = {name: statistics.median(t) for name, t in times.items()}
+    print({name: round(s, 3) for name, s in median.items()})
+    print({name: round(s / median["plain"], 3) for name, s in median.items()})
+
+
+if __name__ == "__main__":
+    main()
