@@ -184,7 +184,7 @@ def probe_seconds(model, x, y, steps: int = PROBE_STEPS) -> dict[str, float]:
 
     dtypes = {"fp32": None, "bf16": torch.bfloat16}
     times: dict[str, list[float]] = {name: [] for name in dtypes}
-    for name, dtype in dtypes.items():  # warm-up: kernels and allocator
+    for dtype in dtypes.values():  # warm-up: kernels and allocator
         step(dtype)
     for _ in range(steps):
         for name, dtype in dtypes.items():
