@@ -9,10 +9,10 @@ rare_terms and weights by their stages' code (bench/train_throughput.make_inputs
 
 * `base`        the committed base model itself (base/model: GPT-2 style, 6 layers x 128, 4 heads,
                 vocab 8,192, 2.25M parameters) fine-tuned as `model.name_or_path` at block 128,
-                micro-batch 16: base/params.yaml's sizes
+                micro-batch 16: base/params.yaml's sizes; `--steps` steps
 * `gpt2-small`  GPT-2 small's body (12 layers x 768, 12 heads) from scratch with the same 8,192-token
                 vocabulary (GPT-2's 50,257-token tokenizer is not on this offline machine), block
-                128, micro-batch 2, a few steps
+                128, micro-batch 1, `--gpt2-steps` steps
 
 Both loops run the same model, windows of the same data, micro-batch, precision
 (`train.precision` of params.yaml as `auto` resolves it here: rarelm.train.precision.resolve)
@@ -53,9 +53,9 @@ from bench.train_throughput import cpu_description, make_inputs, run_ours, run_t
 
 BASE = Path(__file__).resolve().parents[1] / "base" / "model"
 SHAPES = {  # model params and micro-batch per shape
-    "base": {"model": {"name_or_path": str(BASE), "block_size": 128}, "batch_size": 16, "steps": 12},
+    "base": {"model": {"name_or_path": str(BASE), "block_size": 128}, "batch_size": 16},
     "gpt2-small": {"model": {"name_or_path": "", "n_layer": 12, "n_head": 12, "n_embd": 768,
-                             "block_size": 128}, "batch_size": 2, "steps": 6},
+                             "block_size": 128}, "batch_size": 1},
 }
 
 
@@ -143,7 +143,10 @@ def main() -> None:
     parser.add_argument("--prepared", type=Path, default=Path("data/prepared"))
     parser.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=12, help="optimizer steps per base-shape run")
+    parser.add_argument("--gpt2-steps", type=int, default=4, help="... per gpt2-small run")
+    parser.add_argument("--warmup", type=int, default=2, help="steps left out of tokens/s")
+    parser.add_argument("--work", type=Path, help="keep the data made here (and reuse it) in this folder")
     parser.add_argument("--peak-reps", type=int, default=10)
     parser.add_argument("--no-profile", action="store_true")
     args = parser.parse_args()
@@ -169,10 +172,14 @@ def main() -> None:
     summary: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
+        data = args.work or tmp
         os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp / 'mlflow.db'}"
-        tokenized = tokenize_with_base(args.prepared, tmp / "tokenized")
-        rare, weights = make_inputs(tokenized, args.prepared, tmp, plain, "plain")
-        configs = {name: shape_params(plain, SHAPES[name], SHAPES[name]["steps"], args.warmup)
+        tokenized = data / "tokenized"
+        if not (tokenized / "meta.json").exists():
+            tokenize_with_base(args.prepared, tokenized)
+        rare, weights = make_inputs(tokenized, args.prepared, data, plain, "plain")
+        steps = {"base": args.steps, "gpt2-small": args.gpt2_steps}
+        configs = {name: shape_params(plain, SHAPES[name], steps[name], args.warmup)
                    for name in args.shapes}
         for repeat in range(args.repeats):
             for name, params in configs.items():
@@ -186,9 +193,9 @@ def main() -> None:
         print(f"matmul peak, best of before and after: {peak / 1e9:,.1f} GFLOP/s", flush=True)
         from rarelm.artifacts.tokenized import TokenizedData
 
-        data = TokenizedData.open(tokenized)
         for name, params in configs.items():
-            flops = flops_per_token(build_model(params.model, data), params.model.block_size)
+            model = build_model(params.model, TokenizedData.open(tokenized))
+            flops = flops_per_token(model, params.model.block_size)
             ours, trainer = max(results[name]["ours"]), max(results[name]["trainer"])
             summary[name] = {
                 "ours_tokens_per_s": round(ours, 1), "trainer_tokens_per_s": round(trainer, 1),
