@@ -129,6 +129,8 @@ def run_trainer(params, tokenized: Path, work: Path, warmup: int) -> float:
 
     tp = params.train
     amp_dtype, _ = pick_precision(tp.precision, torch.device("cpu"))
+    # The Trainer's own default (full_determinism=False); our loop turned it on in this process.
+    torch.use_deterministic_algorithms(False)
     seed_everything(params.seed)
     model = build_model(params.model, data)
     clock = Clock()

@@ -190,7 +190,7 @@ class TrainParams:
     warmup_steps: int = param(10, ge=0)
     weight_decay: float = param(0.1, ge=0.0, le=100.0)
     grad_clip: float = param(1.0, ge=0.0, le=1e9)  # 0 disables clipping
-    precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"  # bf16 where native: train/precision.py
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"  # bf16 if native, faster: train/precision.py
     gradient_checkpointing: bool = False
     compile: bool = False
     log_every: int = param(10, ge=1)

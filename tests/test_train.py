@@ -27,10 +27,20 @@ from rarelm.errors import RarelmError
 from rarelm.objectives.rare_weight import rare_weighted_loss
 from rarelm.objectives.selection import rare_mask
 from rarelm.params import TrainParams
+from rarelm.train import precision as precision_module
 from rarelm.train.batches import SampleStream, epochs_to_train, to_batch
 from rarelm.train.checkpoint import CheckpointStore, run_key
 from rarelm.train.optim import lr_at
-from rarelm.train.precision import CPU_BF16_ENV, cpu_has_bf16, cpu_has_native_bf16, pick_precision
+from rarelm.train.precision import (
+    CPU_BF16_ENV,
+    cached_probe,
+    cpu_has_bf16,
+    cpu_has_native_bf16,
+    pick_precision,
+    probe_key,
+    probe_seconds,
+    resolve,
+)
 from tests.conftest import REPO, run, set_params
 
 TINY_TRAIN = {
@@ -42,7 +52,8 @@ TINY_TRAIN = {
 }
 METRIC_KEYS = {"steps", "tokens", "wall_time_s", "tokens_per_s", "loss", "ce", "rare_ce",
                "val_ce", "val_rare_ce", "val_ppl", "epochs", "parameters", "trainable_parameters",
-               "state_bytes_per_rank", "precision"}
+               "state_bytes_per_rank", "precision", "precision_reason"}
+PROBE_KEYS = {"precision_probe_fp32_s", "precision_probe_bf16_s"}  # where auto timed the model
 
 
 def sha256(path: Path) -> str:
@@ -130,6 +141,81 @@ def test_auto_precision_follows_the_cpu_and_can_be_forced_as_on_the_other_kind(
     with pytest.raises(RarelmError, match="RARELM_CPU_BF16 = 'yes' is not allowed"):
         pick_precision("auto", cpu)
     assert pick_precision("fp32", cpu) == (None, False)  # a pinned precision never asks
+
+
+def _tiny_gpt2(n_embd: int = 16):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=n_embd, vocab_size=32,
+                                      n_positions=8, bos_token_id=0, eos_token_id=0)).train()
+
+
+class StepClock:
+    """A timer for the probe: each fp32 step takes `fp32` s and each bf16 step `bf16` s (the
+    probe alternates fp32, bf16 and reads the clock before and after each timed step)."""
+
+    def __init__(self, fp32: float, bf16: float):
+        self.now, self.calls, self.durations = 0.0, 0, (fp32, bf16)
+
+    def __call__(self) -> float:
+        if self.calls % 2:  # the end of a step
+            self.now += self.durations[(self.calls // 2) % 2]
+        self.calls += 1
+        return self.now
+
+
+@pytest.mark.parametrize(("fp32_s", "bf16_s", "expected"), [(0.3, 0.2, torch.bfloat16),
+                                                            (0.2, 0.3, None)])
+def test_auto_precision_probe_picks_the_faster_side_and_caches_it(monkeypatch, tmp_path,
+                                                                  fp32_s, bf16_s, expected):
+    """On a CPU with native bf16 `auto` times the real model in both precisions (timer patched
+    here) and trains in the faster; a second run reads the cache and does not time again."""
+    monkeypatch.delenv(CPU_BF16_ENV, raising=False)
+    monkeypatch.setattr(precision_module, "cpu_has_native_bf16", lambda: True)
+    monkeypatch.setattr(precision_module, "clock", StepClock(fp32_s, bf16_s))
+    model, cpu = _tiny_gpt2(), torch.device("cpu")
+    x = torch.randint(0, 32, (2, 8))
+    key = probe_key(model, tuple(x.shape))
+    first = resolve("auto", cpu, lambda: cached_probe(tmp_path, key,
+                                                      lambda: probe_seconds(model, x, x, steps=1)))
+    name = "bf16" if expected is torch.bfloat16 else "fp32"
+    assert (first.dtype, first.use_scaler, first.reason) == (expected, False, f"probe: {name} faster")
+    assert first.probe == pytest.approx({"fp32": fp32_s, "bf16": bf16_s})
+    assert first.metrics() == {"precision": name, "precision_reason": f"probe: {name} faster",
+                               "precision_probe_fp32_s": fp32_s, "precision_probe_bf16_s": bf16_s}
+    assert json.loads((tmp_path / "precision" / f"{key}.json").read_text()) == first.probe
+    again = resolve("auto", cpu, lambda: cached_probe(tmp_path, key, pytest.fail))
+    assert again.dtype is expected and again.probe["cached"] is True
+    assert again.describe() == (f"precision {name} (probe: {name} faster; fp32 {fp32_s:.3f} s, "
+                                f"bf16 {bf16_s:.3f} s a step, cached)")
+    assert all(p.grad is None for p in model.parameters())  # the probe leaves no gradients
+
+
+def test_probe_cache_key_changes_with_the_model_shape_and_micro_batch():
+    small, wider = _tiny_gpt2(16), _tiny_gpt2(32)
+    assert probe_key(small, (2, 8)) == probe_key(_tiny_gpt2(16), (2, 8))
+    assert len({probe_key(small, (2, 8)), probe_key(wider, (2, 8)), probe_key(small, (4, 8))}) == 3
+    small.transformer.h[0].attn.c_attn.weight.requires_grad_(False)  # e.g. LoRA: others train
+    assert probe_key(small, (2, 8)) != probe_key(_tiny_gpt2(16), (2, 8))
+
+
+def test_auto_precision_without_native_bf16_is_fp32_and_never_probes(monkeypatch):
+    """This machine kind (AVX2 only): `auto` stays fp32 without timing anything (emulated bf16
+    is ~10x slower), so the demo's `dvc repro` trains as before; RARELM_CPU_BF16 still forces
+    either side without a probe, and a pinned precision is never probed."""
+    cpu = torch.device("cpu")
+    monkeypatch.delenv(CPU_BF16_ENV, raising=False)
+    monkeypatch.setattr(precision_module, "cpu_has_native_bf16", lambda: False)
+    auto = resolve("auto", cpu, pytest.fail)
+    assert (auto.dtype, auto.reason, auto.probe) == (None, "no native bf16", None)
+    assert auto.metrics() == {"precision": "fp32", "precision_reason": "no native bf16"}
+    assert auto.describe() == "precision fp32 (no native bf16)"
+    for forced, dtype in (("1", torch.bfloat16), ("0", None)):
+        monkeypatch.setenv(CPU_BF16_ENV, forced)
+        chosen = resolve("auto", cpu, pytest.fail)
+        assert (chosen.dtype, chosen.reason) == (dtype, f"RARELM_CPU_BF16={forced}")
+    assert resolve("bf16", cpu, pytest.fail).reason == "pinned"
 
 
 @pytest.mark.parametrize(("bf16_gpu", "expected"), [(True, (torch.bfloat16, False)),
@@ -338,10 +424,12 @@ def test_dvc_repro_trains_with_two_ddp_processes(trained):
     assert len(summary) == 1 and "300 steps" in summary[0], result.stdout
     assert "step 300/300 | loss" in result.stderr  # log lines go to stderr
     metrics = json.loads((root / "metrics/train.json").read_text())
-    assert set(metrics) == METRIC_KEYS and all(v is not None for v in metrics.values())
-    auto = pick_precision("auto", torch.device("cpu"))[0]  # as RARELM_CPU_BF16 says, if set
-    assert metrics["precision"] == ("bf16" if auto is torch.bfloat16 else "fp32")
-    assert f"tokens/s ({metrics['precision']})" in summary[0]
+    assert set(metrics) - PROBE_KEYS == METRIC_KEYS and all(v is not None for v in metrics.values())
+    if not metrics["precision_reason"].startswith("probe"):  # as RARELM_CPU_BF16 says, if set
+        auto = pick_precision("auto", torch.device("cpu"))[0]
+        assert metrics["precision"] == ("bf16" if auto is torch.bfloat16 else "fp32")
+    assert f"tokens/s ({metrics['precision']}: {metrics['precision_reason']})" in summary[0]
+    assert f"train: precision {metrics['precision']} ({metrics['precision_reason']}" in result.stderr
     # 2 ranks x 4 samples x 32 tokens per step
     assert metrics["steps"] == 300 and metrics["tokens"] == 300 * 2 * 4 * 32
     assert metrics["val_ce"] < 5.0  # it learned: the tiny corpus's unigram entropy is ~5.3
@@ -422,7 +510,7 @@ def test_unreachable_tracking_store_warns_once_and_training_finishes(trained, tm
     assert len(warnings) == 1 and "MLflow tracking store http://127.0.0.1:9" in warnings[0]
     assert "going on without tracking" in warnings[0]
     metrics = json.loads((root / "metrics/untracked.json").read_text())
-    assert set(metrics) == METRIC_KEYS and all(v is not None for v in metrics.values())
+    assert set(metrics) - PROBE_KEYS == METRIC_KEYS and all(v is not None for v in metrics.values())
     assert not (root / "models/untracked/mlflow_run.json").exists()
     assert (root / "models/untracked/model.safetensors").is_file()
 

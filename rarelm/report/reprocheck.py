@@ -12,10 +12,11 @@ Two checks, each a subcommand of `python -m rarelm.report.reprocheck`:
                 metric within |new - old| <= atol + rtol * |old|; a Markdown table of the diff
                 goes to stdout and, in GitHub Actions, to $GITHUB_STEP_SUMMARY.
 
-Precision: `train.precision: auto` is bf16 on CPUs with AVX512-BF16/AMX and fp32 on others,
-and bf16 moves the metrics by more than float rounding; a reference is therefore made with the
-precision pinned (.ci/params.yaml: fp32), `reproduce --save-reference` warns when it is `auto`,
-and `metrics` fails on a different `precision` in metrics/train.json with a hint saying so.
+Precision: `train.precision: auto` is fp32 on CPUs without native bf16 and, on CPUs with
+AVX512-BF16/AMX, bf16 or fp32 as a timed probe of the model finds faster; bf16 moves the
+metrics by more than float rounding, so a reference is made with the precision pinned
+(.ci/params.yaml: fp32), `reproduce --save-reference` warns when it is `auto`, and `metrics`
+fails on a different `precision` in metrics/train.json with a hint saying so.
 
 The reference for `metrics` is a git revision (e.g. HEAD, when CI runs the committed params)
 or a folder of metrics files saved by `reproduce --save-reference DIR` (CI-sized params run
@@ -59,9 +60,11 @@ CHECKPOINT_DIRS = (TRAIN_CACHE,)
 # `train` leaves beside the model is new on every run by design.
 RUN_IDENTITY_FILES = (MLFLOW_RUN,)
 RTOL, ATOL = 0.05, 0.01
-# `train.precision: auto` trains in bf16 on CPUs with AVX512-BF16/AMX and in fp32 on others, so a
-# reference saved under `auto` holds only for CPUs of the kind that saved it.
-PRECISION_HINT = ("train.precision is auto (bf16 on CPUs with AVX512-BF16/AMX, fp32 on others): "
+# `train.precision: auto` trains in fp32 on CPUs without native bf16 and, on CPUs with
+# AVX512-BF16/AMX, in whichever of bf16 and fp32 a timed probe finds faster, so a reference
+# saved under `auto` holds only for CPUs of the kind (and model size) that saved it.
+PRECISION_HINT = ("train.precision is auto (on CPUs with AVX512-BF16/AMX bf16 where a probe finds "
+                  "it faster, fp32 on others): "
                   "pin it (as .ci/params.yaml does) so that the reference holds on every CPU")
 
 

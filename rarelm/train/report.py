@@ -70,5 +70,15 @@ def summary(metrics: dict[str, Any], paths) -> str:
     return (f"train: {metrics['steps']} steps, {metrics['tokens']:,} tokens "
             f"({metrics['epochs']:g} epochs), loss {f('loss')}, val ce {f('val_ce')} "
             f"(rare {f('val_rare_ce')}), {metrics['tokens_per_s']:,.0f} tokens/s "
-            f"({metrics.get('precision', 'fp32')}), "
+            f"({_precision(metrics)}), "
             f"{metrics['wall_time_s']:.0f} s -> {paths.model}")
+
+
+def _precision(metrics: dict[str, Any]) -> str:
+    """`fp32: no native bf16`: the precision trained in, and why.
+
+    >>> _precision({"precision": "bf16", "precision_reason": "probe: bf16 faster"})
+    'bf16: probe: bf16 faster'
+    """
+    reason = metrics.get("precision_reason")
+    return metrics.get("precision", "fp32") + (f": {reason}" if reason else "")

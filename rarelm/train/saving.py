@@ -33,7 +33,7 @@ def finish(t) -> dict[str, Any] | None:
         run.require()  # logging failed on the way: no outputs; a re-run resumes the last checkpoint
         metrics = {**final_metrics(t.state, tp, final_model, len(t.inputs.train_samples)
                                    * t.params.model.block_size),
-                   "state_bytes_per_rank": t.state_bytes, "precision": t.precision.name, **t.pinned}
+                   "state_bytes_per_rank": t.state_bytes, **t.precision.metrics(), **t.pinned}
         card = export.model_card(t.params, metrics, dvc_hashes(
             [t.paths.tokenized, t.paths.rare, t.paths.weights]))
         save_model(final_model, t.inputs.data, t.paths, run, card, t.params.model.save_dtype)
@@ -43,7 +43,8 @@ def finish(t) -> dict[str, Any] | None:
                                            if isinstance(v, (int, float))})
                         | summary_metrics(metrics), step=tp.max_steps)
         run.log_json(metrics, "final/train.json")
-        run.set_tags({"precision": t.precision.name, **t.pinned})
+        run.set_tags({"precision": t.precision.name, "precision_reason": t.precision.reason,
+                      **t.pinned})
         run.log_model(t.paths.model, t.params.tracking)  # a pyfunc (rarelm/serving.py); registered if asked
         t.store.clear()  # finished: a later run with these params starts afresh
     t.dist.barrier()

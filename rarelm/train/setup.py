@@ -16,6 +16,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from rarelm.objectives.objective import Objective
@@ -24,13 +25,21 @@ from rarelm.params import Params, TrainParams
 from rarelm.tracking.metrics import upstream_metrics
 from rarelm.tracking.run import Run, start_run
 from rarelm.train import sharding
-from rarelm.train.batches import SampleStream, epochs_to_train, sampling_weights, val_windows
+from rarelm.train.batches import SampleStream, epochs_to_train, sampling_weights, to_batch, val_windows
 from rarelm.train.checkpoint import CheckpointStore
 from rarelm.train.dist import Dist
 from rarelm.train.inputs import Inputs, Paths, checkpoint_key, load_inputs
 from rarelm.train.model import build_model, provenance
 from rarelm.train.optim import configure_optimizer
-from rarelm.train.precision import Precision, deterministic
+from rarelm.train.precision import (
+    Precision,
+    cached_probe,
+    deterministic,
+    pick_precision,
+    probe_key,
+    probe_seconds,
+    resolve,
+)
 from rarelm.train.process import exit_on_sigterm
 from rarelm.train.sampler import WeightedDistributedSampler
 from rarelm.train.state import RunState, resume_ranks, seed_everything
@@ -89,8 +98,8 @@ def start(params: Params, paths: Paths) -> Trainer:
     dist = Dist.setup()
     sharding.check_world_size(params.train.strategy, dist.world_size)
     deterministic(params.train.compile, dist.device)
-    precision = Precision.pick(params.train.precision, dist.device)
     inputs = load_inputs(params, paths)
+    precision = _precision(params, dist, inputs, paths.cache)
     pinned = provenance(params.model, inputs.data)  # hub commits: a new revision is a new run
     store = CheckpointStore(paths.cache, checkpoint_key(params, paths, pinned))
     found = dist.broadcast(str(store.latest_valid() or "") if dist.main else None)
@@ -103,6 +112,32 @@ def start(params: Params, paths: Paths) -> Trainer:
         # torchrun stops the other workers with SIGTERM when one fails: end the run as FAILED.
         signal.signal(signal.SIGTERM, exit_on_sigterm)
     return Trainer(params, paths, dist, precision, inputs, pinned, store, found, state, saved, run)
+
+
+def _precision(params: Params, dist: Dist, inputs: Inputs, cache: Path) -> Precision:
+    """`train.precision` on this device, and why: rank 0 resolves it (with `auto` on a CPU with
+    native bf16, by timing this run's model in fp32 and bf16, cached) and every rank trains in
+    its answer."""
+    answer = None
+    if dist.main:
+        chosen = resolve(params.train.precision, dist.device,
+                         lambda: _probe(params, inputs, dist.device, cache))
+        answer = (chosen.name, chosen.reason, chosen.probe)
+    name, reason, probe = dist.broadcast(answer)
+    return Precision(*pick_precision(name, dist.device), dist.device, reason, probe)
+
+
+def _probe(params: Params, inputs: Inputs, device, cache: Path) -> dict[str, Any]:
+    """Seconds per forward + backward step of this run's model at its micro-batch, fp32 and
+    bf16 (rarelm.train.precision.probe_seconds), from the cache if this CPU, torch, model shape
+    and micro-batch were timed before. The RNGs are left as they were."""
+    with torch.random.fork_rng(devices=[]):
+        model = build_model(params.model, inputs.data).to(device).train()
+        block, samples = params.model.block_size, inputs.train_samples
+        starts = np.arange(params.train.batch_size) % len(samples) * block
+        x, y = to_batch(samples, starts, block, device)
+        return cached_probe(cache, probe_key(model, tuple(x.shape)),
+                            lambda: probe_seconds(model, x, y))
 
 
 def build(t: Trainer) -> None:

@@ -1,0 +1,219 @@
+"""Training throughput at the base model's size and at GPT-2-small's: our loop vs transformers'
+Trainer, model FLOPs utilisation against a matmul peak measured here, and a profile of our step.
+
+    python bench/train_base_size.py [--shapes base gpt2-small] [--repeats 2] [--prepared data/prepared]
+
+The data: the demo's prepared text (`--prepared`, from `dvc repro prepare`) tokenized here by
+the tokenize stage's own code with the base model's tokenizer (base/model: 8,192 tokens), then
+rare_terms and weights by their stages' code (bench/train_throughput.make_inputs). Shapes:
+
+* `base`        the committed base model itself (base/model: GPT-2 style, 6 layers x 128, 4 heads,
+                vocab 8,192, 2.25M parameters) fine-tuned as `model.name_or_path` at block 128,
+                micro-batch 16: base/params.yaml's sizes; `--steps` steps
+* `gpt2-small`  GPT-2 small's body (12 layers x 768, 12 heads) from scratch with the same 8,192-token
+                vocabulary (GPT-2's 50,257-token tokenizer is not on this offline machine), block
+                128, micro-batch 1, `--gpt2-steps` steps
+
+Both loops run the same model, windows of the same data, micro-batch, precision
+(`train.precision` of params.yaml as `auto` resolves it here: rarelm.train.precision.resolve)
+and fused AdamW (ours: rarelm.train.optim; the Trainer's default `adamw_torch_fused`), one
+process with every thread (train.nproc = 1), eager: torch.compile is left off for both, since on
+this 2-core CPU it gave no gain for a small GPT-2 and costs minutes of compilation (NOTES.md).
+Runs are interleaved (ours, Trainer, per repeat, per shape); each figure is the best of its
+repeats, tokens/s counted after `--warmup` steps (bench/train_throughput.run_ours / run_trainer).
+
+MFU = (6 N + 12 L d T) x tokens/s / peak, with N the parameters that take part in matmuls
+(all but the position embeddings; the tied output layer once), L layers, d width, T block
+size (attention scores and their weighted sum, forward and backward, PaLM's count), and peak
+the best of `--peak-reps` square matmuls (1,024 x 1,024, in the training precision) measured in
+this process before and after the runs (the larger is kept).
+
+Then one optimizer step of ours (rarelm.train.step.train_step on the real Trainer set up by
+rarelm.train.setup) on the base shape under torch.profiler, after two warm-up steps: the ops
+with the most self CPU time. The last line is one JSON object: per shape {"ours_tokens_per_s",
+"trainer_tokens_per_s", "speedup_vs_trainer", "flops_per_token", "ours_mfu", "trainer_mfu",
+"runs"}, and "peak_flops", "precision", "cpu", "cpu_flags", "threads", "profile".
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path[0] = str(Path(__file__).resolve().parents[1])  # the repo root (see train_throughput.py)
+
+import argparse  # noqa: E402
+import dataclasses  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+
+from bench.train_throughput import cpu_description, make_inputs, run_ours, run_trainer  # noqa: E402
+
+BASE = Path(__file__).resolve().parents[1] / "base" / "model"
+SHAPES = {  # model params and micro-batch per shape
+    "base": {"model": {"name_or_path": str(BASE), "block_size": 128}, "batch_size": 16},
+    "gpt2-small": {"model": {"name_or_path": "", "n_layer": 12, "n_head": 12, "n_embd": 768,
+                             "block_size": 128}, "batch_size": 1},
+}
+
+
+def matmul_peak(dtype, reps: int, n: int = 1024) -> float:
+    """FLOP/s of the best of `reps` n x n matmuls (2 n^3 FLOPs each) in `dtype` (None: fp32),
+    on this process's threads."""
+    import torch
+
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    best = float("inf")
+    for rep in range(reps + 2):  # two warm-ups
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        if rep >= 2:
+            best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best
+
+
+def flops_per_token(model, block_size: int) -> int:
+    """6 N + 12 L d T for a GPT-2-style model (N without the position embeddings).
+
+    >>> from transformers import GPT2Config, GPT2LMHeadModel
+    >>> m = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=8, vocab_size=16, n_positions=4))
+    >>> n = sum(p.numel() for p in m.parameters()) - 4 * 8
+    >>> flops_per_token(m, 4) == 6 * n + 12 * 2 * 8 * 4
+    True
+    """
+    c = model.config
+    n = sum(p.numel() for p in model.parameters()) - model.transformer.wpe.weight.numel()
+    return 6 * n + 12 * c.n_layer * c.n_embd * block_size
+
+
+def shape_params(plain, shape: dict, steps: int, warmup: int):
+    """`plain` (bench/train_throughput's one-process params) at `shape`'s sizes."""
+    model = dataclasses.replace(plain.model, **shape["model"])
+    train = dataclasses.replace(plain.train, batch_size=shape["batch_size"], max_steps=steps,
+                                log_every=warmup, warmup_steps=min(plain.train.warmup_steps, steps))
+    return dataclasses.replace(plain, model=model, train=train)
+
+
+def tokenize_with_base(prepared: Path, out: Path) -> Path:
+    """The prepared splits encoded with base/model's tokenizer, as the tokenize stage does."""
+    from rarelm.files import write_json
+    from rarelm.params import TokenizerParams
+    from rarelm.tokenize import tokenization
+
+    out.mkdir(parents=True, exist_ok=True)
+    meta = tokenization.tokenize(TokenizerParams(name_or_path=str(BASE)), prepared, out)
+    write_json(out / "meta.json", meta)
+    return out
+
+
+def profile_step(params, tokenized: Path, rare: Path, weights: Path, work: Path) -> str:
+    """torch.profiler's table (self CPU time) of one optimizer step of our loop, after two."""
+    import torch
+
+    from rarelm.train import setup
+    from rarelm.train.inputs import Paths
+    from rarelm.train.meter import Meter
+    from rarelm.train.step import train_step
+
+    paths = Paths(tokenized=tokenized, rare=rare, weights=weights, model=work / "model",
+                  metrics=work / "train.json", plots=work / "train.csv",
+                  metrics_dir=work / "none", cache=work / "cache")
+    t = setup.start(params, paths)
+    try:
+        setup.build(t)
+        meter = Meter(t.device, params.train.max_steps)
+        for step in range(2):
+            train_step(t, meter, step)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            t0 = time.perf_counter()
+            train_step(t, meter, 2)
+            wall = time.perf_counter() - t0
+        table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18)
+        return f"one step: {wall:.3f} s wall under the profiler\n{table}"
+    finally:
+        t.run.finish("FINISHED")
+        t.dist.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--prepared", type=Path, default=Path("data/prepared"))
+    parser.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=12, help="optimizer steps per base-shape run")
+    parser.add_argument("--gpt2-steps", type=int, default=4, help="... per gpt2-small run")
+    parser.add_argument("--warmup", type=int, default=2, help="steps left out of tokens/s")
+    parser.add_argument("--work", type=Path, help="keep the data made here (and reuse it) in this folder")
+    parser.add_argument("--peak-reps", type=int, default=10)
+    parser.add_argument("--no-profile", action="store_true")
+    args = parser.parse_args()
+
+    import torch
+
+    from rarelm.params import load_params
+    from rarelm.train.model import build_model
+    from rarelm.train.precision import resolve
+
+    base = load_params(args.params)
+    plain = dataclasses.replace(
+        base, alpha=0.0, loss=dataclasses.replace(base.loss, rare_weight=0.0),
+        train=dataclasses.replace(base.train, nproc=1, checkpoint_every=10**9, eval_every=10**9,
+                                  eval_batches=1),
+        tracking=dataclasses.replace(base.tracking, system_metrics=False))
+    cpu = torch.device("cpu")
+    precision = resolve(base.train.precision, cpu)  # without a probe: what auto is by hardware
+    plain = dataclasses.replace(plain, train=dataclasses.replace(plain.train, precision=precision.name))
+    peak = matmul_peak(precision.dtype, args.peak_reps)
+    print(f"matmul peak ({precision.name}): {peak / 1e9:,.1f} GFLOP/s", flush=True)
+    results = {name: {"ours": [], "trainer": []} for name in args.shapes}
+    summary: dict = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        data = args.work or tmp
+        os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp / 'mlflow.db'}"
+        tokenized = data / "tokenized"
+        if not (tokenized / "meta.json").exists():
+            tokenize_with_base(args.prepared, tokenized)
+        rare, weights = make_inputs(tokenized, args.prepared, data, plain, "plain")
+        steps = {"base": args.steps, "gpt2-small": args.gpt2_steps}
+        configs = {name: shape_params(plain, SHAPES[name], steps[name], args.warmup)
+                   for name in args.shapes}
+        for repeat in range(args.repeats):
+            for name, params in configs.items():
+                for side in ("ours", "trainer"):
+                    work = tmp / f"{name}-{side}-{repeat}"
+                    figure = (run_ours(params, tokenized, rare, weights, work, args.warmup)
+                              if side == "ours" else run_trainer(params, tokenized, work, args.warmup))
+                    results[name][side].append(figure)
+                    print(f"{name} {side} #{repeat + 1}: {figure:,.1f} tokens/s", flush=True)
+        peak = max(peak, matmul_peak(precision.dtype, args.peak_reps))
+        print(f"matmul peak, best of before and after: {peak / 1e9:,.1f} GFLOP/s", flush=True)
+        from rarelm.artifacts.tokenized import TokenizedData
+
+        for name, params in configs.items():
+            model = build_model(params.model, TokenizedData.open(tokenized))
+            flops = flops_per_token(model, params.model.block_size)
+            ours, trainer = max(results[name]["ours"]), max(results[name]["trainer"])
+            summary[name] = {
+                "ours_tokens_per_s": round(ours, 1), "trainer_tokens_per_s": round(trainer, 1),
+                "speedup_vs_trainer": round(ours / trainer, 3), "flops_per_token": flops,
+                "ours_mfu": round(flops * ours / peak, 4), "trainer_mfu": round(flops * trainer / peak, 4),
+                "batch_size": params.train.batch_size, "block_size": params.model.block_size,
+                "steps": params.train.max_steps, "runs": results[name]}
+        if not args.no_profile and "base" in configs:
+            profile = profile_step(dataclasses.replace(configs["base"], train=dataclasses.replace(
+                configs["base"].train, max_steps=10)), tokenized, rare, weights, tmp / "profile")
+            print(profile, flush=True)
+            summary["profile"] = profile
+    model_name, flags = cpu_description()
+    summary.update(peak_flops=round(peak), precision=precision.name, cpu=model_name,
+                   cpu_flags=flags, threads=torch.get_num_threads(), warmup=args.warmup,
+                   repeats=args.repeats, torch=torch.__version__)
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
