@@ -4,6 +4,7 @@
     rarelm compare alpha07-s1 alpha07-s2 --baseline base-s1 --baseline base-s2 --out reports
     rarelm compare 0123456789abcdef0123456789abcdef --baseline HEAD~1 --metric exact_match
     rarelm compare --experiments --baseline HEAD --out reports    # what `make report` runs
+    rarelm compare exp-a exp-b --baseline HEAD --register        # + the winner as a model version
 
 A RUN is a DVC experiment name, a git revision, an MLflow run id (32 hex digits)
 or `workspace`; each must hold per-occurrence results (metrics/eval_occurrences.jsonl,
@@ -12,7 +13,9 @@ are replicates: the bootstrap resamples their seeds together with the terms. Pri
 the difference table and a table of run-level figures (perplexity, false insertion;
 intervals over seeds); `--out DIR` also writes
 DIR/index.html (self-contained), DIR/report.md and DIR/report.json. The statistics
-are explained in rarelm/report/statistics.py. Not a DVC stage.
+are explained in rarelm/report/statistics.py. `--register` registers the best
+configuration's run model (rarelm/report/winner.py: best term NLL per character, baseline
+included) as `rarelm register` would; the `champion` alias does not move. Not a DVC stage.
 """
 
 import sys
@@ -22,6 +25,7 @@ from pathlib import Path
 import typer
 
 from rarelm.errors import RarelmError, user_errors
+from rarelm.paths import PARAMS
 
 app = typer.Typer(add_completion=False, help=__doc__)
 
@@ -45,6 +49,9 @@ def compare(
                                                   "(default: every split's occurrences)"),
     log_mlflow: bool = typer.Option(False, "--log-mlflow",
                                     help="also log the report into the baseline's MLflow run (compare/)"),
+    register: bool = typer.Option(False, "--register",
+                                  help="register the best configuration's run model as a new version "
+                                       "(rarelm/report/winner.py; the `champion` alias does not move)"),
 ) -> None:
     """Compare RUNs with the --baseline: metrics per configuration, differences, 95% intervals."""
     with user_errors("compare"):
@@ -56,6 +63,7 @@ def compare(
         from rarelm.report.page import write_report
         from rarelm.report.runs import load_run
         from rarelm.report.tables import markdown
+        from rarelm.report.winner import prepare_registration
 
         base_runs = [load_run(ref, split=split) for ref in baseline]
         other = [load_run(ref, split=split) for ref in runs or []]
@@ -74,9 +82,15 @@ def compare(
                 continue
             other.append(run)
         report = compare_runs(base_runs, other, metric or tuple(METRICS), bootstrap, seed)
+        # checked before any output: a winner the registry cannot take is the one-line error
+        winner = prepare_registration(report, ".", PARAMS, by="rarelm compare") if register else None
         text = markdown(report)
         paths = write_report(report, out) if out is not None else []
     sys.stdout.write(text)
+    if winner is not None:
+        with user_errors("compare"):
+            print(f"rarelm compare: registered the winner {winner.label} (run {winner.run_id}) as "
+                  f"{winner.register()}", file=sys.stderr)
     if paths:
         print(f"rarelm compare: report in {paths[0]}", file=sys.stderr)
     if log_mlflow:

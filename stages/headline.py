@@ -2,6 +2,7 @@
 
     rarelm headline                                   # headline.yaml -> docs/headline/ + README table
     rarelm headline --plan my_plan.yaml --no-readme   # another plan; leave README.md alone
+    rarelm headline --register                        # + the winner as a registered model version
 
 Queues the plan's configurations as `dvc exp run --queue` experiments, runs them with
 `dvc queue start -j 1` in three rounds (screen on one seed on the val split, combine the
@@ -27,12 +28,15 @@ def headline(
     out: Path = typer.Option(Path("docs/headline"), "--out", help="reports and the figure go here"),
     readme: bool = typer.Option(True, "--readme/--no-readme",
                                 help="rewrite README.md's table between the headline markers"),
+    register: bool = typer.Option(False, "--register",
+                                  help="register the final round's winner as a new model version "
+                                       "(the `champion` alias does not move)"),
 ) -> None:
     """Run the headline experiment (three rounds of queued DVC experiments) and write its tables."""
     with user_errors("headline"):
         from rarelm.report.headline import main  # on use: numpy would slow every `rarelm` command's start-up
 
-        main(plan, Path("."), out, Path("README.md") if readme else None)
+        main(plan, Path("."), out, Path("README.md") if readme else None, register)
 
 
 if __name__ == "__main__":

@@ -8,31 +8,13 @@ Not DVC stages: the registry records a person's choice. The registry name is
 params.yaml's `tracking.registered_model`, the store the one `train` logs into.
 """
 
-import logging
 from pathlib import Path
 
 import typer
 
 from rarelm import paths
-from rarelm.errors import RarelmError, user_errors
-from rarelm.params import load_params
+from rarelm.errors import user_errors
 from rarelm.tracking import registry
-from rarelm.tracking.uri import tracking_uri
-
-
-def _client_and_params(params_file: Path):
-    params = load_params(params_file)
-    if not params.tracking.registered_model:
-        raise RarelmError("params: tracking.registered_model is empty: name the registered model")
-    # on use: mlflow takes seconds to import, which every `rarelm` command would pay
-    import mlflow
-
-    uri = tracking_uri()
-    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
-        raise RarelmError(f"no MLflow store at {uri} (train with tracking on first, or set "
-                          "MLFLOW_TRACKING_URI)")  # MlflowClient would create an empty one
-    logging.getLogger("mlflow").setLevel(logging.WARNING)
-    return mlflow.MlflowClient(uri), params
 
 
 def register(
@@ -43,7 +25,7 @@ def register(
     """Register the model a run logged as a new version, with a description and tags."""
     with user_errors("register"):
 
-        client, params = _client_and_params(params_file)
+        client, params = registry.open_registry(params_file)
         found = registry.find_run(client, params.tracking.experiment, run,
                                   Path(paths.MODEL) / paths.MLFLOW_RUN)
         name = params.tracking.registered_model
@@ -59,7 +41,7 @@ def champion(
     """Point the alias `champion` at VERSION (the only command that moves it)."""
     with user_errors("champion"):
 
-        client, params = _client_and_params(params_file)
+        client, params = registry.open_registry(params_file)
         name = params.tracking.registered_model
         registry.set_champion(client, name, str(version))
     print(f"champion: models:/{name}@{registry.CHAMPION} -> version {version}")

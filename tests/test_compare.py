@@ -312,30 +312,42 @@ def test_cli_errors_are_one_line(dvc_repo, tmp_path):
 # ---------------------------------------------------------------- the CLI on a real MLflow store
 
 
-def test_cli_compares_mlflow_runs_by_id(tmp_path, monkeypatch):
-    import mlflow
+def _mlflow_run(client, experiment: str, root: Path, name: str, seed: int, alpha: float,
+                with_rows: bool = True, with_model: bool = False) -> str:
+    """An evaluated run in a real store as evaluate leaves it (params, eval/ artifacts), optionally
+    with a logged model (a real MLflow LoggedModel, no weights); returns its id."""
+    from mlflow.entities import LoggedModelOutput
 
     from rarelm.params import Params
+
+    params = Params.from_dict({"seed": seed, "alpha": alpha}).flat()
+    mlrun = client.create_run(experiment, run_name=name)
+    for key, value in params.items():
+        client.log_param(mlrun.info.run_id, key, json.dumps(value) if isinstance(value, list) else value)
+    client.log_metric(mlrun.info.run_id, "summary/ppl", GEN["summary"](seed, alpha)["ppl"])
+    folder = root / name / "eval"
+    folder.mkdir(parents=True)
+    (folder / "eval.json").write_text(json.dumps(GEN["summary"](seed, alpha)))
+    if with_rows:
+        rows = GEN["occurrence_rows"](seed, alpha)
+        (folder / "eval_occurrences.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    client.log_artifacts(mlrun.info.run_id, str(folder), "eval")
+    if with_model:
+        model = client.create_logged_model(experiment, name="model", source_run_id=mlrun.info.run_id)
+        client.log_outputs(mlrun.info.run_id, [LoggedModelOutput(model.model_id, 0)])
+    client.set_terminated(mlrun.info.run_id)
+    return mlrun.info.run_id
+
+
+def test_cli_compares_mlflow_runs_by_id(tmp_path, monkeypatch):
+    import mlflow
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = mlflow.MlflowClient(uri)
     experiment = client.create_experiment("rarelm", artifact_location=str(tmp_path / "artifacts"))
-    ids = {}
-    runs = (("base", 1, 0.0, True), ("a07", 1, 0.7, True), ("old", 1, 0.7, False))
-    for name, seed, alpha, with_rows in runs:
-        params = Params.from_dict({"seed": seed, "alpha": alpha}).flat()
-        mlrun = client.create_run(experiment, run_name=name)
-        for key, value in params.items():
-            client.log_param(mlrun.info.run_id, key, json.dumps(value) if isinstance(value, list) else value)
-        folder = tmp_path / name / "eval"
-        folder.mkdir(parents=True)
-        (folder / "eval.json").write_text(json.dumps(GEN["summary"](seed, alpha)))
-        if with_rows:
-            rows = GEN["occurrence_rows"](seed, alpha)
-            (folder / "eval_occurrences.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        client.log_artifacts(mlrun.info.run_id, str(folder), "eval")
-        client.set_terminated(mlrun.info.run_id)
-        ids[name] = mlrun.info.run_id
+    ids = {name: _mlflow_run(client, experiment, tmp_path, name, seed, alpha, with_rows)
+           for name, seed, alpha, with_rows in (("base", 1, 0.0, True), ("a07", 1, 0.7, True),
+                                                ("old", 1, 0.7, False))}
     env = {"MLFLOW_TRACKING_URI": uri}
     result = stage("compare", tmp_path, ids["a07"], "--baseline", ids["base"], "--bootstrap", "500",
                    "--log-mlflow", env=env)
@@ -356,3 +368,44 @@ def test_cli_compares_mlflow_runs_by_id(tmp_path, monkeypatch):
     with pytest.raises(RarelmError, match="no MLflow store at sqlite:///"):
         load_run(ids["base"])
     assert not (tmp_path / "elsewhere.db").exists()
+
+
+def test_cli_registers_the_winner_and_leaves_the_champion(tmp_path, monkeypatch):
+    """`rarelm compare --register` on a real store: the best configuration (lowest term NLL/char,
+    baseline included) becomes a new version described as `rarelm register` describes one, plus how
+    it was chosen; the `champion` alias stays. A winner that logged no model: one line, no report."""
+    import mlflow
+
+    from rarelm.tracking import registry
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)  # the registry resolves models:/ through it
+    client = mlflow.MlflowClient(uri)
+    experiment = client.create_experiment("rarelm", artifact_location=str(tmp_path / "artifacts"))
+    ids = {name: _mlflow_run(client, experiment, tmp_path, name, 1, alpha, with_model=model)
+           for name, alpha, model in (("base", 0.0, True), ("a03", 0.3, True), ("a07", 0.7, True),
+                                      ("a10", 1.0, False))}
+    (tmp_path / "params.yaml").write_text("tracking: {experiment: rarelm, registered_model: rarelm-win}\n")
+    assert registry.register(client, "rarelm-win", ids["base"], champion=True) == "1"
+    env = {"MLFLOW_TRACKING_URI": uri}
+
+    result = stage("compare", tmp_path, ids["a03"], ids["a07"], "--baseline", ids["base"], "--bootstrap",
+                   "200", "--metric", "nll_per_char", "--register", env=env)
+    assert result.returncode == 0, result.stderr
+    nll = {c[0]: float(c[5]) for c in _table(result.stdout).values() if c[4] == "all"}
+    assert min(nll, key=nll.get) == "alpha=0.7"  # what the table shows is what wins
+    assert f"rarelm compare: registered the winner alpha=0.7 (run {ids['a07']}) as models:/rarelm-win/2" \
+        in result.stderr
+    version = client.get_model_version("rarelm-win", "2")
+    winner = client.get_run(ids["a07"])
+    assert version.run_id == ids["a07"] and version.description.splitlines() == [
+        *registry.description(winner).splitlines(),
+        "chosen: rarelm compare, best nll_per_char over all occurrences among 3 configurations, baseline "
+        "included: alpha=0.7, seed 1 (run 1 of 1)"]
+    assert version.tags == {"experiment": "a07", "summary/ppl": f"{GEN['summary'](1, 0.7)['ppl']:.6g}"}
+    assert str(client.get_model_version_by_alias("rarelm-win", "champion").version) == "1"
+
+    assert_user_error(stage("compare", tmp_path, ids["a10"], "--baseline", ids["base"], "--bootstrap", "200",
+                            "--register", "--out", str(tmp_path / "r"), env=env),
+                      f"run {ids['a10']} (a10) logged no model", tmp_path, "r", stage="compare")
+    assert sorted(int(v.version) for v in client.search_model_versions("name = 'rarelm-win'")) == [1, 2]

@@ -303,3 +303,45 @@ def test_the_real_text_learning_curve_is_three_budgets_of_three_configurations()
         loss = params.loss
         budgets.setdefault((loss.targets, loss.rare_weight, loss.kl_base), []).append(params.train.max_steps)
     assert list(budgets.values()) == [[300, 600, 1200]] * 3
+
+
+def test_register_takes_the_final_winner_within_the_guard(monkeypatch, tmp_path):
+    """`rarelm headline --register`: the final comparison's best term NLL/char among the configurations
+    within the plan's guard (here `a`, best but +5% perplexity, is out) becomes a new version of the
+    registered model, in a real store whose runs carry the experiments' names."""
+    import mlflow
+    from mlflow.entities import LoggedModelOutput
+
+    (tmp_path / "plan.yaml").write_text("common: []\nscreen_seeds: []\nfinal_seeds: [4]\n"
+                                        "configurations: {base: [], a: [alpha=1], b: [alpha=0.5]}\n")
+    plan = Plan.load(tmp_path / "plan.yaml")
+    (tmp_path / "params.yaml").write_text("tracking: {experiment: rarelm, registered_model: hl-win}\n")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    client = mlflow.MlflowClient(uri)
+    experiment = client.create_experiment("rarelm", artifact_location=str(tmp_path / "mlruns"))
+    ids = {}
+    for name in ("base", "a", "b"):
+        mlrun = client.create_run(experiment, run_name=name, tags={"DVC_EXP_NAME": plan.experiment(name, 4)})
+        model = client.create_logged_model(experiment, name="model", source_run_id=mlrun.info.run_id)
+        client.log_outputs(mlrun.info.run_id, [LoggedModelOutput(model.model_id, 0)])
+        ids[name] = mlrun.info.run_id
+    nll, ppl = {"base": 1.3, "a": 1.1, "b": 1.2}, {"base": 2.0, "a": 2.1, "b": 2.02}
+    report = {"metrics": ["nll_per_char"], "lower_is_better": ["nll_per_char"],
+              "configurations": [{"label": n, "summary": {"ppl": ppl[n]},
+                                  "runs": [{"name": plan.experiment(n, 4), "source": "git", "id": "c0ffee",
+                                            "seed": "4", "experiment": plan.experiment(n, 4)}]} for n in nll],
+              "rows": [{"configuration": n, "slice": "all", "aggregate": "occurrences",
+                        "metric": "nll_per_char", "value": v} for n, v in nll.items()]}
+    monkeypatch.setattr(hl, "run_batch", lambda repo, batch, log, poll: len(batch))
+    monkeypatch.setattr(hl, "_compare", lambda *args: report)
+    monkeypatch.setattr(hl, "write_outputs", lambda result, out, readme: None)
+    monkeypatch.setattr(hl, "_log_sweep", lambda *args: None)
+    logs: list[str] = []
+    hl.headline(tmp_path, plan, tmp_path / "out", None, log=logs.append, register=True)
+    assert logs[-1] == f"registered the winner b (run {ids['b']}) as models:/hl-win/1"
+    version = client.get_model_version("hl-win", "1")
+    assert version.run_id == ids["b"] and version.description.splitlines()[-1] == (
+        "chosen: rarelm headline (headline, test split, seeds 4), best nll_per_char over all occurrences "
+        "among 3 configurations, baseline included: b, seed 4 (run 1 of 1)")
+    assert version.tags["experiment"] == "hl-b-s4" and not client.get_registered_model("hl-win").aliases

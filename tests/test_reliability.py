@@ -642,7 +642,7 @@ def test_a_copied_checkout_never_writes_into_the_original(dag, tmp_path):
     experiment = client.get_experiment_by_name("rarelm")
     assert experiment.artifact_location == f"{root}/mlruns/rarelm"
     (newest, *_) = client.search_runs([experiment.experiment_id], order_by=["attributes.start_time DESC"])
-    assert "evaluate" in newest.data.tags["stages"] and "eval/ppl" in newest.data.metrics
+    assert "evaluate" in newest.data.tags["stages"] and "summary/ppl" in newest.data.metrics
     assert newest.info.artifact_uri.startswith(f"{root}/mlruns/rarelm/")
     assert {a.path for a in client.list_artifacts(newest.info.run_id, "eval")} >= {"eval/eval.json"}
 

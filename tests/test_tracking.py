@@ -27,7 +27,7 @@ from rarelm.tracking.sweep import log_sweep
 from rarelm.tracking.uri import logs_text, tracking_uri
 from tests.conftest import REPO
 
-FAMILIES = ("summary/", "train/", "val/", "final/", "eval/", "system/")
+FAMILIES = ("summary/", "train/", "val/", "system/")
 
 
 @pytest.fixture(scope="module")
@@ -121,12 +121,40 @@ def test_upstream_metrics_are_flattened_and_missing_or_broken_files_skipped(tmp_
 
 
 def test_one_prefix_per_metric_family():
-    from rarelm.evaluate.mlflow_log import mlflow_metrics
-
-    assert set(mlflow_metrics({"ppl": 3.0, "val": {"ppl": 4.0}})) == {"eval/ppl", "eval/val/ppl"}
     source = "".join(p.read_text() for p in sorted((REPO / "rarelm").rglob("*.py")))  # wherever train logs
-    assert 'f"final/{k}"' in source and 'f"train.{k}"' not in source  # metrics/train.json
+    assert 'f"train.{k}"' not in source  # metrics/train.json: the artifact final/train.json
     assert 'f"train/{k}"' in source and 'f"val/{k[4:]}"' in source  # the step curves
+
+
+def test_only_the_summary_and_the_curves_are_mlflow_metrics(store, workspace, monkeypatch):
+    """What evaluate and train log as MLflow metrics: the summary/ family and the step curves;
+    eval.json and train.json are artifacts (the Model metrics tab opens on summary/)."""
+    import mlflow
+
+    from rarelm.evaluate.mlflow_log import log_eval_files, log_eval_metrics
+    from rarelm.tracking.metrics import measured, summary_metrics
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    run = start_run(Params(tracking=TrackingParams(system_metrics=False)), stage="train")
+    run.log_metrics({"train/loss": 3.5, "val/ce": 3.9}, step=10)
+    train = {"steps": 10, "tokens": 640, "loss": 3.5, "val_ppl": 49.4, "tokens_per_s": 812.5,
+             "parameters": 512}
+    run.log_metrics(measured({f"final/{k}": v for k, v in train.items()}) | summary_metrics(train), step=10)
+    evaluation = {"ppl": 12.5, "ppl_frequent": 3.25, "ppl_rare": 80.0, "term_exact_match": 0.5,
+                  "term_exact_match_le15": 0.25, "term_nll_per_char": 1.5, "term_token_acc": 0.625,
+                  "false_insertion_rate": 0.75, "em50_train_count": 24.0, "n_eval_terms": 8,
+                  "rare_token_acc": 0.125, "logit_adjust_tau": 0.0, "val": {"ppl": 13.0}}
+    log_eval_metrics(run, evaluation, inputs=[])
+    (workspace / "eval.json").write_text(json.dumps(evaluation))
+    log_eval_files(run, [workspace / "eval.json"], log_text=False)
+    mlrun = mlflow.MlflowClient(store).get_run(run.run_id)
+    assert mlrun.data.metrics == {
+        "train/loss": 3.5, "val/ce": 3.9, "summary/tokens_per_s": 812.5, "summary/ppl": 12.5,
+        "summary/ppl_frequent": 3.25, "summary/term_exact_match": 0.5, "summary/term_exact_match_le15": 0.25,
+        "summary/term_nll_per_char": 1.5, "summary/term_token_acc": 0.625, "summary/false_insertion": 0.75,
+        "summary/em50_train_count": 24.0}
+    logged = mlflow.MlflowClient(store).download_artifacts(run.run_id, "eval/eval.json", str(workspace / "a"))
+    assert json.loads(Path(logged).read_text())["val"] == {"ppl": 13.0}  # every other figure: the artifact
 
 
 def test_a_run_from_start_to_evaluate(store, monkeypatch, tmp_path):

@@ -1,5 +1,7 @@
-"""The `evaluate` stage's results into the MLflow run that trained the model: metrics first
-(`log_eval_metrics`, before any output is written), then the written files (`log_eval_files`)."""
+"""The `evaluate` stage's results into the MLflow run that trained the model: the `summary/`
+metrics first (`log_eval_metrics`, before any output is written), then the written files
+(`log_eval_files`): every other figure is in the artifact `eval/eval.json`, not a metric
+(rarelm/tracking/metrics.py)."""
 
 from __future__ import annotations
 
@@ -7,30 +9,16 @@ import json
 import sys
 from pathlib import Path
 
-from rarelm.tracking.metrics import measured, summary_metrics
+from rarelm.tracking.metrics import summary_metrics
 from rarelm.tracking.redaction import redact
 
 
-def mlflow_metrics(metrics: dict) -> dict[str, float]:
-    """eval.json as MLflow metric names: `eval/<key>`, other splits `eval/<split>/<key>`; nulls dropped.
-
-    >>> mlflow_metrics({"ppl": 3.5, "ppl_rare": None, "val": {"ppl": 4}})
-    {'eval/ppl': 3.5, 'eval/val/ppl': 4.0}
-    """
-    out = {}
-    for key, value in metrics.items():
-        if isinstance(value, dict):
-            out.update({f"eval/{key}/{k}": float(v) for k, v in value.items() if v is not None})
-        elif value is not None:
-            out[f"eval/{key}"] = float(value)
-    return out
-
-
 def log_eval_metrics(run, metrics: dict, inputs: list[str | Path]) -> None:
-    """Log metrics (`mlflow_metrics`) and `inputs` as "evaluation" datasets (digests from dvc.lock)
-    into `run` (rarelm.tracking.run.open_run), then `run.require()`: before any output is written, a
-    store that cannot log is the stage's one-line error when `tracking.required` is on."""
-    run.log_metrics(summary_metrics(metrics) | measured(mlflow_metrics(metrics)))
+    """Log the `summary/` metrics of eval.json's first split (the other figures go as the artifact
+    `eval/eval.json`) and `inputs` as "evaluation" datasets (digests from dvc.lock) into `run`
+    (rarelm.tracking.run.open_run), then `run.require()`: before any output is written, a store
+    that cannot log is the stage's one-line error when `tracking.required` is on."""
+    run.log_metrics(summary_metrics(metrics))
     if "logit_adjust_tau" in metrics:  # the setting behind these figures: a tag, not a metric
         run.set_tags({"eval.logit_adjust_tau": str(metrics["logit_adjust_tau"])})
     run.log_datasets(list(inputs), context="evaluation")

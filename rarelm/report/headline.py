@@ -58,6 +58,7 @@ from rarelm.report.headline_plan import (
     combination,
 )
 from rarelm.report.runs import load_run
+from rarelm.report.winner import prepare_registration, within_guard
 from rarelm.tracking.naming import git_commit
 from rarelm.tracking.sweep import log_sweep
 
@@ -72,15 +73,14 @@ def ranking(repo: Path, plan: Plan, names: list[str], seeds: list[int]) -> list[
     report = _compare(repo, plan, [plan.baseline], names, seeds, plan.screen_split)
     summaries = {c["label"]: c["summary"] for c in report["configurations"]}
     base = summaries[plan.baseline]
-
-    def within(name: str) -> bool:
-        return all(base.get(key) is None or summaries[name].get(key) is None
-                   or summaries[name][key] <= base[key] * (1 + tolerance)
-                   for key, tolerance in (("ppl", plan.ppl_tolerance),
-                                          ("false_insertion_rate", plan.insertion_tolerance)))
-
-    scored = [(c, _diff(report, c, RANK_METRIC), _diff(report, c, TIE_METRIC)) for c in names if within(c)]
+    scored = [(c, _diff(report, c, RANK_METRIC), _diff(report, c, TIE_METRIC)) for c in names
+              if within_guard(summaries[c], base, guard(plan))]
     return [(c, rank) for c, rank, _ in sorted(scored, key=lambda x: (x[1], -x[2]))]
+
+
+def guard(plan: Plan) -> dict[str, float]:
+    """The plan's guard: eval.json figure -> relative tolerance of the baseline's."""
+    return {"ppl": plan.ppl_tolerance, "false_insertion_rate": plan.insertion_tolerance}
 
 
 def _compare(repo: Path, plan: Plan, base: list[str], names: list[str], seeds: list[int], split: str) -> dict:
@@ -104,9 +104,10 @@ def _diff(report: dict, config: str, metric: str) -> float:
 
 
 def headline(repo: Path, plan: Plan, out: Path, readme: Path | None,
-             log: Callable[[str], None] = print, poll: float = 20) -> dict:
+             log: Callable[[str], None] = print, poll: float = 20, register: bool = False) -> dict:
     """Run the rounds (or the fixed comparison) and write the comparisons; returns what the README
-    table shows."""
+    table shows. With `register`, the final round's winner (rarelm/report/winner.py, under the plan's
+    guard) becomes a new version of the registered model that the repo's params.yaml names."""
     repo, out = Path(repo).resolve(), Path(out)
     # A round that finds its experiments done (a re-run to rewrite the tables) keeps the time
     # the earlier command measured for it.
@@ -129,9 +130,21 @@ def headline(repo: Path, plan: Plan, out: Path, readme: Path | None,
     result = {"rounds_s": rounds, "cpu": cpu_name(), "plan": dataclasses.asdict(plan),
               "combination": choice["extra"].get("combination", []), "finalists": finalists,
               "ranking": choice["ranking"], "screen": screen, "final": final}
+    winner = None
+    if register:  # checked before any output: a winner the registry cannot take is the one-line error
+        winner = prepare_registration(final, repo, repo / "params.yaml", guard=guard(plan), uri=_store(repo),
+                                      by=f"rarelm headline ({plan.section}, {plan.final_split} split, "
+                                         f"seeds {', '.join(map(str, plan.final_seeds))})")
     write_outputs(result, out, readme)
     _log_sweep(repo, plan, out, swept, finalists)
+    if winner is not None:
+        log(f"registered the winner {winner.label} (run {winner.run_id}) as {winner.register()}")
     return result
+
+
+def _store(repo: Path) -> str:
+    """The store the experiments logged into: MLFLOW_TRACKING_URI, else the repo's."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{repo / 'mlflow.db'}"
 
 
 def _fixed(plan: Plan) -> dict:
@@ -164,7 +177,7 @@ def _log_sweep(repo: Path, plan: Plan, out: Path, swept: list[str], finalists: l
         mlflow_experiment = load_params(repo / "params.yaml").tracking.experiment
     except RarelmError:  # the experiments ran with their own params: nothing to group by here
         return
-    uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{repo / 'mlflow.db'}"  # the repo's store
+    uri = _store(repo)
     commit = git_commit(repo)[:7]
     rounds = "a fixed comparison" if plan.fixed else "three rounds"
     log_sweep(mlflow_experiment, f"{plan.section}-{commit}", swept, out / "final", uri=uri, note=(
@@ -174,8 +187,9 @@ def _log_sweep(repo: Path, plan: Plan, out: Path, swept: list[str], finalists: l
     ))
 
 
-def main(plan_path: Path, repo: Path, out: Path, readme: Path | None) -> dict:
-    """`rarelm headline`: load the plan, run the rounds, write the outputs."""
+def main(plan_path: Path, repo: Path, out: Path, readme: Path | None, register: bool = False) -> dict:
+    """`rarelm headline`: load the plan, run the rounds, write the outputs (register the winner)."""
     plan = Plan.load(plan_path)
-    return headline(repo, plan, out, readme, log=lambda m: print(f"headline: {m}", flush=True))
+    return headline(repo, plan, out, readme, log=lambda m: print(f"headline: {m}", flush=True),
+                    register=register)
 

@@ -77,18 +77,25 @@ def load_mlflow_run(run_id: str) -> RunData:
 
 def baseline_mlflow_run(run: RunData, repo: Path) -> str | None:
     """The MLflow run id behind a run: its own, the workspace model's, or the experiment's by tag."""
-    if run.source == "mlflow":
-        return run.ident
-    if run.source == WORKSPACE:
-        info = repo / MODEL / MLFLOW_RUN
+    return mlflow_run_id(run.source, run.ident, run.experiment, repo)
+
+
+def mlflow_run_id(source: str, ident: str, experiment: str, repo: Path, uri: str | None = None) -> str | None:
+    """The MLflow run id behind a run of a report (RunData's source, ident and experiment): its own
+    (source "mlflow"), the workspace model's (models/model/mlflow_run.json), the newest with the DVC
+    experiment's name as tag DVC_EXP_NAME; None for a git revision."""
+    if source == "mlflow":
+        return ident
+    if source == WORKSPACE:
+        info = Path(repo) / MODEL / MLFLOW_RUN
         if info.is_file():
             return json.loads(info.read_text(encoding="utf-8")).get("run_id")
         return None
-    if run.experiment and "'" not in run.experiment:
-        client = mlflow_client(tracking_uri())
+    if experiment and "'" not in experiment:
+        client = mlflow_client(uri or tracking_uri())
         found = client.search_experiments()
         ids = [e.experiment_id for e in found]
-        runs = client.search_runs(ids, f"tags.DVC_EXP_NAME = '{run.experiment}'",
+        runs = client.search_runs(ids, f"tags.DVC_EXP_NAME = '{experiment}'",
                                   order_by=["attributes.start_time DESC"], max_results=1)
         return runs[0].info.run_id if runs else None
     return None

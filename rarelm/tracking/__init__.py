@@ -10,7 +10,7 @@ current folder. `import mlflow` (~2 s) happens only when a run starts.
 - `experiment`  the experiment the runs go to (tagged as model training for the UI)
 - `naming`      a run's name, tags (git commit, DVC experiment, stage) and description
 - `redaction`   credentials never leave the process: URIs redacted in every line and file
-- `metrics`     metric families (`summary/`, `train/`, `val/`, `final/`, `eval/`) and flattening
+- `metrics`     which figures are MLflow metrics (`summary/`, `train/`, `val/`), the rest artifacts
 - `run`         the Run a stage logs into: `start_run` (train), `open_run` (evaluate)
 - `datasets`, `tables`, `model_log`   what a run logs besides metrics
 - `sweep`       a sweep as a parent run over its experiments' runs

@@ -17,9 +17,10 @@ EXPERIMENT_NOTE = (  # the experiment's description (mlflow.note.content), shown
     "One run per trained model (rarelm: rare domain terms). Read the `summary/` metrics first: "
     "term NLL, term-token accuracy, term exact match (all terms, terms seen <= 15 times in train), "
     "em50 (train occurrences for 50% exact match), overall and frequent-bucket perplexity, training "
-    "tokens/s. Step curves are under `train/` and `val/`; every evaluation figure under `eval/` and "
-    "in the artifact `eval/eval.json`; counts and constants in the artifacts (`upstream.json`, "
-    "`final/train.json`) and tags. Register a run's model with `rarelm register RUN`; "
+    "tokens/s. Step curves are under `train/` and `val/`. Every other figure is in a run's "
+    "artifacts: `eval/eval.json` (the evaluation, every split), `final/train.json` (training), "
+    "`upstream.json` (the earlier stages); settings are params and tags. Register a run's model "
+    "with `rarelm register RUN` (or the winner: `rarelm compare ... --register`); "
     "`models:/rarelm@champion` is the one chosen to serve (`rarelm champion VERSION`).")
 
 

@@ -1,13 +1,14 @@
 """Which figures become MLflow metrics, under which names.
 
-One prefix per family (the UI draws one chart section per prefix): `summary/<k>` the
-few to read first (SUMMARY), `train/<k>` and `val/<k>` step curves, `final/<k>`
-metrics/train.json at the end, `eval/<k>` (`eval/<split>/<k>`) metrics/eval.json,
-`system/<k>` MLflow's system metrics. Counts and constants (NOT_MEASURED, `n_*`) are
-no metrics: they stay in JSON artifacts (`final/train.json`, `eval/eval.json`,
-`upstream.json` with the earlier stages' metrics/<stage>.json) and tags.
+Only what a person compares across runs is an MLflow metric, one prefix per family (the
+UI draws one chart section per prefix, sections in name order): `summary/<k>` the few to
+read first (SUMMARY), `train/<k>` and `val/<k>` the step curves, `system/<k>` MLflow's
+system metrics (CHARTED). Everything else a stage measures is one JSON artifact per stage:
+`final/train.json` (metrics/train.json), `eval/eval.json` (metrics/eval.json, every split),
+`upstream.json` (the earlier stages' metrics/<stage>.json); settings are tags. A run's
+Model metrics tab thus opens on `summary/`, not on ~100 single-bar charts.
 
-    >>> measured(summary_metrics({"ppl": 3.5, "n_eval_terms": 9}) | {"eval/n_eval_terms": 9.0})
+    >>> measured(summary_metrics({"ppl": 3.5, "n_eval_terms": 9}) | {"eval/ppl": 3.5, "final/loss": 2.0})
     {'summary/ppl': 3.5}
 """
 
@@ -23,7 +24,9 @@ SUMMARY = {"term_nll_per_char": "term_nll_per_char", "term_token_acc": "term_tok
            "term_exact_match_le15": "term_exact_match_le15", "false_insertion": "false_insertion_rate",
            "ppl": "ppl", "ppl_frequent": "ppl_frequent", "em50_train_count": "em50_train_count",
            "tokens_per_s": "tokens_per_s"}
-# metrics-file keys that count or restate settings: artifacts and tags, not MLflow metrics (`n_*` too)
+# the metric families logged to MLflow: what a person compares across runs
+CHARTED = ("summary/", "train/", "val/", "system/")
+# metrics-file keys that count or restate settings: never metrics, whatever the family (`n_*` too)
 NOT_MEASURED = {"steps", "tokens", "epochs", "parameters", "trainable_parameters", "state_bytes_per_rank",
                 "gen_unique_tokens", "human_unique_tokens", "logit_adjust_tau"}
 
@@ -77,13 +80,15 @@ def summary_metrics(metrics: dict[str, Any]) -> dict[str, float]:
 
 
 def measured(metrics: dict[str, float]) -> dict[str, float]:
-    """MLflow metrics without the counts and constants (NOT_MEASURED, `n_*`), whatever their prefix.
+    """The MLflow metrics of `metrics`: the CHARTED families, without counts and constants
+    (NOT_MEASURED, `n_*`); `final/`, `eval/` and the rest stay in the stage's JSON artifact.
 
-    >>> measured({"eval/ppl": 2.0, "eval/n_eval_terms": 5.0, "final/steps": 9.0, "eval/val/n_x": 1.0})
-    {'eval/ppl': 2.0}
+    >>> measured({"train/loss": 2.0, "summary/ppl": 3.0, "final/loss": 2.0, "eval/ppl": 3.0,
+    ...           "train/n_x": 1.0})
+    {'train/loss': 2.0, 'summary/ppl': 3.0}
     """
     def counted(key: str) -> bool:
         name = key.rsplit("/", 1)[-1]
         return name.startswith("n_") or name in NOT_MEASURED
 
-    return {k: v for k, v in metrics.items() if not counted(k)}
+    return {k: v for k, v in metrics.items() if k.startswith(CHARTED) and not counted(k)}

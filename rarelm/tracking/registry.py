@@ -7,6 +7,7 @@ Otherwise a person picks a run and registers it, then moves the `champion` alias
     rarelm register exp-alpha07          # a DVC experiment's run (its name, a run name or a run id)
     rarelm register exp-alpha07 --champion
     rarelm champion 3                    # models:/rarelm@champion -> version 3 (a roll-back too)
+    rarelm compare A B --baseline C --register   # the comparison's winner (rarelm/report/winner.py)
 
 Each version carries a description (experiment, commit, data digests, headline metrics) and
 tags (`experiment`, `git_commit`, the `summary/` metrics); nothing but `rarelm champion` or
@@ -16,13 +17,32 @@ tags (`experiment`, `git_commit`, the `summary/` metrics); nothing but `rarelm c
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 from rarelm import paths
 from rarelm.errors import RarelmError
+from rarelm.params import load_params
+from rarelm.tracking.uri import tracking_uri
 
 CHAMPION = "champion"
 RUN_FILE = f"{paths.MODEL}/{paths.MLFLOW_RUN}"
+
+
+def open_registry(params_file: str | Path, uri: str | None = None):
+    """(client, params): a client of the store (`uri`, else the one `train` logs into) and the params
+    that name the registered model; a one-line error for an unnamed model or a store that is not there."""
+    params = load_params(params_file)
+    if not params.tracking.registered_model:
+        raise RarelmError("params: tracking.registered_model is empty: name the registered model")
+    uri = uri or tracking_uri()
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
+        raise RarelmError(f"no MLflow store at {uri} (train with tracking on first, or set "
+                          "MLFLOW_TRACKING_URI)")  # MlflowClient would create an empty one
+    import mlflow  # ~2 s: only when the registry is used
+
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
+    return mlflow.MlflowClient(uri), params
 
 
 def find_run(client, experiment: str, ref: str = "", run_file: str | Path = RUN_FILE):
@@ -55,8 +75,9 @@ def logged_model_id(run) -> str:
     return outputs[-1].model_id
 
 
-def description(run) -> str:
-    """The version's description: what a person needs to choose it, in a few lines."""
+def description(run, chosen: str = "") -> str:
+    """The version's description: what a person needs to choose it, in a few lines (and `chosen`:
+    how a comparison chose it, for a winner registered by `rarelm compare/headline --register`)."""
     tags, metrics = run.data.tags, run.data.metrics
     lines = [f"experiment: {tags.get('DVC_EXP_NAME') or run.info.run_name}",
              f"commit: {tags.get('git_commit', '') or 'unknown'}", f"run: {run.info.run_id}"]
@@ -65,6 +86,8 @@ def description(run) -> str:
     headline = summary_metrics(metrics)
     lines.append("metrics: " + (", ".join(f"{k.removeprefix('summary/')} {v:.4g}"
                                           for k, v in headline.items()) or "none (not evaluated)"))
+    if chosen:
+        lines.append(f"chosen: {chosen}")
     return "\n".join(lines)
 
 
@@ -73,8 +96,9 @@ def summary_metrics(metrics: dict[str, float]) -> dict[str, float]:
     return {k: metrics[k] for k in sorted(metrics) if k.startswith("summary/")}
 
 
-def register(client, name: str, run_id: str, champion: bool = False) -> str:
-    """A new version of registered model `name` from the model that run `run_id` logged."""
+def register(client, name: str, run_id: str, champion: bool = False, chosen: str = "") -> str:
+    """A new version of registered model `name` from the model that run `run_id` logged (`chosen`:
+    a line for the description, how a comparison chose it)."""
     from mlflow.exceptions import MlflowException  # mlflow (~2 s): only when a model is registered
 
     run = client.get_run(run_id)
@@ -89,7 +113,7 @@ def register(client, name: str, run_id: str, champion: bool = False) -> str:
             "git_commit": run.data.tags.get("git_commit", "")}
     tags |= {k: f"{v:.6g}" for k, v in summary_metrics(run.data.metrics).items()}
     version = client.create_model_version(name, source=f"models:/{model_id}", run_id=run_id,
-                                          model_id=model_id, description=description(run),
+                                          model_id=model_id, description=description(run, chosen),
                                           tags={k: v for k, v in tags.items() if v}).version
     if champion:
         set_champion(client, name, version)

@@ -9,7 +9,7 @@
     run.finish()                                    # or run.finish("FAILED")
 
     run = open_run("models/model/mlflow_run.json", "evaluate", params)  # the store this process logs to
-    run.log_metrics({"eval/ppl": 12.3})
+    run.log_metrics({"summary/ppl": 12.3})
     run.finish()
 
 The run file is JSON: {"run_id": ..., "tracking_uri": ..., "experiment": ...}.
