@@ -14,7 +14,7 @@ from transformers.utils import logging as hf_logging
 from rarelm.files import atomic_dir, write_csv, write_json
 from rarelm.tracking import export
 from rarelm.tracking.datasets import dvc_hashes
-from rarelm.tracking.metrics import measured, summary_metrics
+from rarelm.tracking.metrics import summary_metrics
 from rarelm.train import lora, sharding
 from rarelm.train.model import build_model
 
@@ -39,9 +39,7 @@ def finish(t) -> dict[str, Any] | None:
         save_model(final_model, t.inputs.data, t.paths, run, card, t.params.model.save_dtype)
         write_curves(t.paths.plots, t.state.curves)
         write_json(t.paths.metrics, metrics)
-        run.log_metrics(measured({f"final/{k}": v for k, v in metrics.items()
-                                           if isinstance(v, (int, float))})
-                        | summary_metrics(metrics), step=tp.max_steps)
+        run.log_metrics(summary_metrics(metrics), step=tp.max_steps)  # the rest: final/train.json
         run.log_json(metrics, "final/train.json")
         run.set_tags({"precision": t.precision.name, "precision_reason": t.precision.reason,
                       **t.pinned})
