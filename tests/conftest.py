@@ -1,12 +1,18 @@
-"""Shared fixtures: a throw-away copy of the repo with a tiny corpus, and a CLI runner."""
+"""Shared fixtures: a throw-away copy of the repo with a tiny corpus, and a CLI runner; how the
+suite runs on pytest-xdist workers (`make test`: `pytest -n 2`, `--dist loadgroup` in pyproject)."""
 
 from __future__ import annotations
 
+import fcntl
 import os
+import pickle
 import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 import yaml
@@ -56,6 +62,48 @@ def set_params(root: Path, **overrides) -> None:
             node = node[p]
         node[leaf] = value
     path.write_text(yaml.safe_dump(params, sort_keys=False, allow_unicode=True))
+
+
+T = TypeVar("T")
+
+
+def pytest_configure(config) -> None:
+    """On an xdist worker, torch in the test process computes on its share of the cores: two
+    workers with one thread each on two cores, instead of each oversubscribing both."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers:
+        import torch
+
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(workers)))
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Tests that share a module-scoped fixture go to one xdist worker (`xdist_group` of their
+    module, honoured by `--dist loadgroup`), so the fixture is built once, not once per worker.
+    Fixtures that are expensive and only read are session-scoped and `built_once` instead: their
+    tests spread over the workers."""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        if info and any(defs[-1].scope == "module" for defs in info.name2fixturedefs.values()):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
+def built_once(tmp_path_factory, name: str, build: Callable[[Path], T]) -> T:
+    """`build(folder)` once per test session, even across xdist workers: the first worker to ask
+    builds in a folder that all workers see and pickles the result beside it, the others wait on
+    a lock and unpickle it. Without xdist, plainly `build` in a fresh folder. The result must
+    pickle, and the tests that use the folder must only read it (copy it to change it)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return build(tmp_path_factory.mktemp(name))
+    shared = tmp_path_factory.getbasetemp().parent  # the session's folder, above each worker's
+    done = shared / f"{name}.pickle"
+    with open(shared / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if done.is_file():
+            return pickle.loads(done.read_bytes())
+        result = build(Path(tempfile.mkdtemp(prefix=f"{name}-", dir=shared)))
+        done.write_bytes(pickle.dumps(result))
+        return result
 
 
 def pytest_report_header(config) -> str:
