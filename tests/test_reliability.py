@@ -27,7 +27,7 @@ import pytest
 import yaml
 
 from rarelm.report import reprocheck
-from tests.conftest import BIN, REPO, run, set_params, stage
+from tests.conftest import BIN, REPO, built_once, run, set_params, stage
 
 
 def tree_digest(*paths: Path) -> dict[str, str]:
@@ -167,10 +167,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def dag(tmp_path_factory, tiny_raw):
-    """The whole DAG run twice from scratch; in run 2 the MLflow server is down."""
-    root = copy_repo(tmp_path_factory.mktemp("dag") / "repo", tiny_raw)
+    """The whole DAG run twice from scratch; in run 2 the MLflow server is down. Built once for
+    all xdist workers: the tests below only read it (`clone` copies it)."""
+    return built_once(tmp_path_factory, "dag", lambda folder: _dag(folder, tiny_raw))
+
+
+def _dag(folder: Path, tiny_raw: Path) -> SimpleNamespace:
+    root = copy_repo(folder / "repo", tiny_raw)
     down = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     log: list[str] = []
     results: list[subprocess.CompletedProcess] = []
@@ -271,10 +276,15 @@ def assert_same_training_result(root: Path, baseline: Path) -> None:
         assert same(root / rel) == same(baseline / rel), rel
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def killed(dag, tmp_path_factory):
-    """`dvc repro` of train SIGKILLed (dvc, torchrun and both workers) after two checkpoints."""
-    root = clone(dag, tmp_path_factory.mktemp("killed") / "repo")
+    """`dvc repro` of train SIGKILLed (dvc, torchrun and both workers) after two checkpoints
+    (built once, as `dag`; the tests copy it)."""
+    return built_once(tmp_path_factory, "killed", lambda folder: _killed(dag, folder))
+
+
+def _killed(dag, folder: Path) -> Path:
+    root = clone(dag, folder / "repo")
     log = root.parent / "killed.log"
     proc = start(["dvc", "repro", "--force", "--single-item", "train"], root, log)
     try:
@@ -392,11 +402,14 @@ class _Planted:
         return (Path.touch, (self.marker,))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def fsdp(dag, tmp_path_factory):
     """train.strategy: fsdp on the DAG's params: `dvc repro train` uninterrupted, and the same
-    SIGKILLed (dvc, torchrun, both workers) after two sharded checkpoints."""
-    folder = tmp_path_factory.mktemp("fsdp")
+    SIGKILLed (dvc, torchrun, both workers) after two sharded checkpoints (built once, as `dag`)."""
+    return built_once(tmp_path_factory, "fsdp", lambda folder: _fsdp(dag, folder))
+
+
+def _fsdp(dag, folder: Path) -> SimpleNamespace:
     whole = clone(dag, folder / "whole")
     set_params(whole, **{"train.strategy": "fsdp"})
     killed = folder / "killed"
