@@ -496,6 +496,73 @@ def test_batched_generation_equals_one_at_a_time(arch):
         np.testing.assert_allclose(pruned[np.isfinite(pruned)], sums[np.isfinite(pruned)], rtol=1e-5)
 
 
+@pytest.fixture(scope="module")
+def foldoc_sample(tmp_path_factory):
+    """(folder, test documents) of the real corpus foldoc_en's first 400 documents, tokenized by a
+    512-token BPE, with a random 1-layer GPT-2 in models/model."""
+    import gzip
+
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from rarelm.artifacts.tokenized import TokenizedData
+    from rarelm.files import write_json
+    from rarelm.params import load_params
+    from rarelm.prepare import corpus
+    from rarelm.tokenize import tokenization
+    from tests.conftest import REPO
+
+    root = tmp_path_factory.mktemp("foldoc")
+    with gzip.open(REPO / "data/raw/foldoc_en.txt.gz", "rt", encoding="utf-8") as f:
+        lines = [next(f) for _ in range(400)]
+    (root / "foldoc.txt").write_text("".join(lines), encoding="utf-8")
+    shutil.copy(REPO / "params.yaml", root / "params.yaml")
+    set_params(root, **{"corpus.path": str(root / "foldoc.txt"), "corpus.reference_glossary": "",
+                        "tokenizer.vocab_size": 512})
+    params = load_params(root / "params.yaml")
+    for sub in ("data/prepared", "data/tokenized"):
+        (root / sub).mkdir(parents=True)
+    corpus.prepare(params.corpus, root / "data/prepared")
+    meta = tokenization.tokenize(params.tokenizer, root / "data/prepared", root / "data/tokenized")
+    write_json(root / "data/tokenized/meta.json", meta)
+    data = TokenizedData.open(root / "data/tokenized")
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(vocab_size=data.vocab_size, n_positions=64, n_embd=32, n_layer=1, n_head=2,
+                               bos_token_id=data.eot_id, eos_token_id=data.eot_id,
+                               initializer_range=0.2)).save_pretrained(root / "models/model")
+    return root
+
+
+@pytest.mark.parametrize("corpus", ["demo", "foldoc_en"])
+def test_batched_evaluation_equals_per_occurrence(corpus, request):
+    """eval.batch_size 1 (one prompt per decode, one row per open prefix of the closed set) and 8
+    (batched decodes and scoring, a trie level per forward): the same rows, value for value; only
+    NLLs may differ in float32's last bits (other matmul shapes), never tokens, matches or ranks."""
+    from rarelm.artifacts.tokenized import TokenizedData, load_tokenizer
+    from rarelm.evaluate.model_folder import load_causal_lm
+    from rarelm.prepare.corpus import read_split
+
+    root = request.getfixturevalue("workspace" if corpus == "demo" else "foldoc_sample")
+    data = TokenizedData.open(root / "data/tokenized")
+    tokenizer = load_tokenizer(data.tokenizer_dir, data.vocab_size)
+    documents = list(read_split(root / "data/prepared", "test"))
+    tokens, offsets = data.tokens("test"), data.offsets("test")
+    # terms of 1 to 4 words from the test split's text: closed-set tries of several depths
+    words = [w.strip(".,:;()'\"{}") for d in documents[:20] for w in d.split()]
+    phrases = dict.fromkeys(" ".join(words[i:i + 1 + i % 4]) for i in range(0, 400, 3))
+    terms = [Term(p, 2 ** (i % 9)) for i, p in enumerate(phrases) if p.strip() and "  " not in p][:40]
+    model = load_causal_lm(root / "models/model", "cpu")
+    kwargs = dict(max_terms=10, context_tokens=16, eot_id=data.eot_id, closed_set=True)
+    one, batched = (evaluate_terms(model, tokenizer, documents, tokens, offsets, terms, batch_size=size,
+                                   **kwargs) for size in (1, 8))
+    assert len(one) == len(batched) == 10
+    assert len({r["choice_rank"] for r in one}) > 3  # ranks that vary: the comparison can fail
+    close = {"nll", "nll_sum", "nll_per_char"}
+    for a, b in zip(one, batched, strict=True):
+        assert {k: a[k] for k in a if k not in close} == {k: b[k] for k in b if k not in close}
+        for key in close:
+            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6)
+
+
 def test_bad_rare_inputs_are_one_line_errors(tmp_path):
     np.save(tmp_path / "buckets.npy", np.zeros(5, dtype=np.int8))
     with pytest.raises(RarelmError, match=r"expected int8 \[8\] .* does not match the vocabulary"):

@@ -12,7 +12,7 @@ import numpy as np
 
 from rarelm.evaluate.common import Progress, silent
 from rarelm.evaluate.decoding import greedy_continue
-from rarelm.evaluate.scoring import candidates_nll, continuation_scores
+from rarelm.evaluate.scoring import candidates_nll, continuation_scores, tree_candidates_nll
 from rarelm.rare_terms import term_search
 
 
@@ -79,12 +79,17 @@ def evaluate_terms(model, tokenizer, documents: list[str], tokens: np.ndarray, o
     model prefers to the true one (1 = the model would pick the right term from the
     list); the true term is the one as written at the occurrence, the others their
     display forms.
+
+    `batch_size` occurrences are decoded and teacher-forced per forward, and the closed
+    set scores every open prefix of one length per forward (scoring.tree_candidates_nll);
+    `batch_size` 1 is the per-occurrence path (one prompt per decode, one row per open
+    prefix: scoring.candidates_nll), with the same rows up to float32 rounding of the NLLs.
     """
     if per_term is None:
         per_term = term_search.find_occurrences(tokenizer, documents, tokens, offsets, terms)
     tasks = [_prompted(o, tokens, offsets, terms, context_tokens, eot_id)
              for o in term_search.select_round_robin(per_term, max_terms)]
-    ranker = ClosedSet(model, tokenizer, terms, logit_bias) if closed_set else None
+    ranker = ClosedSet(model, tokenizer, terms, logit_bias, tree=batch_size > 1) if closed_set else None
     rows: list[dict] = [{} for _ in tasks]
     order = sorted(range(len(tasks)), key=lambda i: (len(tasks[i].cover), len(tasks[i].prompt)))
     advance = (progress or silent)("generating terms", len(tasks))
@@ -117,11 +122,15 @@ class ClosedSet:
 
     Each extracted term is tokenized as lead + term (once per lead) and scored with
     candidates_nll; the true term is the one as written at the occurrence, the others
-    their display forms. Rank 1 = the model would pick the right term from the list.
+    their display forms. Rank 1 = the model would pick the right term from the list;
+    a term with the true term's tokens ties with it (not counted).
+    `tree`: score with scoring.tree_candidates_nll (a level of the trie per forward), else
+    with scoring.candidates_nll (a row per open prefix).
     """
 
-    def __init__(self, model, tokenizer, terms: list[term_search.Term], logit_bias=None):
+    def __init__(self, model, tokenizer, terms: list[term_search.Term], logit_bias=None, tree: bool = True):
         self.model, self.tokenizer, self.terms, self.logit_bias = model, tokenizer, terms, logit_bias
+        self.score = tree_candidates_nll if tree else candidates_nll
         self.candidate_ids: dict[str, list[list[int]]] = {}  # lead -> every term tokenized after it
 
     def rank(self, task: Prompted, cover_nll: float) -> int:
@@ -134,10 +143,12 @@ class ClosedSet:
         ids = self.candidate_ids[lead][o.term] if task.expected == lead + self.terms[o.term].text else \
             self.tokenizer.encode(task.expected, add_special_tokens=False).ids  # the true term as written
         true_nll = cover_nll if ids == task.cover else \
-            candidates_nll(self.model, task.prompt, [ids], logit_bias=self.logit_bias)[0]
-        scores = candidates_nll(self.model, task.prompt, self.candidate_ids[lead], bound=true_nll,
-                                logit_bias=self.logit_bias)
-        scores[o.term] = true_nll  # only the others are counted against it
+            self.score(self.model, task.prompt, [ids], logit_bias=self.logit_bias)[0]
+        candidates = self.candidate_ids[lead]
+        scores = self.score(self.model, task.prompt, candidates, bound=true_nll, logit_bias=self.logit_bias)
+        # only the others are counted against it; a term written with the same tokens ("The cat" for
+        # "the cat" written "The cat") ties with it, whatever the last bits of two computations say
+        scores[[i for i, c in enumerate(candidates) if i == o.term or c == ids]] = true_nll
         return 1 + int((scores < true_nll).sum())
 
 
