@@ -98,6 +98,7 @@ def pytest_collection_modifyitems(config, items) -> None:
 
 
 if importlib.util.find_spec("xdist"):
+    @pytest.hookimpl(optionalhook=True)  # also with xdist installed but off (`-p no:xdist`)
     def pytest_xdist_make_scheduler(config, log):
         """`pytest -n 2` (make test): each file's tests on one worker, as `--dist loadscope`, except
         the SPREAD files' tests, one by one; work handed out in collection order. (xdist_group
