@@ -151,9 +151,10 @@ def test_reports_and_readme_table(repo):
     assert per_char["diff_hi"] < 0  # alpha 0.7 lowers term NLL clearly in the generator
     exact = report_row(result["final"], "good", "all")
     assert cells[7] == f"{exact['value']:.3f}" and exact["diff_lo"] > 0
+    assert cells[9] == cells[7]  # any case: the stand-in writes every term as the text does
     ppl = np.mean([1.9 - 0.07] * 2)  # the stand-in's ppl at alpha 0.7, both seeds
-    assert cells[9] == f"{ppl:.4f} ({ppl / 1.9 - 1:+.1%})"
-    assert cells[10] == "1.0800 (+6.9%)"  # false-insertion rate: seeds 2, 3 -> 1.09, 1.07 vs 1.02, 1.00
+    assert cells[11] == f"{ppl:.4f} ({ppl / 1.9 - 1:+.1%})"
+    assert cells[12] == "1.0800 (+6.9%)"  # false-insertion rate: seeds 2, 3 -> 1.09, 1.07 vs 1.02, 1.00
     per_run = [c.strip() for c in rows[1].strip("|").split("|")]
     ppl_row = next(r for r in result["final"]["run_rows"]
                    if r["configuration"] == "good" and r["metric"] == "ppl")
