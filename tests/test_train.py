@@ -26,7 +26,7 @@ from rarelm.artifacts.tokenized import Samples
 from rarelm.errors import RarelmError
 from rarelm.objectives.rare_weight import rare_weighted_loss
 from rarelm.objectives.selection import rare_mask
-from rarelm.params import TrainParams
+from rarelm.params import Params, TrainParams
 from rarelm.train import precision as precision_module
 from rarelm.train.batches import SampleStream, epochs_to_train, to_batch
 from rarelm.train.checkpoint import CheckpointStore, run_key
@@ -576,6 +576,16 @@ def _distance(a: dict, b: dict) -> float:
     return math.sqrt(sum(((a[k] - b[k]).double() ** 2).sum().item() for k in a))
 
 
+def _untracked_params(root: Path, monkeypatch) -> Params:
+    """The params of a trained copy, run in it with no MLflow store needed (tracking not required)."""
+    from rarelm.params import load_params
+
+    monkeypatch.chdir(root)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")
+    base = load_params(root / "params.yaml")
+    return dataclasses.replace(base, tracking=dataclasses.replace(base.tracking, required=False))
+
+
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_grad_accumulation_and_checkpointing_match_one_big_batch(trained, tmp_path, monkeypatch,
                                                                  precision):
@@ -589,16 +599,12 @@ def test_grad_accumulation_and_checkpointing_match_one_big_batch(trained, tmp_pa
     from safetensors.torch import load_file
 
     from rarelm.artifacts.tokenized import TokenizedData
-    from rarelm.params import load_params
     from rarelm.train import loop as train
     from rarelm.train.model import build_model
     from rarelm.train.state import seed_everything
 
     root, _, _ = trained
-    monkeypatch.chdir(root)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")  # no store needed here
-    base = load_params(root / "params.yaml")
-    base = dataclasses.replace(base, tracking=dataclasses.replace(base.tracking, required=False))
+    base = _untracked_params(root, monkeypatch)
     base = dataclasses.replace(base, loss=dataclasses.replace(base.loss, rare_weight=0.0),
                                model=dataclasses.replace(base.model, dropout=0.0))
     weights, losses = {}, {}
@@ -658,15 +664,11 @@ def test_alpha_schedule_run_resumes_bit_identical_mid_epoch(trained, tmp_path, m
     """weights.schedule decay (weights recomputed per epoch from scores.npy, windows shifted
     per epoch): a run that crashes after a checkpoint in the middle of its second epoch and is
     started again ends byte-identical to an uninterrupted one."""
-    from rarelm.params import load_params
     from rarelm.report import reprocheck
     from rarelm.train import inputs as train
 
     root, _, _ = trained
-    monkeypatch.chdir(root)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")  # no store needed here
-    base = load_params(root / "params.yaml")
-    base = dataclasses.replace(base, tracking=dataclasses.replace(base.tracking, required=False))
+    base = _untracked_params(root, monkeypatch)
     params = dataclasses.replace(
         base, alpha=0.8, weights=dataclasses.replace(base.weights, schedule="decay"),
         train=dataclasses.replace(base.train, nproc=1, max_steps=12, batch_size=64, log_every=1,
@@ -687,14 +689,10 @@ def test_alpha_schedule_run_resumes_bit_identical_mid_epoch(trained, tmp_path, m
 def test_face_agg_focal_run_resumes_bit_identical(trained, tmp_path, monkeypatch):
     """FACE (refreshed from predictions every 3 steps) + AGG + focal: a run that crashes after
     its step-4 checkpoint and is started again ends byte-identical to an uninterrupted one."""
-    from rarelm.params import load_params
     from rarelm.train import inputs as train
 
     root, _, _ = trained
-    monkeypatch.chdir(root)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")  # no store needed here
-    base = load_params(root / "params.yaml")
-    base = dataclasses.replace(base, tracking=dataclasses.replace(base.tracking, required=False))
+    base = _untracked_params(root, monkeypatch)
     params = dataclasses.replace(
         base, loss=dataclasses.replace(base.loss, token_weight="face", face_source="predictions",
                                        face_refresh=3, agg=True, focal_gamma=1.0),
@@ -714,13 +712,9 @@ def test_kl_base_unlikelihood_normalize_run_resumes_bit_identical(trained, tmp_p
     previous-context negatives, term weights after a term's first token, divided by the number
     of targets): a run that crashes after its step-4 checkpoint and is started again ends
     byte-identical to an uninterrupted one (the base is copied again from the same start)."""
-    from rarelm.params import load_params
 
     root, _, _ = trained
-    monkeypatch.chdir(root)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")  # no store needed here
-    base = load_params(root / "params.yaml")
-    base = dataclasses.replace(base, tracking=dataclasses.replace(base.tracking, required=False))
+    base = _untracked_params(root, monkeypatch)
     params = dataclasses.replace(
         base, loss=dataclasses.replace(base.loss, targets="terms_after_first", rare_weight=2.0,
                                        normalize="targets", unlikelihood=0.5, kl_base=1.0),
@@ -738,14 +732,10 @@ def test_curves_of_a_run_resumed_between_two_rows_equal_the_uninterrupted_ones(t
                                                                                monkeypatch):
     """A checkpoint every 3 steps, a curve row every 4: crashed after the step-6 checkpoint, the
     resumed run's row of step 8 still averages steps 5-8 (the log window is in the checkpoint)."""
-    from rarelm.params import load_params
     from rarelm.report import reprocheck
 
     root, _, _ = trained
-    monkeypatch.chdir(root)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")  # no store needed here
-    base = load_params(root / "params.yaml")
-    base = dataclasses.replace(base, tracking=dataclasses.replace(base.tracking, required=False))
+    base = _untracked_params(root, monkeypatch)
     params = dataclasses.replace(base, train=dataclasses.replace(
         base.train, nproc=1, max_steps=10, batch_size=8, log_every=4, eval_every=10,
         checkpoint_every=3, precision="fp32"))
