@@ -225,6 +225,30 @@ def test_unreachable_store_is_one_warning_and_an_inert_run(monkeypatch, capsys, 
     assert not open_run(tmp_path / "mlflow_run.json", "evaluate", params).active
 
 
+def test_a_run_that_lost_its_store_midway_still_ends(blank_store, tmp_path, monkeypatch, capsys):
+    """A SQLite store locked past its timeout (a loaded machine) turns the run inert with one warning
+    line; finish() still ends it, through a fresh client, instead of leaving it RUNNING."""
+    import contextlib
+    import sqlite3
+
+    import mlflow
+
+    db = tmp_path / "mlflow.db"
+    shutil.copy(blank_store, db)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")
+    run = start_run(Params(tracking=TrackingParams(required=False)), stage="train")
+    with contextlib.closing(sqlite3.connect(db, isolation_level=None)) as other:
+        other.execute("BEGIN EXCLUSIVE")  # another writer holds the file
+        run.log_metrics({"train/loss": 1.0}, step=1)  # waits out MLflow's 20 s busy timeout, fails
+        other.execute("ROLLBACK")
+    assert not run.active
+    run.finish("FAILED")
+    run.finish("FINISHED")  # a second finish changes nothing
+    assert mlflow.MlflowClient(f"sqlite:///{db}").get_run(run.run_id).info.status == "FAILED"
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "is not reachable (sqlite3.OperationalError: database is locked" in line, line
+
+
 def test_an_evaluation_of_a_model_from_another_experiment_gets_its_own_run(store, workspace,
                                                                          monkeypatch):
     """`dvc exp run -S eval.logit_adjust_tau=0.5` restores another experiment's trained model from

@@ -57,6 +57,7 @@ class Run:
         self._client = None
         self._monitor = None
         self._thread = None  # connecting in the background (start_run(background=True))
+        self._ended = False  # finish() ran
 
     def _join(self) -> None:
         if self._thread is not None and self._thread is not threading.current_thread():
@@ -103,6 +104,8 @@ class Run:
         # a failed SQL statement (a read-only store) is logged there with its traceback (~90 lines)
         # before it is raised again: the one line of _fail or require() says it
         logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
+        # system metrics are best effort: a store locked for a moment is not worth its ~6 lines of SQL
+        logging.getLogger("mlflow.system_metrics").setLevel(logging.ERROR)
         prepare_store(self.tracking_uri, self.stage)
         client = mlflow.MlflowClient(self.tracking_uri)
         if resume:
@@ -221,18 +224,31 @@ class Run:
                               "experiment": self.experiment})
 
     def finish(self, status: str = "FINISHED") -> None:
-        """End the run as FINISHED, FAILED or KILLED; the Run is inert afterwards."""
+        """End the run as FINISHED, FAILED or KILLED; the Run is inert afterwards.
+
+        A run that turned inert midway (a SQLite store locked past MLflow's 20 s busy timeout on a
+        loaded machine) is still ended, through a fresh client and up to three tries: the UI does
+        not show it RUNNING for ever."""
         if self._tensorboard is not None:
             self._tensorboard.close()
             self._tensorboard = None
-        if not self.active:
-            return
+        self._join()
+        if self.run_id is None or self._ended or (self._client is None and self.error is None):
+            return  # never connected, or already ended
         self._stop_monitor()
-        try:
-            self._client.set_terminated(self.run_id, status)
-        except Exception as exc:
-            self._fail(exc)
-        self._client = None
+        client, self._client = self._client, None
+        for attempt in range(3):
+            try:
+                if client is None:
+                    import mlflow  # loaded by _connect already
+                    client = mlflow.MlflowClient(self.tracking_uri)
+                client.set_terminated(self.run_id, status)
+                break
+            except Exception as exc:  # noqa: BLE001 - the store's own error, said once by _fail
+                self._fail(exc)
+                client = None
+                time.sleep(attempt + 1)
+        self._ended = True
 
 
 def check_tensorboard(tracking) -> None:
