@@ -18,8 +18,9 @@ import yaml
 
 from rarelm.errors import RarelmError
 from rarelm.report import headline as hl
+from rarelm.report.compare import report_row
 from rarelm.report.dvc_queue import existing
-from rarelm.report.headline_outputs import END, FIGURE, START, readme_section, report_row
+from rarelm.report.headline_outputs import END, FIGURE, START, readme_section
 from rarelm.report.headline_plan import PREFIX, Plan
 from tests.conftest import REPO, run
 from tests.test_compare import GENERATOR

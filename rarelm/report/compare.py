@@ -82,6 +82,13 @@ def compare(baseline: list[RunData], runs: list[RunData], metrics: Sequence[str]
     }
 
 
+def report_row(report: dict, config: str, slice_: str, metric: str = "exact_match") -> dict:
+    """A configuration's row of a `compare` report, over occurrences, in one slice and metric
+    ({} if the report has none)."""
+    return next((r for r in report["rows"] if r["configuration"] == config and r["slice"] == slice_
+                 and r["aggregate"] == "occurrences" and r["metric"] == metric), {})
+
+
 def _metric_rows(metric: str, configs: list[Configuration], occ: Occurrences,
                  named: list[tuple[str, np.ndarray]], masks: np.ndarray, draws: np.ndarray,
                  counts: np.ndarray, weights: dict[int, np.ndarray]) -> list[dict]:

@@ -46,9 +46,9 @@ from pathlib import Path
 
 from rarelm.errors import RarelmError
 from rarelm.params import load_params
-from rarelm.report.compare import compare
+from rarelm.report.compare import compare, report_row
 from rarelm.report.dvc_queue import run_batch
-from rarelm.report.headline_outputs import cpu_name, read_json, report_row, write_outputs
+from rarelm.report.headline_outputs import cpu_name, read_json, write_outputs
 from rarelm.report.headline_plan import (
     RANK_METRIC,
     RANK_SLICE,

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from rarelm.errors import RarelmError
 from rarelm.files import atomic_file, write_json
+from rarelm.report.compare import report_row
 from rarelm.report.headline_plan import RANK_SLICE, TABLE_METRICS
 from rarelm.report.page import curve_svg, figures, write_report
 
@@ -50,12 +51,6 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
-
-
-def report_row(report: dict, config: str, slice_: str, metric: str = "exact_match") -> dict:
-    """A configuration's row of a comparison report, over occurrences, in one slice and metric."""
-    return next(r for r in report["rows"] if r["configuration"] == config and r["slice"] == slice_
-                and r["aggregate"] == "occurrences" and r["metric"] == metric)
 
 
 def _ci(row: dict) -> str:

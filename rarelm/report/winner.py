@@ -28,6 +28,7 @@ import math
 from pathlib import Path
 
 from rarelm.errors import RarelmError
+from rarelm.report.compare import report_row
 from rarelm.report.headline_plan import RANK_METRIC, RANK_SLICE, TIE_METRIC
 from rarelm.report.mlflow_runs import mlflow_run_id
 from rarelm.tracking import registry
@@ -45,9 +46,7 @@ def within_guard(summary: dict, base: dict, guard: dict[str, float]) -> bool:
 
 
 def _value(report: dict, label: str, metric: str) -> float | None:
-    row = next((r for r in report["rows"] if r["configuration"] == label and r["slice"] == RANK_SLICE
-                and r["aggregate"] == "occurrences" and r["metric"] == metric), {})
-    value = row.get("value")
+    value = report_row(report, label, RANK_SLICE, metric).get("value")
     return None if value is None or not math.isfinite(value) else float(value)
 
 
