@@ -3,6 +3,7 @@
     rarelm headline                                   # headline.yaml -> docs/headline/ + README table
     rarelm headline --plan my_plan.yaml --no-readme   # another plan; leave README.md alone
     rarelm headline --register                        # + the winner as a registered model version
+    rarelm headline --plan my_plan.yaml --so-far      # the screening round so far (while it runs)
 
 Queues the plan's configurations as `dvc exp run --queue` experiments, runs them with
 `dvc queue start -j 1` in three rounds (screen on one seed on the val split, combine the
@@ -31,12 +32,15 @@ def headline(
     register: bool = typer.Option(False, "--register",
                                   help="register the final round's winner as a new model version "
                                        "(the `champion` alias does not move)"),
+    so_far: bool = typer.Option(False, "--so-far",
+                                help="queue nothing: compare the screening experiments finished so far "
+                                     "with the baseline -> <out>/screen_so_far/, tables on stdout"),
 ) -> None:
     """Run the headline experiment (three rounds of queued DVC experiments) and write its tables."""
     with user_errors("headline"):
         from rarelm.report.headline import main  # on use: numpy would slow every `rarelm` command's start-up
 
-        main(plan, Path("."), out, Path("README.md") if readme else None, register)
+        main(plan, Path("."), out, Path("README.md") if readme else None, register, so_far)
 
 
 if __name__ == "__main__":

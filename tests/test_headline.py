@@ -9,6 +9,7 @@ rounds take seconds, not 90 minutes.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -173,6 +174,36 @@ def test_an_interrupted_headline_resumes_without_rerunning(repo):
     assert again["finalists"] == repo["result"]["finalists"]
     assert again["rounds_s"] == repo["result"]["rounds_s"]  # the times measured when they ran
     assert len(repo["trained"].read_text().splitlines()) == 6
+
+
+def test_the_screening_so_far_compares_what_finished_and_queues_nothing(repo, tmp_path):
+    """`rarelm headline --so-far` while a long screening runs: finished configurations against the
+    baseline on val with the plan's guard; the one not run yet is named, none is queued."""
+    root = repo["root"]
+    plan = {**PLAN, "configurations": {**PLAN["configurations"], "later": ["alpha=0.3"]}}
+    (tmp_path / "plan.yaml").write_text(yaml.safe_dump(plan))
+    before = existing(root)
+    log: list[str] = []
+    report = hl.so_far(root, Plan.load(tmp_path / "plan.yaml"), tmp_path / "out", log=log.append)
+    assert existing(root) == before
+    assert [c["label"] for c in report["configurations"]] == ["baseline", "good", "tuned"]
+    assert report["splits"] == ["val"]
+    screen = json.loads((root / "reports" / "screen" / "report.json").read_text())  # the full round's
+    row = report_row(report, "good", "all", "nll_per_char")
+    assert row == report_row(screen, "good", "all", "nll_per_char") and row["diff_hi"] < 0
+    written = json.loads((tmp_path / "out" / "screen_so_far" / "report.json").read_text())
+    assert written["rows"] == report["rows"]
+    # the stand-in at effective alpha a: ppl 1.9 - 0.1 a, false insertion 1.02 + 0.1 a on val (seed 101):
+    # good (0.7) 1.83 and 1.09 (+6.9%), tuned (-0.1) 1.91 (+0.5%) and 1.01: both within 2% and 10%
+    assert log[0] == ("2 of 3 configurations screened (val split, seeds 1); within the guard: good, tuned; "
+                      "not yet: later")
+    assert log[1].startswith("| configuration |") and "| good | 1 |" in log[1]
+    with pytest.raises(RarelmError, match="hl-baseline-s9 has not finished yet"):
+        hl.so_far(root, dataclasses.replace(Plan.load(tmp_path / "plan.yaml"), screen_seeds=[9]), tmp_path)
+    cli = run(["rarelm", "headline", "--plan", str(tmp_path / "plan.yaml"), "--out", str(tmp_path / "cli"),
+               "--so-far"], root, check=True)
+    assert cli.stdout.splitlines()[0] == log[0] and (tmp_path / "cli/screen_so_far/index.html").is_file()
+    assert existing(root) == before
 
 
 def test_a_plan_without_screen_seeds_is_a_fixed_comparison(monkeypatch, tmp_path):

@@ -47,8 +47,8 @@ from pathlib import Path
 from rarelm.errors import RarelmError
 from rarelm.params import load_params
 from rarelm.report.compare import compare, report_row
-from rarelm.report.dvc_queue import run_batch
-from rarelm.report.headline_outputs import cpu_name, read_json, write_outputs
+from rarelm.report.dvc_queue import existing, run_batch
+from rarelm.report.headline_outputs import cpu_name, read_json, run_table, table, write_outputs
 from rarelm.report.headline_plan import (
     RANK_METRIC,
     RANK_SLICE,
@@ -57,6 +57,7 @@ from rarelm.report.headline_plan import (
     Plan,
     combination,
 )
+from rarelm.report.page import write_report
 from rarelm.report.runs import load_run
 from rarelm.report.winner import prepare_registration, within_guard
 from rarelm.tracking.naming import git_commit
@@ -142,6 +143,32 @@ def headline(repo: Path, plan: Plan, out: Path, readme: Path | None,
     return result
 
 
+def so_far(repo: Path, plan: Plan, out: Path, log: Callable[[str], None] = print) -> dict:
+    """The screening round as far as it got, while a long headline runs: every configuration whose
+    screening experiments have all finished, against the baseline on the screening split, with the
+    plan's guard. Queues nothing; writes <out>/screen_so_far/ and logs the tables. Returns the report."""
+    if plan.fixed:
+        raise RarelmError("a fixed comparison (no screen_seeds) has no screening round to look at")
+    repo, every = Path(repo).resolve(), [*plan.configurations, *plan.decode]
+    done = existing(repo)
+    names = [n for n in every if all(plan.experiment(n, s) in done for s in plan.screen_seeds)]
+    if plan.baseline not in names:
+        raise RarelmError(f"the baseline's screening experiment "
+                          f"{plan.experiment(plan.baseline, plan.screen_seeds[0])} has not finished yet")
+    report = _compare(repo, plan, [plan.baseline], names[1:], plan.screen_seeds, plan.screen_split)
+    write_report(report, Path(out) / "screen_so_far")
+    base = report["configurations"][0]["summary"]
+    passing = [c["label"] for c in report["configurations"][1:]
+               if within_guard(c["summary"], base, guard(plan))]
+    pending = [n for n in every if n not in names]
+    log(f"{len(names) - 1} of {len(every) - 1} configurations screened "
+        f"({plan.screen_split} split, seeds {', '.join(map(str, plan.screen_seeds))}); within the guard: "
+        f"{', '.join(passing) or 'none'}; not yet: {', '.join(pending) or 'none'}")
+    log(table(report))
+    log(run_table(report))
+    return report
+
+
 def _store(repo: Path) -> str:
     """The store the experiments logged into: MLFLOW_TRACKING_URI, else the repo's."""
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{repo / 'mlflow.db'}"
@@ -187,9 +214,13 @@ def _log_sweep(repo: Path, plan: Plan, out: Path, swept: list[str], finalists: l
     ))
 
 
-def main(plan_path: Path, repo: Path, out: Path, readme: Path | None, register: bool = False) -> dict:
-    """`rarelm headline`: load the plan, run the rounds, write the outputs (register the winner)."""
+def main(plan_path: Path, repo: Path, out: Path, readme: Path | None, register: bool = False,
+         screened_so_far: bool = False) -> dict:
+    """`rarelm headline`: load the plan, run the rounds, write the outputs (register the winner);
+    with `screened_so_far`, only the screening round's finished experiments, compared."""
     plan = Plan.load(plan_path)
+    if screened_so_far:
+        return so_far(repo, plan, out, log=lambda m: print(m, flush=True))
     return headline(repo, plan, out, readme, log=lambda m: print(f"headline: {m}", flush=True),
                     register=register)
 
