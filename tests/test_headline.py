@@ -195,11 +195,16 @@ def test_the_screening_so_far_compares_what_finished_and_queues_nothing(repo, tm
     assert written["rows"] == report["rows"]
     # the stand-in at effective alpha a: ppl 1.9 - 0.1 a, false insertion 1.02 + 0.1 a on val (seed 101):
     # good (0.7) 1.83 and 1.09 (+6.9%), tuned (-0.1) 1.91 (+0.5%) and 1.01: both within 2% and 10%
-    assert log[0] == ("2 of 3 configurations screened (val split, seeds 1); within the guard: good, tuned; "
-                      "not yet: later")
+    assert log[0] == ("2 of 3 configurations screened (val split, seeds 1); within the guard, best first: "
+                      "good, tuned; not yet: later")
     assert log[1].startswith("| configuration |") and "| good | 1 |" in log[1]
     with pytest.raises(RarelmError, match="hl-baseline-s9 has not finished yet"):
         hl.so_far(root, dataclasses.replace(Plan.load(tmp_path / "plan.yaml"), screen_seeds=[9]), tmp_path)
+    (tmp_path / "fixed.yaml").write_text(yaml.safe_dump({**plan, "screen_seeds": []}))
+    refused = run(["rarelm", "headline", "--plan", str(tmp_path / "fixed.yaml"),
+                   "--out", str(tmp_path / "no"), "--so-far"], root)
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert "has no screening round" in refused.stderr and not (tmp_path / "no").exists()
     cli = run(["rarelm", "headline", "--plan", str(tmp_path / "plan.yaml"), "--out", str(tmp_path / "cli"),
                "--so-far"], root, check=True)
     assert cli.stdout.splitlines()[0] == log[0] and (tmp_path / "cli/screen_so_far/index.html").is_file()

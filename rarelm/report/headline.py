@@ -71,7 +71,11 @@ def ranking(repo: Path, plan: Plan, names: list[str], seeds: list[int]) -> list[
     and false-insertion rate within `insertion_tolerance` of the baseline's, on the screening
     split; a figure a run lacks does not exclude it. The others stay in the screening table.
     """
-    report = _compare(repo, plan, [plan.baseline], names, seeds, plan.screen_split)
+    return ranked(_compare(repo, plan, [plan.baseline], names, seeds, plan.screen_split), plan, names)
+
+
+def ranked(report: dict, plan: Plan, names: list[str]) -> list[tuple[str, float]]:
+    """`names` of a screening comparison that pass the plan's guard, best first (see ranking)."""
     summaries = {c["label"]: c["summary"] for c in report["configurations"]}
     base = summaries[plan.baseline]
     scored = [(c, _diff(report, c, RANK_METRIC), _diff(report, c, TIE_METRIC)) for c in names
@@ -157,13 +161,12 @@ def so_far(repo: Path, plan: Plan, out: Path, log: Callable[[str], None] = print
                           f"{plan.experiment(plan.baseline, plan.screen_seeds[0])} has not finished yet")
     report = _compare(repo, plan, [plan.baseline], names[1:], plan.screen_seeds, plan.screen_split)
     write_report(report, Path(out) / "screen_so_far")
-    base = report["configurations"][0]["summary"]
-    passing = [c["label"] for c in report["configurations"][1:]
-               if within_guard(c["summary"], base, guard(plan))]
+    passing = [name for name, _ in ranked(report, plan, names[1:])]
     pending = [n for n in every if n not in names]
     log(f"{len(names) - 1} of {len(every) - 1} configurations screened "
-        f"({plan.screen_split} split, seeds {', '.join(map(str, plan.screen_seeds))}); within the guard: "
-        f"{', '.join(passing) or 'none'}; not yet: {', '.join(pending) or 'none'}")
+        f"({plan.screen_split} split, seeds {', '.join(map(str, plan.screen_seeds))}); "
+        f"within the guard, best first: {', '.join(passing) or 'none'}; "
+        f"not yet: {', '.join(pending) or 'none'}")
     log(table(report))
     log(run_table(report))
     return report

@@ -247,7 +247,8 @@ class Run:
             except Exception as exc:  # noqa: BLE001 - the store's own error, said once by _fail
                 self._fail(exc)
                 client = None
-                time.sleep(attempt + 1)
+                if attempt < 2:
+                    time.sleep(attempt + 1)
         self._ended = True
 
 
