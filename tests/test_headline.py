@@ -328,6 +328,7 @@ def test_real_text_headline_plans_fix_issue_22s_rules_before_the_results(corpus)
     assert losses["kl-base"].kl_base > 0 and losses["unlikelihood"].unlikelihood > 0
     assert losses["term-loss-after-first"].targets == "terms_after_first"
     assert losses["term-loss-normalized"].normalize == "targets"
+    assert [losses[f"term-loss-normalized{w}"].rare_weight for w in ("", "-w4", "-w8")] == [2, 4, 8]
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     assert f"<!-- {plan.section}:start -->" in readme and f"<!-- {plan.section}:end -->" in readme
 
