@@ -2,7 +2,9 @@
 
 An experiment that already exists under its name is not run again, and one already queued or
 running (an earlier, interrupted command's) is waited for, not queued again: an interrupted
-`rarelm headline` picks up where it stopped.
+`rarelm headline` picks up where it stopped. One that `dvc queue status` shows running while no
+worker is alive (its worker was killed with the session or the machine: DVC keeps it "Running" for
+ever, and a new worker never takes it up) is marked failed (`dvc queue kill`) and queued again.
 """
 
 from __future__ import annotations
@@ -29,10 +31,29 @@ def existing(repo: Path) -> set[str]:
     return {name for name, _, _ in experiment_refs(repo)}
 
 
+def _status(repo: Path) -> tuple[dict[str, set[str]], int]:
+    """`dvc queue status`: the experiment names by status, and how many workers are active."""
+    by_status: dict[str, set[str]] = {}
+    active = 0
+    for line in _dvc(["queue", "status"], repo).splitlines()[1:]:
+        words = line.split()
+        if line.startswith("Worker status:"):  # "Worker status: 1 active, 0 idle"
+            active = int(words[2])
+        elif len(words) > 2:
+            by_status.setdefault(words[-1], set()).add(words[1])
+    return by_status, active
+
+
 def queued(repo: Path) -> set[str]:
     """Names of the experiments `dvc queue status` shows as queued or running."""
-    return {line.split()[1] for line in _dvc(["queue", "status"], repo).splitlines()[1:]
-            if len(line.split()) > 2 and line.split()[-1] in ("Queued", "Running")}
+    by_status, _ = _status(repo)
+    return by_status.get("Queued", set()) | by_status.get("Running", set())
+
+
+def orphaned(repo: Path) -> set[str]:
+    """Names shown as running while no worker is active: their worker died mid-run."""
+    by_status, active = _status(repo)
+    return set() if active else by_status.get("Running", set())
 
 
 def run_batch(repo: Path, batch: list[tuple[str, list[str]]], log: Callable[[str], None],
@@ -42,6 +63,9 @@ def run_batch(repo: Path, batch: list[tuple[str, list[str]]], log: Callable[[str
     One already queued or running (an earlier, interrupted command's) is waited for, not queued
     again. Returns how many experiments it ran or waited for.
     """
+    for name in sorted(orphaned(repo) & {name for name, _ in batch}):
+        log(f"{name} was left running by a worker that died: marked failed, queued again")
+        _dvc(["queue", "kill", name], repo)
     done, pending = existing(repo), queued(repo)
     todo = [(name, sets) for name, sets in batch if name not in done]
     for name, sets in todo:
@@ -58,9 +82,12 @@ def run_batch(repo: Path, batch: list[tuple[str, list[str]]], log: Callable[[str
     t0 = time.time()
     while True:
         time.sleep(poll)
-        waiting = names & queued(repo)
+        waiting, lost = names & queued(repo), names & orphaned(repo)
         if not waiting:
             break
+        if lost:
+            raise RarelmError(f"the queue's worker died running {', '.join(sorted(lost))} "
+                              "(run the command again: it queues it anew)")
         log(f"{time.time() - t0:5.0f} s: {len(waiting)} of {len(todo)} queued or running")
     worker.wait()
     failed = sorted(names - existing(repo))
