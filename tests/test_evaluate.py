@@ -190,6 +190,24 @@ def test_term_start_mass_where_no_term_starts():
     assert "false_insertion_start_mass" not in score_tokens(bigram(), TOKENS, BUCKETS, 4, 2).metrics()
 
 
+
+def test_scoring_in_row_chunks_equals_the_whole_batch(monkeypatch):
+    """The logits of a batch are reduced ROWS rows at a time: with chunks of 3 rows (windows of 4
+    targets, so chunks cut across windows and the last one is short) every figure equals the
+    one-chunk computation exactly, the term-start mass included."""
+    from rarelm.evaluate import token_scoring
+
+    per_term = term_search.find_occurrences(char_tokenizer(), DOCS, TOKENS, OFFSETS, TERMS)
+    terms = term_search.term_token_mask(per_term, len(TOKENS))
+    starts = term_start_mask(per_term, len(TOKENS))
+    figures = {}
+    for rows in (1 << 30, 3):
+        monkeypatch.setattr(token_scoring, "ROWS", rows)
+        stats = score_tokens(bigram(0.7), TOKENS, BUCKETS, 4, 2, term_mask=terms, start_mask=starts)
+        figures[rows] = (stats.metrics(), stats.nll.tolist(), stats.start_mass.tolist())
+    assert figures[3] == figures[1 << 30]
+    assert figures[3][0]["n_eval_tokens"] == len(TOKENS) - 1 and figures[3][0]["n_tokens_term"] > 0
+
 def test_false_insertion_counts_terms_in_a_constructed_output():
     """A model that writes 一二三一二三... after 五 and 〇: the sampled text holds one term every 3 tokens."""
     model = ScriptedLM({0: 1, 5: 1, 1: 2, 2: 3, 3: 1}, V).eval()
