@@ -21,7 +21,7 @@ from rarelm.errors import RarelmError
 from rarelm.report import headline as hl
 from rarelm.report.compare import report_row
 from rarelm.report.dvc_queue import existing
-from rarelm.report.headline_outputs import END, FIGURE, START, readme_section
+from rarelm.report.headline_outputs import END, FIGURE, START, readme_section, table
 from rarelm.report.headline_plan import PREFIX, Plan
 from tests.conftest import REPO, run
 from tests.test_compare import GENERATOR
@@ -157,6 +157,9 @@ def test_reports_and_readme_table(repo):
     ppl = np.mean([1.9 - 0.07] * 2)  # the stand-in's ppl at alpha 0.7, both seeds
     assert cells[11] == f"{ppl:.4f} ({ppl / 1.9 - 1:+.1%})"
     assert cells[12] == "1.0800 (+6.9%)"  # false-insertion rate: seeds 2, 3 -> 1.09, 1.07 vs 1.02, 1.00
+    by_mass = table(result["final"], "false_insertion_start_mass").splitlines()  # a plan guarding it
+    assert by_mass[0].endswith("| ppl (vs baseline) | term-start mass off terms (vs baseline) |")
+    assert "and 10% (relative) of its false-insertion rate are ranked" in readme
     per_run = [c.strip() for c in rows[1].strip("|").split("|")]
     ppl_row = next(r for r in result["final"]["run_rows"]
                    if r["configuration"] == "good" and r["metric"] == "ppl")
@@ -249,6 +252,8 @@ def test_bad_plans_are_one_line(tmp_path):
               "unknown configuration 'nope'"),
              ("screen_seeds: [1]\nfinal_seeds: [2, 1]\nconfigurations: {baseline: []}\n",
               "final_seeds repeat screening seed 1"),
+             (seeds + "configurations: {baseline: []}\ninsertion_metric: ppl_rare\n",
+              "insertion_metric 'ppl_rare' is not one of false_insertion_rate, false_insertion_start_mass"),
              (": [\n", "cannot read")]
     for text, message in cases:
         path = tmp_path / "plan.yaml"
@@ -273,6 +278,15 @@ def test_ranking_guards_overall_perplexity_and_false_insertion(monkeypatch):
     monkeypatch.setattr(hl, "_compare", lambda *args: report)
     ranked = hl.ranking(Path("."), plan, ["a", "b", "c", "d", "e"], [1])
     assert ranked == [("c", -0.2), ("e", -0.1), ("a", -0.1)]
+
+    # a plan guarding the term-start mass instead: its figures decide, the sampled rate does not
+    mass = {"baseline": 0.10, "a": 0.111, "b": 0.10, "c": 0.10, "d": 0.10, "e": 0.1099}  # a +11%: out
+    for c in report["configurations"]:
+        c["summary"]["false_insertion_start_mass"] = mass[c["label"]]
+    by_mass = dataclasses.replace(plan, insertion_metric="false_insertion_start_mass")
+    assert hl.guard(by_mass) == {"ppl": 0.02, "false_insertion_start_mass": 0.10}
+    assert hl.ranking(Path("."), by_mass, ["a", "b", "c", "d", "e"], [1]) == [("d", -0.4), ("c", -0.2),
+                                                                              ("e", -0.1)]
 
 
 # --------------------------------------------------------------------------- the real-text plans (issue 22)
@@ -319,6 +333,9 @@ def test_real_text_headline_plans_fix_issue_22s_rules_before_the_results(corpus)
     assert (plan.baseline, plan.screen_seeds, plan.final_seeds) == ("finetune", [1337], [1, 2, 3])
     assert (plan.screen_split, plan.final_split, plan.finalists) == ("val", "test", 2)
     assert (plan.ppl_tolerance, plan.insertion_tolerance) == (0.02, 0.10)
+    # foldoc_en keeps the sampled rate it screened with; manpages_zh, not run yet, the start mass
+    assert plan.insertion_metric == {"foldoc_en": "false_insertion_rate",
+                                     "manpages_zh": "false_insertion_start_mass"}[corpus]
     assert (RANK_METRIC, TIE_METRIC) == ("nll_per_char", "token_acc")
     assert "eval.splits=[val,test]" in plan.common and plan.prefix == f"rh-{corpus}-"
     runs = {name: _params_of([*plan.common, *plan.overrides(name, {})]) for name in plan.configurations}

@@ -19,13 +19,15 @@ experiments share the machine's cores), named `hl-<configuration>-s<seed>`:
    part in the choice, and no test figure, is in the final comparison.
 
 The rules, fixed in the plan before any result is seen: a configuration is ranked only if its
-overall perplexity (all tokens, not one bucket) is within `ppl_tolerance` (2%) of the
-baseline's and its false-insertion rate (`false_insertion_rate`: extracted terms per 1,000
-sampled tokens over the same rate in the text) within `insertion_tolerance` (10%, relative) of
-the baseline's; the ranked ones are ordered by their difference to the baseline in term NLL
-per character (lower first), ties by term-token accuracy (higher first), both from the paired
-term x seed bootstrap of `rarelm.report.compare` on the screening split. An experiment that already
-exists under its name is not run again, so an interrupted command picks up where it stopped.
+overall perplexity (all tokens, not one bucket) is within `ppl_tolerance` (2%) of the baseline's
+and its false-insertion rate (`false_insertion_rate`: extracted terms per 1,000 sampled tokens
+over the same rate in the text; or, with `insertion_metric: false_insertion_start_mass`, the
+model's mass on term-start tokens where no term starts) within `insertion_tolerance` (10%,
+relative) of the baseline's; the ranked ones are ordered by their difference to the baseline in
+term NLL per character (lower first), ties by term-token accuracy (higher first), both from the
+paired term x seed bootstrap of `rarelm.report.compare` on the screening split. An experiment
+that already exists under its name is not run again, so an interrupted command picks up where it
+stopped.
 Then two comparisons (`rarelm.report.compare.compare`): the screening round (screening seeds, val,
 every configuration) and the final one (final seeds, test, baseline and finalists), written to
 `<out>/screen/` and `<out>/final/` (index.html, report.md, report.json; `<out>` is
@@ -68,7 +70,7 @@ def ranking(repo: Path, plan: Plan, names: list[str], seeds: list[int]) -> list[
     """Screened configurations that pass the guard, best first: (name, term NLL/char difference).
 
     The guard (fixed in the plan): overall perplexity within `ppl_tolerance` of the baseline's
-    and false-insertion rate within `insertion_tolerance` of the baseline's, on the screening
+    and false-insertion figure within `insertion_tolerance` of the baseline's, on the screening
     split; a figure a run lacks does not exclude it. The others stay in the screening table.
     """
     return ranked(_compare(repo, plan, [plan.baseline], names, seeds, plan.screen_split), plan, names)
@@ -85,7 +87,7 @@ def ranked(report: dict, plan: Plan, names: list[str]) -> list[tuple[str, float]
 
 def guard(plan: Plan) -> dict[str, float]:
     """The plan's guard: eval.json figure -> relative tolerance of the baseline's."""
-    return {"ppl": plan.ppl_tolerance, "false_insertion_rate": plan.insertion_tolerance}
+    return {"ppl": plan.ppl_tolerance, plan.insertion_metric: plan.insertion_tolerance}
 
 
 def _compare(repo: Path, plan: Plan, base: list[str], names: list[str], seeds: list[int], split: str) -> dict:
@@ -167,8 +169,8 @@ def so_far(repo: Path, plan: Plan, out: Path, log: Callable[[str], None] = print
         f"({plan.screen_split} split, seeds {', '.join(map(str, plan.screen_seeds))}); "
         f"within the guard, best first: {', '.join(passing) or 'none'}; "
         f"not yet: {', '.join(pending) or 'none'}")
-    log(table(report))
-    log(run_table(report))
+    log(table(report, plan.insertion_metric))
+    log(run_table(report, plan.insertion_metric))
     return report
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from rarelm.errors import RarelmError
 from rarelm.files import atomic_file, write_json
 from rarelm.report.compare import report_row
-from rarelm.report.headline_plan import RANK_SLICE, TABLE_METRICS
+from rarelm.report.headline_plan import INSERTION_METRICS, RANK_SLICE, TABLE_METRICS
 from rarelm.report.page import curve_svg, figures, write_report
 
 START, END = "<!-- headline:start -->", "<!-- headline:end -->"
@@ -69,14 +69,15 @@ def _run_cell(report: dict, config: str, key: str) -> str:
     return f"{row['value']:.4f}{rel}"
 
 
-def table(report: dict) -> str:
+def table(report: dict, insertion: str = "false_insertion_rate") -> str:
     """Markdown: per configuration, the term metrics with differences and intervals (terms x seeds),
     overall perplexity and false-insertion rate beside the baseline's."""
     names = {"nll_per_char": "term NLL/char", "token_acc": "term-token acc", "exact_match": "exact match",
              "exact_match_ci": "exact match, any case"}
     metrics = [m for m in TABLE_METRICS if m in report["metrics"]]
     head = "".join(f" {names[m]} | diff [95% CI] |" for m in metrics)
-    lines = [f"| configuration | seeds | terms |{head} ppl (vs baseline) | false insertion (vs baseline) |",
+    lines = [f"| configuration | seeds | terms |{head} ppl (vs baseline) | {INSERTION_METRICS[insertion]} "
+             "(vs baseline) |",
              "| --- | ---: | ---: |" + " ---: | --- |" * len(metrics) + " ---: | ---: |"]
     for c in report["configurations"]:
         label = c["label"]
@@ -84,7 +85,7 @@ def table(report: dict) -> str:
         for m in metrics:
             row = report_row(report, label, RANK_SLICE, m)
             cells += [f"{row['value']:.3f}", _ci(row)]
-        cells += [_run_cell(report, label, "ppl"), _run_cell(report, label, "false_insertion_rate")]
+        cells += [_run_cell(report, label, "ppl"), _run_cell(report, label, insertion)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -126,11 +127,13 @@ def _seed_cell(row: dict | None) -> str:
     return cell
 
 
-def run_table(report: dict) -> str:
+def run_table(report: dict, insertion: str = "false_insertion_rate") -> str:
     """Markdown: per configuration, perplexity overall and by frequency bucket and the false-insertion
-    rate, each as mean over seeds with its interval over seeds (t, 95%) and the change to the baseline."""
-    keys = [k for k in RUN_TABLE if any(r["metric"] == k for r in report.get("run_rows", []))]
-    lines = ["| configuration | " + " | ".join(RUN_TABLE[k] for k in keys) + " |",
+    rate (and the plan's guard figure `insertion` if another), each as mean over seeds with its
+    interval over seeds (t, 95%) and the change to the baseline."""
+    names = {**RUN_TABLE, insertion: INSERTION_METRICS[insertion]}
+    keys = [k for k in names if any(r["metric"] == k for r in report.get("run_rows", []))]
+    lines = ["| configuration | " + " | ".join(names[k] for k in keys) + " |",
              "| --- |" + " --- |" * len(keys)]
     for c in report["configurations"]:
         rows = {r["metric"]: r for r in report.get("run_rows", []) if r["configuration"] == c["label"]}
@@ -141,6 +144,7 @@ def run_table(report: dict) -> str:
 def readme_section(result: dict, figure: str) -> str:
     """README's section of a plan, markers included: the rules, the rounds' tables, the figure."""
     plan, screened = result["plan"], result.get("screen") is not None
+    insertion = plan.get("insertion_metric", "false_insertion_rate")  # older headline.json: the rate
     start, end = markers(plan.get("section", "headline"))
     rounds = ", ".join(f"{k} {v / 60:.0f} min" for k, v in result["rounds_s"].items())
     common = " ".join(plan["common"])
@@ -161,23 +165,26 @@ def readme_section(result: dict, figure: str) -> str:
     lines = [start, origin, "", rules, "",
              f"**{title}** ({plan['final_split']} split, seeds {final_seeds}; intervals: paired bootstrap "
              "over terms and seeds together; ppl and false insertion: means over seeds):",
-             "", table(result["final"]), "",
+             "", table(result["final"], insertion), "",
              "Per run (mean over seeds [95% interval over seeds]; change to the baseline [interval], "
-             "paired by seed):", "", run_table(result["final"]), "",
+             "paired by seed):", "", run_table(result["final"], insertion), "",
              f"![exact match by train count]({figure})"]
     if screened:
         lines += ["", f"**Screening round** ({plan['screen_split']} split, seed(s) "
                       f"{', '.join(map(str, plan['screen_seeds']))}; finalists: "
-                      f"{', '.join(result['finalists'])}):", "", table(result["screen"])]
+                      f"{', '.join(result['finalists'])}):", "", table(result["screen"], insertion)]
     return "\n".join([*lines, end])
 
 
 def _rules(plan: dict) -> str:
     """The rules of a plan that chooses, as fixed in it before any result was seen."""
+    metric = plan.get("insertion_metric", "false_insertion_rate")
+    insertion = "false-insertion rate" if metric == "false_insertion_rate" else \
+        f"{INSERTION_METRICS[metric]} (`{metric}`)"
     return (f"Rules fixed in the plan before any result was seen: configurations are chosen on the "
             f"{plan['screen_split']} split with seed(s) {', '.join(map(str, plan['screen_seeds']))}; only "
             f"those within {plan['ppl_tolerance']:.0%} of the baseline's overall perplexity and "
-            f"{plan['insertion_tolerance']:.0%} (relative) of its false-insertion rate are ranked, by term "
+            f"{plan['insertion_tolerance']:.0%} (relative) of its {insertion} are ranked, by term "
             f"NLL per character (then term-token accuracy); the {plan['finalists']} best are confirmed on "
             f"the {plan['final_split']} split with seeds {', '.join(map(str, plan['final_seeds']))}, which "
             "took no part in the choice.")

@@ -21,6 +21,12 @@ PREFIX = "hl-"
 RANK_SLICE = "all"
 RANK_METRIC, TIE_METRIC = "nll_per_char", "token_acc"  # lower first; then higher first
 TABLE_METRICS = (RANK_METRIC, TIE_METRIC, "exact_match", "exact_match_ci")
+# the false-insertion figures a plan's guard can use (eval.json), with their name in the tables:
+# terms in sampled text per 1,000 tokens over the text's own rate (counts: coarse when the baseline
+# makes one or two), or the teacher-forced mass on term-start tokens where no term starts (a mean
+# over every scored position)
+INSERTION_METRICS = {"false_insertion_rate": "false insertion",
+                     "false_insertion_start_mass": "term-start mass off terms"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,8 +43,9 @@ class Plan:
     # only configurations whose overall perplexity (all tokens) is within this fraction of the
     # baseline's are ranked: a remedy must not buy rare terms with the common text
     ppl_tolerance: float = 0.02
-    # ... and whose false-insertion rate is within this fraction (relative) of the baseline's
+    # ... and whose false-insertion figure is within this fraction (relative) of the baseline's
     insertion_tolerance: float = 0.10
+    insertion_metric: str = "false_insertion_rate"  # which figure: one of INSERTION_METRICS
     screen_split: str = "val"  # the split the choice is made on
     final_split: str = "test"  # the split the finalists are confirmed on
     prefix: str = PREFIX  # experiment names: <prefix><configuration>-s<seed>
@@ -67,6 +74,7 @@ class Plan:
                        finalists=int(raw.get("finalists", 2)), combine=int(raw.get("combine", 2)),
                        ppl_tolerance=float(raw.get("ppl_tolerance", 0.02)),
                        insertion_tolerance=float(raw.get("insertion_tolerance", 0.10)),
+                       insertion_metric=str(raw.get("insertion_metric", "false_insertion_rate")),
                        screen_split=str(raw.get("screen_split", "val")),
                        final_split=str(raw.get("final_split", "test")),
                        prefix=str(raw.get("prefix", PREFIX)), section=str(raw.get("section", "headline")))
@@ -78,6 +86,9 @@ class Plan:
                               "baseline); screen_seeds: [] makes it a fixed comparison")
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", plan.prefix + plan.section):
             raise RarelmError(f"{path}: prefix and section must be letters, digits, '_', '.' or '-'")
+        if plan.insertion_metric not in INSERTION_METRICS:
+            raise RarelmError(f"{path}: insertion_metric {plan.insertion_metric!r} is not one of "
+                              f"{', '.join(INSERTION_METRICS)}")
         reused = sorted(set(plan.screen_seeds) & set(plan.final_seeds))
         if reused:
             raise RarelmError(f"{path}: final_seeds repeat screening seed {reused[0]}; the finalists are "
