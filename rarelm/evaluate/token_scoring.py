@@ -110,9 +110,10 @@ class TokenStats:
         return rows
 
 
-# Rows of logits post-processed at a time: 128 x 8,192 fp32 = 4 MB stays in cache, so logsumexp's
-# passes (max, exp, sum) run 2.9x faster than over a whole 16 x 128 batch (67 MB), with the same
-# values bit for bit (each row is reduced alone either way): docs/benchmarks.md.
+# Rows of logits post-processed at a time: 128 x 8,192 fp32 = 4 MB stays in cache, where a whole
+# batch of 32 x 128 rows is 134 MB that each of logsumexp's passes (max, exp, sum) streams from
+# memory. The values are the same bit for bit (each row is reduced alone either way); the scoring
+# runs 1.18x faster on one thread at base size (bench/token_scoring.py, docs/benchmarks.md).
 ROWS = 128
 
 

@@ -71,7 +71,7 @@ def _run_cell(report: dict, config: str, key: str) -> str:
 
 def table(report: dict, insertion: str = "false_insertion_rate") -> str:
     """Markdown: per configuration, the term metrics with differences and intervals (terms x seeds),
-    overall perplexity and false-insertion rate beside the baseline's."""
+    overall perplexity and the false-insertion figure `insertion` beside the baseline's."""
     names = {"nll_per_char": "term NLL/char", "token_acc": "term-token acc", "exact_match": "exact match",
              "exact_match_ci": "exact match, any case"}
     metrics = [m for m in TABLE_METRICS if m in report["metrics"]]
