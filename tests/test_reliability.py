@@ -700,14 +700,14 @@ open("out.txt", "w").write(str(yaml.safe_load(open("params.yaml"))["x"]))
 """
 
 
-def test_a_queue_worker_killed_mid_experiment_is_noticed_and_its_experiment_runs_again(tmp_path):
+def test_a_queue_worker_killed_mid_experiment_is_noticed_and_its_experiment_runs_again(tmp_path, monkeypatch):
     """A session's end (or a reboot) kills the `dvc queue` worker mid-experiment: DVC then shows the
     experiment "Running" for ever with no worker, and a new worker never takes it up. The waiting
     `rarelm headline` says so in one line; run again, it marks it failed, queues it anew and ends."""
     import threading
 
     from rarelm.errors import RarelmError
-    from rarelm.report.dvc_queue import existing, orphaned, run_batch
+    from rarelm.report.dvc_queue import existing, queue_state, run_batch
 
     root, started = tmp_path / "repo", tmp_path / "started"
     root.mkdir()
@@ -721,34 +721,30 @@ def test_a_queue_worker_killed_mid_experiment_is_noticed_and_its_experiment_runs
     run(["git", "add", "-A"], root, check=True)
     run(["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "init"], root, check=True)
     batch, log, errors = [("e1", ["x=2"])], [], []
-    old_path = os.environ["PATH"]
-    os.environ["PATH"] = f"{BIN}{os.pathsep}{old_path}"  # the worker's `dvc` is the venv's
-    try:
-        waiting = threading.Thread(target=lambda: _catch(errors, run_batch, root, batch, log.append, 1))
-        waiting.start()
-        for _ in range(120):
-            if started.exists():
-                break
-            time.sleep(0.5)
-        assert started.exists(), log
-        # what the end of a session does: the queue's worker and the experiment it runs die at once
-        roles = ("queue-worker", "exec-run", "stage.py")
-        doomed = [p for p in psutil.process_iter(["cwd", "cmdline"])
-                  if str(p.info["cwd"] or "").startswith(str(root))
-                  and any(role in " ".join(p.info["cmdline"] or []) for role in roles)]
-        assert len(doomed) >= 3, doomed
-        for p in doomed:
-            p.kill()
-        waiting.join(timeout=120)
-        assert not waiting.is_alive()
-        assert [type(e) for e in errors] == [RarelmError] and "worker died running e1" in str(errors[0])
-        assert orphaned(root) == {"e1"} and "e1" not in existing(root)
+    monkeypatch.setenv("PATH", f"{BIN}{os.pathsep}{os.environ['PATH']}")  # the worker's dvc: the venv's
+    waiting = threading.Thread(target=lambda: _catch(errors, run_batch, root, batch, log.append, 1))
+    waiting.start()
+    for _ in range(120):
+        if started.exists():
+            break
+        time.sleep(0.5)
+    assert started.exists(), log
+    # what the end of a session does: the queue's worker and the experiment it runs die at once
+    roles = ("queue-worker", "exec-run", "stage.py")
+    doomed = [p for p in psutil.process_iter(["cwd", "cmdline"])
+              if str(p.info["cwd"] or "").startswith(str(root))
+              and any(role in " ".join(p.info["cmdline"] or []) for role in roles)]
+    assert len(doomed) >= 3, doomed
+    for p in doomed:
+        p.kill()
+    waiting.join(timeout=120)
+    assert not waiting.is_alive()
+    assert [type(e) for e in errors] == [RarelmError] and "worker died running e1" in str(errors[0])
+    assert queue_state(root) == ({"e1"}, {"e1"}) and "e1" not in existing(root)
 
-        assert run_batch(root, batch, log.append, poll=1) == 1
-    finally:
-        os.environ["PATH"] = old_path
+    assert run_batch(root, batch, log.append, poll=1) == 1
     assert "e1 was left running by a worker that died: marked failed, queued again" in log
-    assert "e1" in existing(root) and orphaned(root) == set()
+    assert "e1" in existing(root) and queue_state(root) == (set(), set())
     shown = run(["dvc", "exp", "show", "--no-pager", "--csv"], root, check=True).stdout
     assert "e1" in shown and "Failed" in shown and "Success" in shown
 

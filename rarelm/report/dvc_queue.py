@@ -31,8 +31,9 @@ def existing(repo: Path) -> set[str]:
     return {name for name, _, _ in experiment_refs(repo)}
 
 
-def _status(repo: Path) -> tuple[dict[str, set[str]], int]:
-    """`dvc queue status`: the experiment names by status, and how many workers are active."""
+def queue_state(repo: Path) -> tuple[set[str], set[str]]:
+    """One `dvc queue status`: the names queued or running, and those of them shown running while
+    no worker is active (their worker died mid-run)."""
     by_status: dict[str, set[str]] = {}
     active = 0
     for line in _dvc(["queue", "status"], repo).splitlines()[1:]:
@@ -41,19 +42,8 @@ def _status(repo: Path) -> tuple[dict[str, set[str]], int]:
             active = int(words[2])
         elif len(words) > 2:
             by_status.setdefault(words[-1], set()).add(words[1])
-    return by_status, active
-
-
-def queued(repo: Path) -> set[str]:
-    """Names of the experiments `dvc queue status` shows as queued or running."""
-    by_status, _ = _status(repo)
-    return by_status.get("Queued", set()) | by_status.get("Running", set())
-
-
-def orphaned(repo: Path) -> set[str]:
-    """Names shown as running while no worker is active: their worker died mid-run."""
-    by_status, active = _status(repo)
-    return set() if active else by_status.get("Running", set())
+    running = by_status.get("Running", set())
+    return by_status.get("Queued", set()) | running, set() if active else running
 
 
 def run_batch(repo: Path, batch: list[tuple[str, list[str]]], log: Callable[[str], None],
@@ -63,10 +53,12 @@ def run_batch(repo: Path, batch: list[tuple[str, list[str]]], log: Callable[[str
     One already queued or running (an earlier, interrupted command's) is waited for, not queued
     again. Returns how many experiments it ran or waited for.
     """
-    for name in sorted(orphaned(repo) & {name for name, _ in batch}):
+    pending, lost = queue_state(repo)
+    for name in sorted(lost & {name for name, _ in batch}):
         log(f"{name} was left running by a worker that died: marked failed, queued again")
         _dvc(["queue", "kill", name], repo)
-    done, pending = existing(repo), queued(repo)
+        pending.discard(name)
+    done = existing(repo)
     todo = [(name, sets) for name, sets in batch if name not in done]
     for name, sets in todo:
         if name in pending:
@@ -82,7 +74,8 @@ def run_batch(repo: Path, batch: list[tuple[str, list[str]]], log: Callable[[str
     t0 = time.time()
     while True:
         time.sleep(poll)
-        waiting, lost = names & queued(repo), names & orphaned(repo)
+        pending, lost = queue_state(repo)
+        waiting, lost = names & pending, names & lost
         if not waiting:
             break
         if lost:
