@@ -749,6 +749,30 @@ def test_a_queue_worker_killed_mid_experiment_is_noticed_and_its_experiment_runs
     assert "e1" in shown and "Failed" in shown and "Success" in shown
 
 
+def test_a_busy_worker_that_misses_dvcs_status_question_is_not_taken_for_dead(tmp_path, monkeypatch):
+    """`dvc queue status` counts workers by a celery broadcast that times out on a busy machine:
+    "0 active" while an experiment runs. Only when no `dvc exp queue-worker` process runs in the
+    repo either is the running experiment lost."""
+    from rarelm.report import dvc_queue
+
+    status = ("Task     Name  Created  Status\nabc1234  e1    10:00 AM Running\n"
+              "def5678  e2    10:01 AM Queued\n\nWorker status: 0 active, 0 idle\n")
+    monkeypatch.setattr(dvc_queue, "_dvc", lambda args, repo, check=True: status)
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "exp", "queue-worker",
+                               "dvc-exp-worker-1"], cwd=tmp_path)
+    try:
+        for _ in range(50):  # until its cmdline reads as the worker's
+            if dvc_queue.worker_alive(tmp_path):
+                break
+            time.sleep(0.1)
+        assert dvc_queue.queue_state(tmp_path) == ({"e1", "e2"}, set())
+        assert not dvc_queue.worker_alive(tmp_path.parent / "elsewhere")
+    finally:
+        worker.kill()
+        worker.wait()
+    assert dvc_queue.queue_state(tmp_path) == ({"e1", "e2"}, {"e1"})
+
+
 def _catch(errors: list, fn, *args) -> None:
     try:
         fn(*args)

@@ -5,6 +5,9 @@ running (an earlier, interrupted command's) is waited for, not queued again: an 
 `rarelm headline` picks up where it stopped. One that `dvc queue status` shows running while no
 worker is alive (its worker was killed with the session or the machine: DVC keeps it "Running" for
 ever, and a new worker never takes it up) is marked failed (`dvc queue kill`) and queued again.
+Dead means both: `dvc queue status` counts no active worker (celery's answer to that question can
+time out on a busy machine, so alone it is not proof) and no `dvc exp queue-worker` process runs in
+the repo.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+import psutil
 
 from rarelm.errors import RarelmError
 from rarelm.report.git_runs import experiment_refs
@@ -31,9 +36,19 @@ def existing(repo: Path) -> set[str]:
     return {name for name, _, _ in experiment_refs(repo)}
 
 
+def worker_alive(repo: Path) -> bool:
+    """Whether a `dvc exp queue-worker` process runs in the repo."""
+    root = repo.resolve()
+    for p in psutil.process_iter(["cmdline", "cwd"]):
+        cwd = Path(p.info["cwd"] or "/")
+        if "queue-worker" in (p.info["cmdline"] or []) and (cwd == root or root in cwd.parents):
+            return True
+    return False
+
+
 def queue_state(repo: Path) -> tuple[set[str], set[str]]:
     """One `dvc queue status`: the names queued or running, and those of them shown running while
-    no worker is active (their worker died mid-run)."""
+    no worker is active or alive (their worker died mid-run)."""
     by_status: dict[str, set[str]] = {}
     active = 0
     for line in _dvc(["queue", "status"], repo).splitlines()[1:]:
@@ -43,7 +58,7 @@ def queue_state(repo: Path) -> tuple[set[str], set[str]]:
         elif len(words) > 2:
             by_status.setdefault(words[-1], set()).add(words[1])
     running = by_status.get("Running", set())
-    return by_status.get("Queued", set()) | running, set() if active else running
+    return by_status.get("Queued", set()) | running, set() if not running or active or worker_alive(repo) else running
 
 
 def run_batch(repo: Path, batch: list[tuple[str, list[str]]], log: Callable[[str], None],
