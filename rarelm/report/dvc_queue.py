@@ -58,7 +58,8 @@ def queue_state(repo: Path) -> tuple[set[str], set[str]]:
         elif len(words) > 2:
             by_status.setdefault(words[-1], set()).add(words[1])
     running = by_status.get("Running", set())
-    return by_status.get("Queued", set()) | running, set() if not running or active or worker_alive(repo) else running
+    lost = set() if not running or active or worker_alive(repo) else running
+    return by_status.get("Queued", set()) | running, lost
 
 
 def run_batch(repo: Path, batch: list[tuple[str, list[str]]], log: Callable[[str], None],
