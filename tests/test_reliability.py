@@ -750,14 +750,18 @@ def test_a_queue_worker_killed_mid_experiment_is_noticed_and_its_experiment_runs
 
 
 def test_a_busy_worker_that_misses_dvcs_status_question_is_not_taken_for_dead(tmp_path, monkeypatch):
-    """`dvc queue status` counts workers by a celery broadcast that times out on a busy machine:
-    "0 active" while an experiment runs. Only when no `dvc exp queue-worker` process runs in the
-    repo either is the running experiment lost."""
+    """`dvc queue status` counts workers by a celery broadcast that can time out on a busy machine:
+    "0 active, 0 idle" while an experiment runs. Only when no `dvc exp queue-worker` process runs in
+    the repo either is the running experiment lost; a worker counted idle is alive."""
     from rarelm.report import dvc_queue
 
-    status = ("Task     Name  Created  Status\nabc1234  e1    10:00 AM Running\n"
-              "def5678  e2    10:01 AM Queued\n\nWorker status: 0 active, 0 idle\n")
-    monkeypatch.setattr(dvc_queue, "_dvc", lambda args, repo, check=True: status)
+    status = {"idle": 0}
+
+    def dvc(args, repo, check=True):  # what `dvc queue status` prints
+        return ("Task     Name  Created  Status\nabc1234  e1    10:00 AM Running\n"
+                f"def5678  e2    10:01 AM Queued\n\nWorker status: 0 active, {status['idle']} idle\n")
+
+    monkeypatch.setattr(dvc_queue, "_dvc", dvc)
     worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "exp", "queue-worker",
                                "dvc-exp-worker-1"], cwd=tmp_path)
     try:
@@ -771,6 +775,8 @@ def test_a_busy_worker_that_misses_dvcs_status_question_is_not_taken_for_dead(tm
         worker.kill()
         worker.wait()
     assert dvc_queue.queue_state(tmp_path) == ({"e1", "e2"}, {"e1"})
+    status["idle"] = 1  # a worker counted idle (between two tasks) is alive
+    assert dvc_queue.queue_state(tmp_path) == ({"e1", "e2"}, set())
 
 
 def _catch(errors: list, fn, *args) -> None:

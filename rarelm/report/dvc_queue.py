@@ -5,9 +5,9 @@ running (an earlier, interrupted command's) is waited for, not queued again: an 
 `rarelm headline` picks up where it stopped. One that `dvc queue status` shows running while no
 worker is alive (its worker was killed with the session or the machine: DVC keeps it "Running" for
 ever, and a new worker never takes it up) is marked failed (`dvc queue kill`) and queued again.
-Dead means both: `dvc queue status` counts no active worker (celery's answer to that question can
-time out on a busy machine, so alone it is not proof) and no `dvc exp queue-worker` process runs in
-the repo.
+Dead means both: `dvc queue status` counts no worker, active or idle (a worker between two tasks
+counts as idle, and celery's answer to that question can time out on a busy machine, so alone the
+count is no proof), and no `dvc exp queue-worker` process runs in the repo.
 """
 
 from __future__ import annotations
@@ -48,17 +48,17 @@ def worker_alive(repo: Path) -> bool:
 
 def queue_state(repo: Path) -> tuple[set[str], set[str]]:
     """One `dvc queue status`: the names queued or running, and those of them shown running while
-    no worker is active or alive (their worker died mid-run)."""
+    no worker is counted or alive (their worker died mid-run)."""
     by_status: dict[str, set[str]] = {}
-    active = 0
+    workers = 0
     for line in _dvc(["queue", "status"], repo).splitlines()[1:]:
         words = line.split()
         if line.startswith("Worker status:"):  # "Worker status: 1 active, 0 idle"
-            active = int(words[2])
+            workers = int(words[2]) + int(words[4])
         elif len(words) > 2:
             by_status.setdefault(words[-1], set()).add(words[1])
     running = by_status.get("Running", set())
-    lost = set() if not running or active or worker_alive(repo) else running
+    lost = set() if not running or workers or worker_alive(repo) else running
     return by_status.get("Queued", set()) | running, lost
 
 
