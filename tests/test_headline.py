@@ -351,14 +351,21 @@ def test_real_text_headline_plans_fix_issue_22s_rules_before_the_results(corpus)
 
 
 def test_the_real_text_learning_curve_is_three_budgets_of_three_configurations():
+    """The plain fine-tune and the foldoc_en headline's two finalists (its screening round chose
+    term-loss-normalized and term-loss-after-first), each at 300, 600 and 1200 steps."""
     plan = Plan.load(REPO / "realtext" / "curve_foldoc_en.yaml")
+    headline = Plan.load(REPO / "realtext" / "headline_foldoc_en.yaml")
     assert plan.fixed and plan.final_split == "test"
-    runs = {name: _params_of([*plan.common, *plan.overrides(name, {})]) for name in plan.configurations}
-    budgets: dict[tuple, list[int]] = {}
-    for params in runs.values():
-        loss = params.loss
-        budgets.setdefault((loss.targets, loss.rare_weight, loss.kl_base), []).append(params.train.max_steps)
-    assert list(budgets.values()) == [[300, 600, 1200]] * 3
+    budgets: dict[str, list[int]] = {}
+    for name in plan.configurations:
+        remedy, steps = name.rsplit("-", 1)
+        sets = [s for s in plan.overrides(name, {}) if not s.startswith("train.max_steps=")]
+        assert sets == headline.overrides(remedy, {})
+        max_steps = _params_of([*plan.common, *plan.overrides(name, {})]).train.max_steps
+        assert str(max_steps) == steps
+        budgets.setdefault(remedy, []).append(max_steps)
+    remedies = ("finetune", "term-loss-normalized", "term-loss-after-first")
+    assert budgets == dict.fromkeys(remedies, [300, 600, 1200])
 
 
 def test_register_takes_the_final_winner_within_the_guard(monkeypatch, tmp_path):
