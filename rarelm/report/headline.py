@@ -134,7 +134,8 @@ def headline(repo: Path, plan: Plan, out: Path, readme: Path | None,
     screen = (None if plan.fixed else
               _compare(repo, plan, [plan.baseline], screened[1:], plan.screen_seeds, plan.screen_split))
     final = _compare(repo, plan, [plan.baseline], finalists, plan.final_seeds, plan.final_split)
-    result = {"rounds_s": rounds, "cpu": cpu_name(), "plan": dataclasses.asdict(plan),
+    result = {"rounds_s": rounds, "cpu": cpu_name(), "cores": os.cpu_count(),
+              "plan": dataclasses.asdict(plan),
               "combination": choice["extra"].get("combination", []), "finalists": finalists,
               "ranking": choice["ranking"], "screen": screen, "final": final}
     winner = None
