@@ -23,7 +23,7 @@ def _die_with_dvc() -> None:
     import signal
     import sys
 
-    from rarelm.train.process import exit_on_sigterm, follow_parent
+    from rarelm.process import exit_on_sigterm, follow_parent
 
     if not os.environ.get("DVC_STAGE") or not sys.platform.startswith("linux"):
         return

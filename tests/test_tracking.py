@@ -249,6 +249,44 @@ def test_a_run_that_lost_its_store_midway_still_ends(blank_store, tmp_path, monk
     assert "is not reachable (sqlite3.OperationalError: database is locked" in line, line
 
 
+def test_a_sigterm_during_a_metrics_write_ends_the_run_failed_and_the_store_unlocked(
+        blank_store, tmp_path, monkeypatch):
+    """A stage ends on SIGTERM through SystemExit (rarelm.process.exit_on_sigterm). Raised inside
+    an MLflow write, it left the SQLite transaction open: the store stayed locked (1 trial in 3)
+    and the FAILED status after it waited on the lock in vain. Now the write ends first."""
+    import signal
+    import sqlite3
+    import threading
+
+    import mlflow
+
+    from rarelm.process import exit_on_sigterm
+
+    previous = signal.signal(signal.SIGTERM, exit_on_sigterm)
+    try:
+        for trial in range(8):  # the signal lands at a different point of a write each time
+            db = tmp_path / f"mlflow-{trial}.db"
+            shutil.copy(blank_store, db)
+            monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")
+            run = start_run(Params(tracking=TrackingParams(system_metrics=False)), stage="train")
+            signal.signal(signal.SIGTERM, exit_on_sigterm)  # the handler turns itself off once used
+            threading.Timer(0.3 + 0.05 * trial, os.kill, (os.getpid(), signal.SIGTERM)).start()
+            step = 0
+            with pytest.raises(SystemExit) as stop:
+                while step < 10_000:
+                    step += 1
+                    run.log_metrics({f"train/m{i}": float(step) for i in range(20)}, step=step)
+            assert stop.value.code == 143 and step > 1
+            con = sqlite3.connect(db, timeout=0.5, isolation_level=None)
+            con.execute("BEGIN IMMEDIATE")  # "database is locked" if the write was cut
+            con.execute("ROLLBACK")
+            con.close()
+            run.finish("FAILED")
+            assert mlflow.MlflowClient(f"sqlite:///{db}").get_run(run.run_id).info.status == "FAILED"
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def test_an_evaluation_of_a_model_from_another_experiment_gets_its_own_run(store, workspace,
                                                                          monkeypatch):
     """`dvc exp run -S eval.logit_adjust_tau=0.5` restores another experiment's trained model from

@@ -33,6 +33,7 @@ from typing import Any
 
 from rarelm.errors import RarelmError
 from rarelm.files import write_json
+from rarelm.process import sigterm_deferred
 from rarelm.tracking import model_log
 from rarelm.tracking.datasets import dataset_inputs
 from rarelm.tracking.experiment import ensure_experiment
@@ -149,8 +150,9 @@ class Run:
 
         now = int(time.time() * 1000)
         try:
-            self._client.log_batch(self.run_id, metrics=[
-                Metric(k, float(v), now, step or 0) for k, v in metrics.items()])
+            with sigterm_deferred():  # a SystemExit mid-write would keep the store locked
+                self._client.log_batch(self.run_id, metrics=[
+                    Metric(k, float(v), now, step or 0) for k, v in metrics.items()])
         except Exception as exc:  # tracking must never stop training
             self._fail(exc)
 
@@ -167,8 +169,9 @@ class Run:
         if not self.active:
             return
         try:
-            for key, value in tags.items():
-                self._client.set_tag(self.run_id, key, value)
+            with sigterm_deferred():
+                for key, value in tags.items():
+                    self._client.set_tag(self.run_id, key, value)
         except Exception as exc:
             self._fail(exc)
 
@@ -180,7 +183,8 @@ class Run:
         try:
             datasets = dataset_inputs(paths, context)
             if datasets:
-                self._client.log_inputs(self.run_id, datasets=datasets)
+                with sigterm_deferred():
+                    self._client.log_inputs(self.run_id, datasets=datasets)
         except Exception as exc:
             self._note("datasets", exc)
 
@@ -242,7 +246,8 @@ class Run:
                 if client is None:
                     import mlflow  # loaded by _connect already
                     client = mlflow.MlflowClient(self.tracking_uri)
-                client.set_terminated(self.run_id, status)
+                with sigterm_deferred():
+                    client.set_terminated(self.run_id, status)
                 break
             except Exception as exc:  # noqa: BLE001 - the store's own error, said once by _fail
                 self._fail(exc)
@@ -300,7 +305,8 @@ def start_run(params, stage: str, run_id: str | None = None, background: bool = 
         run._thread = threading.Thread(target=connect, name="mlflow-connect", daemon=True)
         run._thread.start()
     else:
-        connect()
+        with sigterm_deferred():  # creating the run writes to the store
+            connect()
     return run
 
 

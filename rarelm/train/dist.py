@@ -16,7 +16,7 @@ import torch
 import torch.distributed as td
 
 from rarelm.errors import RarelmError
-from rarelm.train.process import follow_parent
+from rarelm.process import follow_parent
 
 
 class EveryRankError(RarelmError):

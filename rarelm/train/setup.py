@@ -22,6 +22,7 @@ import torch
 from rarelm.objectives.objective import Objective
 from rarelm.objectives.selection import rare_mask
 from rarelm.params import Params, TrainParams
+from rarelm.process import exit_on_sigterm
 from rarelm.tracking.metrics import upstream_metrics
 from rarelm.tracking.run import Run, start_run
 from rarelm.train import sharding
@@ -40,7 +41,6 @@ from rarelm.train.precision import (
     probe_seconds,
     resolve,
 )
-from rarelm.train.process import exit_on_sigterm
 from rarelm.train.sampler import WeightedDistributedSampler
 from rarelm.train.state import RunState, resume_ranks, seed_everything
 
