@@ -39,7 +39,7 @@ repro: $(VENV)/.installed  ## run (or re-run) the whole DAG on params.yaml
 	dvc repro
 
 test: lint  ## lint (ruff), then the test suite
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2
 
 lint: $(VENV)/.installed-dev  ## ruff on the code, tests and benchmarks
 	$(BIN)/ruff check rarelm stages tests bench
