@@ -18,6 +18,15 @@ import torch.distributed as td
 from rarelm.errors import RarelmError
 from rarelm.process import follow_parent
 
+# The last barrier's work, referenced until the process ends. Gloo's worker thread drops its own
+# reference just after the barrier completes; were that the last one, it would free the barrier's
+# earlier all-reduces there, whose tensors need the GIL. When the process group is freed right
+# after the job's final barrier (the DDP model goes with `train`'s return), the main thread holds
+# the GIL while joining that thread: both wait for ever (seen once, rank 1 of a two-process CI
+# run: ~ProcessGroupGloo in std::thread::join, the worker in ~AsyncBarrierWork waiting for the
+# GIL). Kept here, the work is freed by Python, with the GIL, after the threads are gone.
+_BARRIERS: list[Any] = []
+
 
 class EveryRankError(RarelmError):
     """A RarelmError that every rank raises at the same point: rank 0 says it (after ending its
@@ -91,7 +100,9 @@ class Dist:
 
     def barrier(self) -> None:
         if self.ddp:
-            td.barrier()
+            work = td.barrier(async_op=True)
+            work.wait()
+            _BARRIERS[:] = [work]  # the last one lives as long as the process: see _BARRIERS
 
     def close(self) -> None:
         if self.ddp and td.is_initialized():
