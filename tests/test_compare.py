@@ -115,6 +115,15 @@ def test_replicates_are_pooled_per_occurrence():
                                   _run_data("a07-s1", 1, 0.7)])  # the same run twice counts once
     assert [(c.label, c.seeds) for c in again] == [("baseline", ["1", "2", "3"]), ("alpha=0.7", ["1", "2"]),
                                                    ("new-code", ["1"]), ("alpha=0.7 (a07-again)", ["2"])]
+    # configurations whose first three differences agree (the label shows three): labels stay distinct
+    longer = []
+    for steps in (600, 1200):
+        run = _run_data(f"long-{steps}", 1, 0.7)
+        run.params.update({"loss.a": "1", "loss.b": "2", "train.max_steps": str(steps)})
+        longer.append(run)
+    labels = [c.label for c in group_runs(base, longer)]
+    assert labels[1:] == ["alpha=0.7, loss.a=1, loss.b=2 +1 more",
+                          "alpha=0.7, loss.a=1, loss.b=2 +1 more (long-1200)"], labels
     occ, metrics = align(configs, list(METRICS))
     assert metrics == list(METRICS) and len(occ.terms) == 40
     expected = (_em(others[0].rows) + _em(others[1].rows)) / 2

@@ -52,7 +52,8 @@ def group_runs(baseline: list[RunData], runs: list[RunData]) -> list[Configurati
     A run with the baseline's params (seed aside) joins the baseline as a replicate.
     Replicates have distinct seeds: a run whose seed its configuration already holds
     (same params, same seed: other code, e.g. another commit) starts a configuration
-    of its own, labelled with its name. The same run given twice counts once.
+    of its own, labelled with its name, as does one whose label (its first three
+    differences) another configuration has already. The same run given twice counts once.
     """
     base_params = _config_params(baseline[0])
     for run in baseline[1:]:
@@ -78,7 +79,7 @@ def group_runs(baseline: list[RunData], runs: list[RunData]) -> list[Configurati
         if (key, n) not in groups:
             diff = _differences(params, base_params)
             label = ", ".join(diff[:3]) + (f" +{len(diff) - 3} more" if len(diff) > 3 else "")
-            if n:
+            if n or label in {c.label for c in groups.values()}:  # the first three differences alike
                 label = f"{label} ({run.name})" if label else run.name
             groups[key, n] = Configuration(label, [])
         groups[key, n].runs.append(run)
