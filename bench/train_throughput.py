@@ -320,7 +320,7 @@ def compare_precisions(plain, args, precisions: list[str]) -> None:
     print(json.dumps(summary))
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", default="params.yaml")
     parser.add_argument("--tokenized", type=Path, default=Path("data/tokenized"))
@@ -332,8 +332,44 @@ def main() -> None:
                         help="only our loop, once per precision per repeat (e.g. fp32 bf16)")
     parser.add_argument("--step-reps", type=int, default=40,
                         help="with --precisions: steps per precision in the step-by-step timing")
-    args = parser.parse_args()
+    return parser.parse_args()
 
+
+def summarize(base, args: argparse.Namespace, results: dict[str, list[float]],
+              loss_s: dict[str, float]) -> dict:
+    """The bench's one-line JSON: best tokens/s of each side and the objectives' cost per step."""
+    import torch
+
+    from rarelm.train.precision import pick_precision
+
+    best = {name: max(values) for name, values in results.items()}
+    best.setdefault("trainer", float("nan"))
+    step_s = base.train.batch_size * base.model.block_size / best["ours_plain"]
+    amp_dtype, _ = pick_precision(base.train.precision, torch.device("cpu"))
+    return {
+        "ours_tokens_per_s": round(best["ours_plain"], 1),
+        "trainer_tokens_per_s": None if math.isnan(best["trainer"]) else round(best["trainer"], 1),
+        "speedup_vs_trainer": None if math.isnan(best["trainer"])
+        else round(best["ours_plain"] / best["trainer"], 3),
+        "rare_tokens_per_s": round(best["ours_rare"], 1),
+        "terms_tokens_per_s": round(best["ours_terms"], 1),
+        "rare_overhead": round((loss_s["rare_bucket"] - loss_s["plain"]) / step_s, 4),
+        "terms_overhead": round((loss_s["terms"] - loss_s["plain"]) / step_s, 4),
+        "objective_overhead": {name: round((v - loss_s["plain"]) / step_s, 4)
+                               for name, v in loss_s.items()
+                               if name not in ("plain", "rare_bucket", "terms")},
+        "rare_overhead_end_to_end": round(1 - best["ours_rare"] / best["ours_plain"], 4),
+        "terms_overhead_end_to_end": round(1 - best["ours_terms"] / best["ours_plain"], 4),
+        "loss_ms": {name: round(v * 1e3, 3) for name, v in loss_s.items()},
+        "runs": {k: [round(v, 1) for v in vs] for k, vs in results.items()},
+        "steps": args.steps, "warmup": args.warmup, "batch_size": base.train.batch_size,
+        "block_size": base.model.block_size, "precision": str(amp_dtype or "fp32"),
+        "threads": torch.get_num_threads(),
+    }
+
+
+def main() -> None:
+    args = parse_args()
     from rarelm.params import load_params
 
     base = load_params(args.params)
@@ -374,36 +410,7 @@ def main() -> None:
                 results[name].append(figure)
                 print(f"{name} #{repeat + 1}: {figure:,.0f} tokens/s", flush=True)
         loss_s = loss_cost(plain, args.tokenized, inputs["ours_plain"][0])
-    best = {name: max(values) for name, values in results.items()}
-    best.setdefault("trainer", float("nan"))
-    import torch
-
-    step_s = base.train.batch_size * base.model.block_size / best["ours_plain"]
-
-    from rarelm.train.precision import pick_precision
-
-    amp_dtype, _ = pick_precision(base.train.precision, torch.device("cpu"))
-    summary = {
-        "ours_tokens_per_s": round(best["ours_plain"], 1),
-        "trainer_tokens_per_s": None if math.isnan(best["trainer"]) else round(best["trainer"], 1),
-        "speedup_vs_trainer": None if math.isnan(best["trainer"])
-        else round(best["ours_plain"] / best["trainer"], 3),
-        "rare_tokens_per_s": round(best["ours_rare"], 1),
-        "terms_tokens_per_s": round(best["ours_terms"], 1),
-        "rare_overhead": round((loss_s["rare_bucket"] - loss_s["plain"]) / step_s, 4),
-        "terms_overhead": round((loss_s["terms"] - loss_s["plain"]) / step_s, 4),
-        "objective_overhead": {name: round((v - loss_s["plain"]) / step_s, 4)
-                               for name, v in loss_s.items()
-                               if name not in ("plain", "rare_bucket", "terms")},
-        "rare_overhead_end_to_end": round(1 - best["ours_rare"] / best["ours_plain"], 4),
-        "terms_overhead_end_to_end": round(1 - best["ours_terms"] / best["ours_plain"], 4),
-        "loss_ms": {name: round(v * 1e3, 3) for name, v in loss_s.items()},
-        "runs": {k: [round(v, 1) for v in vs] for k, vs in results.items()},
-        "steps": args.steps, "warmup": args.warmup, "batch_size": base.train.batch_size,
-        "block_size": base.model.block_size, "precision": str(amp_dtype or "fp32"),
-        "threads": torch.get_num_threads(),
-    }
-    print(json.dumps(summary))
+    print(json.dumps(summarize(base, args, results, loss_s)))
 
 
 if __name__ == "__main__":
