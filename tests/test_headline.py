@@ -22,6 +22,7 @@ from rarelm.errors import RarelmError
 from rarelm.report import headline as hl
 from rarelm.report.compare import report_row
 from rarelm.report.dvc_queue import existing
+from rarelm.report.git_runs import experiment_refs
 from rarelm.report.headline_outputs import END, FIGURE, START, readme_section, table
 from rarelm.report.headline_plan import PREFIX, Plan
 from tests.conftest import REPO, run
@@ -39,12 +40,14 @@ seed, alpha, beta = open("model.txt").read().split()
 tau = yaml.safe_load(open("params.yaml"))["tau"]
 os.makedirs("metrics", exist_ok=True)
 effective = float(alpha) + float(beta) - 0.5 * tau
-test = occurrence_rows(int(seed), effective)
-val = [{**r, "split": "val"} for r in occurrence_rows(int(seed) + 100, effective)]
+splits = yaml.safe_load(open("params.yaml"))["eval"]["splits"]  # test: seed; val: seed + 100
+shift = {"test": 0, "val": 100}
 with open("metrics/eval_occurrences.jsonl", "w") as f:
-    f.writelines(json.dumps(r) + "\\n" for r in test + val)
-with open("metrics/eval.json", "w") as f:  # the first split (test, the default) on top, val nested
-    json.dump({**summary(int(seed), effective), "val": summary(int(seed) + 100, effective)}, f)
+    f.writelines(json.dumps({**r, "split": s}) + "\\n"
+                 for s in splits for r in occurrence_rows(int(seed) + shift[s], effective))
+with open("metrics/eval.json", "w") as f:  # the first split on top, the others nested
+    json.dump({**summary(int(seed) + shift[splits[0]], effective),
+               **{s: summary(int(seed) + shift[s], effective) for s in splits[1:]}}, f)
 """
 PLAN = {"common": [], "screen_seeds": [1], "final_seeds": [2, 3], "finalists": 1,
         "combine": 2,  # one method: nothing to combine
@@ -61,7 +64,8 @@ def repo(tmp_path_factory) -> dict:
     run(["dvc", "init", "-q"], root, check=True)
     (root / "train.py").write_text(TRAIN)
     (root / "evaluate.py").write_text(EVALUATE)
-    (root / "params.yaml").write_text(yaml.safe_dump({"seed": 1, "alpha": 0.0, "beta": 0.0, "tau": 0.0}))
+    (root / "params.yaml").write_text(yaml.safe_dump({"seed": 1, "alpha": 0.0, "beta": 0.0, "tau": 0.0,
+                                                      "eval": {"splits": ["val", "test"]}}))
     (root / "dvc.yaml").write_text(f"""stages:
   train:
     cmd: python train.py {trained}
@@ -71,7 +75,7 @@ def repo(tmp_path_factory) -> dict:
   evaluate:
     cmd: python evaluate.py
     deps: [evaluate.py, model.txt]
-    params: [tau]
+    params: [tau, eval.splits]
     outs:
       - metrics/eval_occurrences.jsonl:
           cache: false
@@ -103,6 +107,11 @@ def test_the_rounds_run_the_plan(repo):
     # the decode variant re-used the baseline's trained model: 6 trainings for 7 experiments
     trained = repo["trained"].read_text().splitlines()
     assert sorted(trained) == sorted(f"{s} {a} 0.0" for s in (1, 2, 3) for a in ("0.0", "0.7"))
+    # each round evaluated only the split it is judged on: no test figure in a screening run
+    for name, _, commit in experiment_refs(root):
+        rows = run(["git", "show", f"{commit}:metrics/eval_occurrences.jsonl"], root, check=True).stdout
+        splits = {json.loads(r)["split"] for r in rows.splitlines()}
+        assert splits == {"val" if name.endswith("-s1") else "test"}, name
 
 
 def test_the_combination_round_merges_the_best_two_and_replicates_the_best(monkeypatch, tmp_path):
@@ -121,12 +130,14 @@ def test_the_combination_round_merges_the_best_two_and_replicates_the_best(monke
     result = hl.headline(tmp_path, plan, tmp_path / "out", None, log=lambda m: None)
     screen, combine, replicate = batches
     assert [n for n, _ in screen] == ["hl-baseline-s7", "hl-a-s7", "hl-b-s7", "hl-c-s7", "hl-d-s7"]
-    assert dict(screen)["hl-d-s7"] == ["train.max_steps=5", "seed=7", "alpha=1", "eval.logit_adjust_tau=0.5"]
+    assert dict(screen)["hl-d-s7"] == ["train.max_steps=5", "eval.splits=[val]", "seed=7", "alpha=1",
+                                       "eval.logit_adjust_tau=0.5"]
     # a and c: b's loss.rare_weight clashes with a's
-    assert combine == [("hl-combination-s7", ["train.max_steps=5", "seed=7", "loss.targets=terms",
-                                              "loss.rare_weight=2", "alpha=1"])]
+    assert combine == [("hl-combination-s7", ["train.max_steps=5", "eval.splits=[val]", "seed=7",
+                                              "loss.targets=terms", "loss.rare_weight=2", "alpha=1"])]
     assert result["finalists"] == ["combination", "a"]
     assert [n for n, _ in replicate] == ["hl-baseline-s8", "hl-combination-s8", "hl-a-s8"]
+    assert {tuple(sets[:2]) for _, sets in replicate} == {("train.max_steps=5", "eval.splits=[test]")}
     assert set(result["rounds_s"]) == {"screen", "combine", "confirm"}
 
 
@@ -219,7 +230,8 @@ def test_the_screening_so_far_compares_what_finished_and_queues_nothing(repo, tm
 
 def test_a_plan_without_screen_seeds_is_a_fixed_comparison(monkeypatch, tmp_path):
     """Every configuration straight to the final seeds under the plan's prefix; its own README markers."""
-    (tmp_path / "plan.yaml").write_text("common: [train.max_steps=300]\nscreen_seeds: []\n"
+    (tmp_path / "plan.yaml").write_text("common: [train.max_steps=300, 'eval.splits=[val, test]']\n"
+                                        "screen_seeds: []\n"
                                         "final_seeds: [1, 2]\nprefix: rt-foldoc_en-\n"
                                         "section: realtext-foldoc_en\n"
                                         "configurations: {base: [train.max_steps=0], finetune: []}\n")
@@ -231,10 +243,11 @@ def test_a_plan_without_screen_seeds_is_a_fixed_comparison(monkeypatch, tmp_path
     monkeypatch.setattr(hl, "write_outputs", lambda result, out, readme: written.append(result))
     monkeypatch.setattr(hl, "_log_sweep", lambda *args: None)
     result = hl.headline(tmp_path, plan, tmp_path / "out", None, log=lambda m: None)
-    assert batches == [[("rt-foldoc_en-base-s1", ["train.max_steps=300", "seed=1", "train.max_steps=0"]),
-                        ("rt-foldoc_en-finetune-s1", ["train.max_steps=300", "seed=1"]),
-                        ("rt-foldoc_en-base-s2", ["train.max_steps=300", "seed=2", "train.max_steps=0"]),
-                        ("rt-foldoc_en-finetune-s2", ["train.max_steps=300", "seed=2"])]]
+    common = ["train.max_steps=300", "eval.splits=[test]"]  # the round's split replaces common's
+    assert batches == [[("rt-foldoc_en-base-s1", [*common, "seed=1", "train.max_steps=0"]),
+                        ("rt-foldoc_en-finetune-s1", [*common, "seed=1"]),
+                        ("rt-foldoc_en-base-s2", [*common, "seed=2", "train.max_steps=0"]),
+                        ("rt-foldoc_en-finetune-s2", [*common, "seed=2"])]]
     assert result["screen"] is None and result["final"] == {"names": ["finetune"]}
     assert result["finalists"] == ["finetune"] and set(result["rounds_s"]) == {"confirm"}
     result["final"] = {"metrics": [], "configurations": []}
@@ -321,7 +334,8 @@ def test_every_real_text_experiment_sets_existing_params_to_valid_values(path):
     """A dry listing of each plan: every experiment of its first round, overrides on params.yaml."""
     plan = Plan.load(path)
     names = [*plan.configurations, *plan.decode]
-    listing = plan.batch(names, plan.screen_seeds or plan.final_seeds, {})
+    listing = plan.batch(names, plan.screen_seeds or plan.final_seeds, {},
+                         plan.screen_split if plan.screen_seeds else plan.final_split)
     assert len(listing) == len(names) * len(plan.screen_seeds or plan.final_seeds)
     for _, overrides in listing:
         params = _params_of(overrides)
@@ -340,7 +354,7 @@ def test_real_text_headline_plans_fix_issue_22s_rules_before_the_results(corpus)
     assert plan.insertion_metric == {"foldoc_en": "false_insertion_rate",
                                      "manpages_zh": "false_insertion_start_mass"}[corpus]
     assert (RANK_METRIC, TIE_METRIC) == ("nll_per_char", "token_acc")
-    assert "eval.splits=[val,test]" in plan.common and plan.prefix == f"rh-{corpus}-"
+    assert plan.prefix == f"rh-{corpus}-"
     runs = {name: _params_of([*plan.common, *plan.overrides(name, {})]) for name in plan.configurations}
     steps = {name: params.train.max_steps for name, params in runs.items()}
     assert steps["finetune"] == 300 and steps["finetune-longer"] == 570  # 300 x 1.9: the KL's step cost

@@ -6,7 +6,8 @@
 The plan (headline.yaml) lists configurations as `dvc exp run -S` overrides on top of
 `common`, and `decode` variants that change only `evaluate`'s params of a trained
 configuration (DVC's run cache restores that configuration's trained model, so only
-`evaluate` runs). `common` must make evaluate score both splits (`eval.splits=[val,test]`).
+`evaluate` runs). Each round's experiments evaluate only the split it is judged on
+(`eval.splits`, set by the round).
 Three rounds, each a batch of queued experiments run by `dvc queue start -j 1` (the
 experiments share the machine's cores), named `hl-<configuration>-s<seed>`:
 
@@ -130,7 +131,8 @@ def headline(repo: Path, plan: Plan, out: Path, readme: Path | None,
 
     choice = _fixed(plan) if plan.fixed else _choose(repo, plan, timed)
     screened, finalists = choice["screened"], choice["finalists"]
-    timed("confirm", plan.batch([plan.baseline, *finalists], plan.final_seeds, choice["extra"]))
+    timed("confirm", plan.batch([plan.baseline, *finalists], plan.final_seeds, choice["extra"],
+                                plan.final_split))
     screen = (None if plan.fixed else
               _compare(repo, plan, [plan.baseline], screened[1:], plan.screen_seeds, plan.screen_split))
     final = _compare(repo, plan, [plan.baseline], finalists, plan.final_seeds, plan.final_split)
@@ -190,14 +192,14 @@ def _choose(repo: Path, plan: Plan, timed: Callable) -> dict:
     """Screen every configuration on the screening seeds, combine the best, rank: the finalists."""
     extra: dict[str, list[str]] = {}
     screened = [*plan.configurations, *plan.decode]
-    timed("screen", plan.batch(screened, plan.screen_seeds, extra))
+    timed("screen", plan.batch(screened, plan.screen_seeds, extra, plan.screen_split))
     ranked = ranking(repo, plan, screened[1:], plan.screen_seeds)
     trained = [n for n, _ in ranked if n in plan.configurations]
     if plan.combine >= 2:
         sets = combination(trained, lambda n: plan.overrides(n, extra), plan.combine)
         if sets and sets not in [plan.overrides(n, extra) for n in plan.configurations]:
             extra["combination"] = sets
-            timed("combine", plan.batch(["combination"], plan.screen_seeds, extra))
+            timed("combine", plan.batch(["combination"], plan.screen_seeds, extra, plan.screen_split))
             screened.append("combination")
             ranked = ranking(repo, plan, screened[1:], plan.screen_seeds)
     return {"screened": screened, "finalists": [n for n, _ in ranked[:plan.finalists]],

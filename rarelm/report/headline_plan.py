@@ -111,10 +111,15 @@ class Plan:
     def experiment(self, name: str, seed: int) -> str:
         return experiment(name, seed, self.prefix)
 
-    def batch(self, names: list[str], seeds: list[int],
-              extra: dict[str, list[str]]) -> list[tuple[str, list[str]]]:
-        """(experiment, -S overrides) of each seed x name: common, the seed, then the configuration's."""
-        return [(self.experiment(n, s), [*self.common, f"seed={s}", *self.overrides(n, extra)])
+    def batch(self, names: list[str], seeds: list[int], extra: dict[str, list[str]],
+              split: str) -> list[tuple[str, list[str]]]:
+        """(experiment, -S overrides) of each seed x name: common, the round's split, the seed, then
+        the configuration's. `evaluate` scores only the split its round is judged on (an
+        `eval.splits` in common gives way to it): a screening run never computes a test figure,
+        and no run pays for a split nothing reads (its figures do not depend on the other splits)."""
+        common = [s for s in self.common if not s.replace(" ", "").startswith("eval.splits=")]
+        return [(self.experiment(n, s), [*common, f"eval.splits=[{split}]", f"seed={s}",
+                                         *self.overrides(n, extra)])
                 for s in seeds for n in names]
 
 
