@@ -87,7 +87,7 @@ def run_batch(repo: Path, batch: list[tuple[str, list[str]]], log: Callable[[str
     worker = subprocess.Popen([sys.executable, "-m", "dvc", "queue", "start", "-j", "1"], cwd=repo,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     names = {name for name, _ in todo}
-    t0, shown = time.time(), None
+    t0, shown, first = time.time(), None, None  # first: (time, waiting) at the first finish seen
     while True:
         time.sleep(poll)
         pending, lost = queue_state(repo)
@@ -98,8 +98,13 @@ def run_batch(repo: Path, batch: list[tuple[str, list[str]]], log: Callable[[str
             raise RarelmError(f"the queue's worker died running {', '.join(sorted(lost))} "
                               "(run the command again: it queues it anew)")
         if len(waiting) != shown:  # a line when one finishes, not every poll
+            now = time.time()
+            if shown is not None and first is None:
+                first = (now, len(waiting))
+            # time per experiment from finishes only: the first one done may have started long before
+            each = (now - first[0]) / (first[1] - len(waiting)) if first and first[1] > len(waiting) else None
             shown = len(waiting)
-            log(progress(time.time() - t0, shown, len(todo)))
+            log(progress(now - t0, shown, len(todo), each))
     worker.wait()
     failed = sorted(names - existing(repo))
     if failed:
@@ -107,21 +112,18 @@ def run_batch(repo: Path, batch: list[tuple[str, list[str]]], log: Callable[[str
     return len(todo)
 
 
-def progress(elapsed: float, left: int, total: int) -> str:
-    """A batch's waiting line, with the time to go at the mean time of those done so far.
+def progress(elapsed: float, left: int, total: int, each: float | None = None) -> str:
+    """A batch's waiting line; with `each` (seconds per experiment), the time to go.
 
     >>> progress(30, 22, 22)
     '30 s: 0 of 22 done, 22 queued or running'
-    >>> progress(1800, 19, 22)
+    >>> progress(1800, 19, 22, 600)
     '1800 s: 3 of 22 done, 19 queued or running; about 3.2 h to go at 600 s each'
-    >>> progress(1200, 1, 3)
+    >>> progress(1200, 1, 3, 600)
     '1200 s: 2 of 3 done, 1 queued or running; about 10 min to go at 600 s each'
     """
-    done = total - left
-    line = f"{elapsed:.0f} s: {done} of {total} done, {left} queued or running"
-    if not done:
+    line = f"{elapsed:.0f} s: {total - left} of {total} done, {left} queued or running"
+    if each is None:
         return line
-    each = elapsed / done
     to_go = f"{each * left / 3600:.1f} h" if each * left >= 3600 else f"{each * left / 60:.0f} min"
     return f"{line}; about {to_go} to go at {each:.0f} s each"
-
