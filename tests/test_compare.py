@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from rarelm.errors import RarelmError
+from rarelm.fmt import four_decimals
 from rarelm.paths import EVAL_METRICS, EVAL_OCCURRENCES
 from rarelm.report.compare import compare as compare_runs
 from rarelm.report.configurations import group_runs
@@ -277,6 +278,13 @@ def test_cli_compares_two_git_revisions(dvc_repo, tmp_path):
     report = json.loads((out / "report.json").read_text())
     assert report["occurrences"] == len(base_em) and report["terms"] == 40
     assert (out / "report.md").read_text() == result.stdout
+    # the table by train-count band: each band's row, from report.json's band rows
+    bands = [r for r in report["rows"] if r["configuration"] == "alpha=0.7" and r["metric"] == "nll_per_char"
+             and r["aggregate"] == "occurrences" and r["slice"].startswith("band ")]
+    assert len(bands) > 3
+    for row in bands:
+        line = next(x for x in result.stdout.splitlines() if x.startswith(f"| {row['slice'][5:]} ("))
+        assert f"| {four_decimals(row['diff'], True)} [{four_decimals(row['diff_lo'], True)}, " in line
     # the same bootstrap seed gives the same table
     again = stage("compare", root, dvc_repo["rev1"], "--baseline", dvc_repo["rev2"], "--bootstrap", "1000")
     assert again.stdout == result.stdout

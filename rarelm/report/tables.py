@@ -51,6 +51,41 @@ def run_table(report: dict) -> list[list[str]]:
             for r in report.get("run_rows", [])]
 
 
+def band_table(report: dict, metric: str = "nll_per_char") -> list[str]:
+    """Markdown lines: `metric` of the baseline and each configuration's difference [95% CI] per
+    train-count band of the terms (over occurrences), bands in train-count order; none without bands.
+
+    >>> row = {"metric": "nll_per_char", "aggregate": "occurrences", "occurrences": 4, "terms": 2}
+    >>> report = {"configurations": [{"label": "base"}, {"label": "x"}], "rows": [
+    ...     {**row, "configuration": "base", "slice": "band 2-3", "value": 2.5},
+    ...     {**row, "configuration": "x", "slice": "band 2-3", "value": 2.4, "diff": -0.1,
+    ...      "diff_lo": -0.2, "diff_hi": -0.05}]}
+    >>> print("\\n".join(band_table(report)[2:]))
+    | terms seen in train (occurrences, terms) | base | x: diff [95% CI] |
+    | --- | ---: | --- |
+    | 2-3 (4, 2) | 2.5000 | -0.1000 [-0.2000, -0.0500] (-4.0%) |
+    """
+    rows = [r for r in report["rows"] if r["metric"] == metric and r["aggregate"] == "occurrences"
+            and r["slice"].startswith("band ")]
+    if not rows:
+        return []
+    labels = [c["label"] for c in report["configurations"]]
+    bands = list(dict.fromkeys(r["slice"] for r in rows))  # compare's order: by train count
+    cell = {(r["configuration"], r["slice"]): r for r in rows}
+    lines = ["", f"{metric} by how often the train split holds the term (occurrences):", "",
+             f"| terms seen in train (occurrences, terms) | {labels[0]} | "
+             + " | ".join(f"{c}: diff [95% CI]" for c in labels[1:]) + " |",
+             "| --- | ---: |" + " --- |" * (len(labels) - 1)]
+    for band in bands:
+        base = cell[(labels[0], band)]
+        diffs = [cell.get((c, band), {}) for c in labels[1:]]
+        shown = [f"{four_decimals(d['diff'], True)} {ci(d)} ({d['diff'] / base['value']:+.1%})"
+                 if d.get("diff") is not None else "" for d in diffs]
+        lines.append(f"| {band[5:]} ({base['occurrences']}, {base['terms']}) | "
+                     f"{four_decimals(base['value'])} | " + " | ".join(shown) + " |")
+    return lines
+
+
 RUN_HEADER = ["configuration", "seeds", "metric", "mean", "95% CI", "diff vs baseline", "95% CI", "relative"]
 
 
@@ -69,6 +104,7 @@ def markdown(report: dict) -> str:
         diff = four_decimals(r["diff"], True) if "diff" in r else ""
         lines.append(f"| {r['configuration']} | {r['seeds']} | {r['terms']} | {r['metric']} | {over(r)} | "
                      f"{four_decimals(r['value'])} | {diff} | {ci(r)} | {p_value(r.get('p'))} |")
+    lines += band_table(report)
     table = run_table(report)
     if table:
         lines += ["", "Run-level figures (metrics/eval.json of each run; 95% t interval over seeds, paired "
