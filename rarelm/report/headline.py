@@ -12,7 +12,7 @@ Three rounds, each a batch of queued experiments run by `dvc queue start -j 1` (
 experiments share the machine's cores), named `hl-<configuration>-s<seed>`:
 
 1. screen: every configuration and decode variant on the `screen_seeds`, judged on the
-   `screen_split` (val);
+   `screen_split` (val); each decode variant queues right after its configuration;
 2. combine: the best `combine` screened configurations whose overrides do not clash, merged
    into one configuration (`combination`), on the screening seeds, judged on val;
 3. confirm: the baseline and the `finalists` best configurations on the `final_seeds`, which
@@ -192,7 +192,7 @@ def _choose(repo: Path, plan: Plan, timed: Callable) -> dict:
     """Screen every configuration on the screening seeds, combine the best, rank: the finalists."""
     extra: dict[str, list[str]] = {}
     screened = [*plan.configurations, *plan.decode]
-    timed("screen", plan.batch(screened, plan.screen_seeds, extra, plan.screen_split))
+    timed("screen", plan.batch(plan.queue_order(screened), plan.screen_seeds, extra, plan.screen_split))
     ranked = ranking(repo, plan, screened[1:], plan.screen_seeds)
     trained = [n for n, _ in ranked if n in plan.configurations]
     if plan.combine >= 2:

@@ -111,6 +111,22 @@ class Plan:
     def experiment(self, name: str, seed: int) -> str:
         return experiment(name, seed, self.prefix)
 
+    def queue_order(self, names: list[str]) -> list[str]:
+        """`names` with each decode variant right after the configuration it evaluates: it then
+        runs while DVC's run cache still holds that configuration's trained model on this machine
+        (only `evaluate` runs), and a command stopped part-way has the cheap variants done.
+
+        >>> plan = Plan([], [1], [2], {"a": [], "b": []}, {"a-t1": {"of": "a", "set": []},
+        ...                                               "a-t2": {"of": "a", "set": []}})
+        >>> plan.queue_order(["a", "b", "a-t1", "a-t2"])
+        ['a', 'a-t1', 'a-t2', 'b']
+        """
+        order = [n for n in names if n not in self.decode]
+        for name in reversed([n for n in names if n in self.decode]):
+            of = self.decode[name]["of"]
+            order.insert(order.index(of) + 1 if of in order else len(order), name)
+        return order
+
     def batch(self, names: list[str], seeds: list[int], extra: dict[str, list[str]],
               split: str) -> list[tuple[str, list[str]]]:
         """(experiment, -S overrides) of each seed x name: common, the round's split, the seed, then
