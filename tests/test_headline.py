@@ -10,8 +10,10 @@ rounds take seconds, not 90 minutes.
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +27,7 @@ from rarelm.report.dvc_queue import existing
 from rarelm.report.git_runs import experiment_refs
 from rarelm.report.headline_outputs import END, FIGURE, START, readme_section, table
 from rarelm.report.headline_plan import PREFIX, Plan
+from rarelm.report.records import record, recorded
 from tests.conftest import REPO, run
 from tests.test_compare import GENERATOR
 
@@ -122,8 +125,9 @@ def test_the_combination_round_merges_the_best_two_and_replicates_the_best(monke
                 decode={"d": {"of": "c", "set": ["eval.logit_adjust_tau=0.5"]}})
     gains = {"a": 0.3, "b": 0.25, "c": 0.2, "d": 0.1, "combination": 0.5}
     batches: list[tuple[str, list]] = []
-    monkeypatch.setattr(hl, "run_batch", lambda repo, batch, log, poll: batches.append(batch) or len(batch))
-    monkeypatch.setattr(hl, "ranking", lambda repo, plan, names, seeds: sorted(
+    monkeypatch.setattr(hl, "run_batch", lambda repo, batch, log, poll, **kw: batches.append(batch) or 0)
+    monkeypatch.setattr(hl, "record", lambda repo, out, name: None)
+    monkeypatch.setattr(hl, "ranking", lambda repo, out, plan, names, seeds: sorted(
         ((n, gains[n]) for n in names), key=lambda x: -x[1]))
     monkeypatch.setattr(hl, "_compare", lambda *args: {})
     monkeypatch.setattr(hl, "write_outputs", lambda *args: None)
@@ -193,6 +197,36 @@ def test_an_interrupted_headline_resumes_without_rerunning(repo):
     assert len(repo["trained"].read_text().splitlines()) == 6
 
 
+def test_a_fresh_clone_rewrites_the_reports_from_the_records(repo, tmp_path):
+    """Every experiment is recorded under <out>/runs/ as it finishes; a clone without the experiments
+    (git clone does not fetch refs/exps/) but with the records rewrites the same comparisons and runs
+    nothing; a plan stopped part-way resumes there."""
+    root = repo["root"]
+    records = root / "reports" / "runs"
+    assert recorded(root / "reports") == {n for n in existing(root) if n.startswith(PREFIX)}
+    commit = (records / "hl-good-s2" / "commit").read_text().strip()
+    assert commit == dict((n, c) for n, _, c in experiment_refs(root))["hl-good-s2"]
+    shown = run(["git", "show", f"{commit}:metrics/eval_occurrences.jsonl"], root, check=True).stdout
+    stored = gzip.decompress((records / "hl-good-s2" / "metrics/eval_occurrences.jsonl.gz").read_bytes())
+    assert stored.decode() == shown
+    clone = tmp_path / "clone"
+    run(["git", "clone", "-q", str(root), str(clone)], tmp_path, check=True)
+    assert existing(clone) == set()
+    shutil.copytree(records, clone / "reports" / "runs")
+    log: list[str] = []
+    again = hl.headline(clone, Plan.load(clone / "plan.yaml"), clone / "reports", None, log=log.append,
+                        poll=1)
+    assert not any(line.startswith("queue") for line in log) and existing(clone) == set()
+    assert again["final"]["rows"] == repo["result"]["final"]["rows"]
+    assert again["screen"]["rows"] == repo["result"]["screen"]["rows"]
+    assert len(repo["trained"].read_text().splitlines()) == 6
+    # a record without its commit file (an interrupted write) is not one: that experiment runs again
+    (clone / "reports/runs/hl-good-s3/commit").unlink()
+    assert "hl-good-s3" not in recorded(clone / "reports")
+    with pytest.raises(RarelmError, match="hl-nothing-s1: neither a DVC experiment of .* nor recorded"):
+        record(clone, clone / "reports", "hl-nothing-s1")
+
+
 def test_the_screening_so_far_compares_what_finished_and_queues_nothing(repo, tmp_path):
     """`rarelm headline --so-far` while a long screening runs: finished configurations against the
     baseline on val with the plan's guard; the one not run yet is named, none is queued."""
@@ -237,8 +271,9 @@ def test_a_plan_without_screen_seeds_is_a_fixed_comparison(monkeypatch, tmp_path
                                         "configurations: {base: [train.max_steps=0], finetune: []}\n")
     plan = Plan.load(tmp_path / "plan.yaml")
     batches: list[list] = []
-    monkeypatch.setattr(hl, "run_batch", lambda repo, batch, log, poll: batches.append(batch) or len(batch))
-    monkeypatch.setattr(hl, "_compare", lambda repo, plan, base, names, seeds, split: {"names": names})
+    monkeypatch.setattr(hl, "run_batch", lambda repo, batch, log, poll, **kw: batches.append(batch) or 0)
+    monkeypatch.setattr(hl, "record", lambda repo, out, name: None)
+    monkeypatch.setattr(hl, "_compare", lambda repo, out, plan, base, names, seeds, split: {"names": names})
     written: list[dict] = []
     monkeypatch.setattr(hl, "write_outputs", lambda result, out, readme: written.append(result))
     monkeypatch.setattr(hl, "_log_sweep", lambda *args: None)
@@ -292,7 +327,7 @@ def test_ranking_guards_overall_perplexity_and_false_insertion(monkeypatch):
     report = {"configurations": [{"label": k, "summary": {"ppl": p, "false_insertion_rate": f}}
                                  for k, (p, f) in summaries.items()], "rows": rows}
     monkeypatch.setattr(hl, "_compare", lambda *args: report)
-    ranked = hl.ranking(Path("."), plan, ["a", "b", "c", "d", "e"], [1])
+    ranked = hl.ranking(Path("."), Path("."), plan, ["a", "b", "c", "d", "e"], [1])
     assert ranked == [("c", -0.2), ("e", -0.1), ("a", -0.1)]
 
     # a plan guarding the term-start mass instead: its figures decide, the sampled rate does not
@@ -301,8 +336,8 @@ def test_ranking_guards_overall_perplexity_and_false_insertion(monkeypatch):
         c["summary"]["false_insertion_start_mass"] = mass[c["label"]]
     by_mass = dataclasses.replace(plan, insertion_metric="false_insertion_start_mass")
     assert hl.guard(by_mass) == {"ppl": 0.02, "false_insertion_start_mass": 0.10}
-    assert hl.ranking(Path("."), by_mass, ["a", "b", "c", "d", "e"], [1]) == [("d", -0.4), ("c", -0.2),
-                                                                              ("e", -0.1)]
+    assert hl.ranking(Path("."), Path("."), by_mass, ["a", "b", "c", "d", "e"], [1]) == [
+        ("d", -0.4), ("c", -0.2), ("e", -0.1)]
 
 
 # --------------------------------------------------------------------------- the real-text plans (issue 22)
@@ -413,7 +448,8 @@ def test_register_takes_the_final_winner_within_the_guard(monkeypatch, tmp_path)
                                             "seed": "4", "experiment": plan.experiment(n, 4)}]} for n in nll],
               "rows": [{"configuration": n, "slice": "all", "aggregate": "occurrences",
                         "metric": "nll_per_char", "value": v} for n, v in nll.items()]}
-    monkeypatch.setattr(hl, "run_batch", lambda repo, batch, log, poll: len(batch))
+    monkeypatch.setattr(hl, "run_batch", lambda repo, batch, log, poll, **kw: len(batch))
+    monkeypatch.setattr(hl, "record", lambda repo, out, name: None)
     monkeypatch.setattr(hl, "_compare", lambda *args: report)
     monkeypatch.setattr(hl, "write_outputs", lambda result, out, readme: None)
     monkeypatch.setattr(hl, "_log_sweep", lambda *args: None)

@@ -5,6 +5,7 @@ compare: run_data (one run's rows and params) <- git_runs, mlflow_runs <- runs (
 configurations (replicates) -> occurrences (alignment, slices) -> statistics (bootstrap, sign
 test) -> compare (the report dict) -> tables (markdown), page (HTML/SVG, write_report);
 mlflow_runs.log_report logs a report into the baseline's MLflow run.
-headline: headline_plan (the plan and its rules), dvc_queue (queued experiments), headline (the
-rounds), headline_outputs (reports, figure, README table).
+headline: headline_plan (the plan and its rules), dvc_queue (queued experiments), records (what a
+comparison reads of each finished experiment, kept with the report), headline (the rounds),
+headline_outputs (reports, figure, README table).
 """

@@ -63,8 +63,10 @@ def queue_state(repo: Path) -> tuple[set[str], set[str]]:
 
 
 def run_batch(repo: Path, batch: list[tuple[str, list[str]]], log: Callable[[str], None],
-              poll: float = 20) -> int:
-    """Queue (name, overrides) experiments that do not exist yet, run them one at a time, wait.
+              poll: float = 20, done: set[str] = frozenset(),
+              finished: Callable[[str], None] = lambda name: None) -> int:
+    """Queue (name, overrides) experiments that do not exist yet (nor are in `done`), run them one
+    at a time, wait; `finished(name)` is called for each as soon as it is seen finished.
 
     One already queued or running (an earlier, interrupted command's) is waited for, not queued
     again. Returns how many experiments it ran or waited for.
@@ -74,7 +76,7 @@ def run_batch(repo: Path, batch: list[tuple[str, list[str]]], log: Callable[[str
         log(f"{name} was left running by a worker that died: marked failed, queued again")
         _dvc(["queue", "kill", name], repo)
         pending.discard(name)
-    done = existing(repo)
+    done = existing(repo) | set(done)
     todo = [(name, sets) for name, sets in batch if name not in done]
     for name, sets in todo:
         if name in pending:
@@ -86,7 +88,7 @@ def run_batch(repo: Path, batch: list[tuple[str, list[str]]], log: Callable[[str
     # `dvc queue start` returns at once when a worker runs, else it is the worker: in the background
     worker = subprocess.Popen([sys.executable, "-m", "dvc", "queue", "start", "-j", "1"], cwd=repo,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    names = {name for name, _ in todo}
+    names, handed = {name for name, _ in todo}, set()
     t0, shown, first = time.time(), None, None  # first: (time, waiting) at the first finish seen
     while True:
         time.sleep(poll)
@@ -98,6 +100,7 @@ def run_batch(repo: Path, batch: list[tuple[str, list[str]]], log: Callable[[str
             raise RarelmError(f"the queue's worker died running {', '.join(sorted(lost))} "
                               "(run the command again: it queues it anew)")
         if len(waiting) != shown:  # a line when one finishes, not every poll
+            handed = _hand_over(repo, names - waiting, handed, finished)
             now = time.time()
             if shown is not None and first is None:
                 first = (now, len(waiting))
@@ -106,10 +109,19 @@ def run_batch(repo: Path, batch: list[tuple[str, list[str]]], log: Callable[[str
             shown = len(waiting)
             log(progress(now - t0, shown, len(todo), each))
     worker.wait()
+    _hand_over(repo, names, handed, finished)
     failed = sorted(names - existing(repo))
     if failed:
         raise RarelmError(f"experiments failed: {', '.join(failed)} (see `dvc queue logs NAME`)")
     return len(todo)
+
+
+def _hand_over(repo: Path, names: set[str], handed: set[str], finished: Callable[[str], None]) -> set[str]:
+    """Call `finished` on those of `names` that exist and were not handed over yet; all handed over."""
+    for name in sorted((names - handed) & existing(repo)):
+        finished(name)
+        handed = handed | {name}
+    return handed
 
 
 def progress(elapsed: float, left: int, total: int, each: float | None = None) -> str:

@@ -26,9 +26,10 @@ over the same rate in the text; or, with `insertion_metric: false_insertion_star
 model's mass on term-start tokens where no term starts) within `insertion_tolerance` (10%,
 relative) of the baseline's; the ranked ones are ordered by their difference to the baseline in
 term NLL per character (lower first), ties by term-token accuracy (higher first), both from the
-paired term x seed bootstrap of `rarelm.report.compare` on the screening split. An experiment
-that already exists under its name is not run again, so an interrupted command picks up where it
-stopped.
+paired term x seed bootstrap of `rarelm.report.compare` on the screening split. Each experiment
+is recorded under `<out>/runs/` as it finishes (rarelm/report/records.py), and the comparisons
+read the records; one that exists under its name or is recorded is not run again, so an
+interrupted command picks up where it stopped, in this clone or in another one with the records.
 Then two comparisons (`rarelm.report.compare.compare`): the screening round (screening seeds, val,
 every configuration) and the final one (final seeds, test, baseline and finalists), written to
 `<out>/screen/` and `<out>/final/` (index.html, report.md, report.json; `<out>` is
@@ -61,20 +62,20 @@ from rarelm.report.headline_plan import (
     combination,
 )
 from rarelm.report.page import write_report
-from rarelm.report.runs import load_run
+from rarelm.report.records import load_recorded, record, recorded
 from rarelm.report.winner import prepare_registration, within_guard
 from rarelm.tracking.naming import git_commit
 from rarelm.tracking.sweep import log_sweep
 
 
-def ranking(repo: Path, plan: Plan, names: list[str], seeds: list[int]) -> list[tuple[str, float]]:
+def ranking(repo: Path, out: Path, plan: Plan, names: list[str], seeds: list[int]) -> list[tuple[str, float]]:
     """Screened configurations that pass the guard, best first: (name, term NLL/char difference).
 
     The guard (fixed in the plan): overall perplexity within `ppl_tolerance` of the baseline's
     and false-insertion figure within `insertion_tolerance` of the baseline's, on the screening
     split; a figure a run lacks does not exclude it. The others stay in the screening table.
     """
-    return ranked(_compare(repo, plan, [plan.baseline], names, seeds, plan.screen_split), plan, names)
+    return ranked(_compare(repo, out, plan, [plan.baseline], names, seeds, plan.screen_split), plan, names)
 
 
 def ranked(report: dict, plan: Plan, names: list[str]) -> list[tuple[str, float]]:
@@ -91,10 +92,12 @@ def guard(plan: Plan) -> dict[str, float]:
     return {"ppl": plan.ppl_tolerance, plan.insertion_metric: plan.insertion_tolerance}
 
 
-def _compare(repo: Path, plan: Plan, base: list[str], names: list[str], seeds: list[int], split: str) -> dict:
-    """The comparison of `names` with the baseline on `seeds` and `split`, labelled by the plan's names."""
+def _compare(repo: Path, out: Path, plan: Plan, base: list[str], names: list[str], seeds: list[int],
+             split: str) -> dict:
+    """The comparison of `names` with the baseline on `seeds` and `split`, labelled by the plan's
+    names, from the experiments' records (rarelm/report/records.py)."""
     def runs(name: str) -> list:
-        return [load_run(plan.experiment(name, s), repo, split=split) for s in seeds]
+        return [load_recorded(repo, out, plan.experiment(name, s), split) for s in seeds]
 
     report = compare(runs(base[0]), [r for n in names for r in runs(n)], metrics=TABLE_METRICS)
     labels = {plan.experiment(n, s): n for n in [*base, *names] for s in seeds}
@@ -126,16 +129,19 @@ def headline(repo: Path, plan: Plan, out: Path, readme: Path | None,
     def timed(name: str, experiments: list[tuple[str, list[str]]]) -> None:
         swept.extend(e for e, _ in experiments)
         t0 = time.time()
-        ran = run_batch(repo, experiments, log, poll)
+        ran = run_batch(repo, experiments, log, poll, done=recorded(out),
+                        finished=lambda experiment: record(repo, out, experiment))
+        for experiment, _ in experiments:  # those that had finished before this command, too
+            record(repo, out, experiment)
         rounds[name] = time.time() - t0 if ran or name not in previous else previous[name]
 
-    choice = _fixed(plan) if plan.fixed else _choose(repo, plan, timed)
+    choice = _fixed(plan) if plan.fixed else _choose(repo, out, plan, timed)
     screened, finalists = choice["screened"], choice["finalists"]
     timed("confirm", plan.batch([plan.baseline, *finalists], plan.final_seeds, choice["extra"],
                                 plan.final_split))
     screen = (None if plan.fixed else
-              _compare(repo, plan, [plan.baseline], screened[1:], plan.screen_seeds, plan.screen_split))
-    final = _compare(repo, plan, [plan.baseline], finalists, plan.final_seeds, plan.final_split)
+              _compare(repo, out, plan, [plan.baseline], screened[1:], plan.screen_seeds, plan.screen_split))
+    final = _compare(repo, out, plan, [plan.baseline], finalists, plan.final_seeds, plan.final_split)
     result = {"rounds_s": rounds, "cpu": cpu_name(), "cores": os.cpu_count(),
               "plan": dataclasses.asdict(plan),
               "combination": choice["extra"].get("combination", []), "finalists": finalists,
@@ -158,13 +164,13 @@ def so_far(repo: Path, plan: Plan, out: Path, log: Callable[[str], None] = print
     plan's guard. Queues nothing; writes <out>/screen_so_far/ and logs the tables. Returns the report."""
     if plan.fixed:
         raise RarelmError("a fixed comparison (no screen_seeds) has no screening round to look at")
-    repo, every = Path(repo).resolve(), [*plan.configurations, *plan.decode]
-    done = existing(repo)
+    repo, out, every = Path(repo).resolve(), Path(out), [*plan.configurations, *plan.decode]
+    done = existing(repo) | recorded(out)
     names = [n for n in every if all(plan.experiment(n, s) in done for s in plan.screen_seeds)]
     if plan.baseline not in names:
         raise RarelmError(f"the baseline's screening experiment "
                           f"{plan.experiment(plan.baseline, plan.screen_seeds[0])} has not finished yet")
-    report = _compare(repo, plan, [plan.baseline], names[1:], plan.screen_seeds, plan.screen_split)
+    report = _compare(repo, out, plan, [plan.baseline], names[1:], plan.screen_seeds, plan.screen_split)
     write_report(report, Path(out) / "screen_so_far")
     passing = [name for name, _ in ranked(report, plan, names[1:])]
     pending = [n for n in every if n not in names]
@@ -188,12 +194,12 @@ def _fixed(plan: Plan) -> dict:
     return {"screened": names, "finalists": names[1:], "ranking": [], "extra": {}}
 
 
-def _choose(repo: Path, plan: Plan, timed: Callable) -> dict:
+def _choose(repo: Path, out: Path, plan: Plan, timed: Callable) -> dict:
     """Screen every configuration on the screening seeds, combine the best, rank: the finalists."""
     extra: dict[str, list[str]] = {}
     screened = [*plan.configurations, *plan.decode]
     timed("screen", plan.batch(plan.queue_order(screened), plan.screen_seeds, extra, plan.screen_split))
-    ranked = ranking(repo, plan, screened[1:], plan.screen_seeds)
+    ranked = ranking(repo, out, plan, screened[1:], plan.screen_seeds)
     trained = [n for n, _ in ranked if n in plan.configurations]
     if plan.combine >= 2:
         sets = combination(trained, lambda n: plan.overrides(n, extra), plan.combine)
@@ -201,7 +207,7 @@ def _choose(repo: Path, plan: Plan, timed: Callable) -> dict:
             extra["combination"] = sets
             timed("combine", plan.batch(["combination"], plan.screen_seeds, extra, plan.screen_split))
             screened.append("combination")
-            ranked = ranking(repo, plan, screened[1:], plan.screen_seeds)
+            ranked = ranking(repo, out, plan, screened[1:], plan.screen_seeds)
     return {"screened": screened, "finalists": [n for n, _ in ranked[:plan.finalists]],
             "ranking": ranked, "extra": extra}
 

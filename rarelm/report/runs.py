@@ -34,6 +34,11 @@ def load_run(ref: str, repo: str | Path = ".", split: str = "") -> RunData:
                                   f"(32 hex digits) or '{WORKSPACE}'")
         run = load_files(ref, ref, "git", commit, lambda rel: read_git(repo, commit, rel))
         run.experiment = experiment
+    return for_split(run, split)
+
+
+def for_split(run: RunData, split: str) -> RunData:
+    """`run` narrowed to one split's occurrences and eval.json figures (all of it if `split` is "")."""
     if split:
         run.rows = [r for r in run.rows if r["split"] == split]
         if not run.rows:
