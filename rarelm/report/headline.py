@@ -128,11 +128,12 @@ def headline(repo: Path, plan: Plan, out: Path, readme: Path | None,
 
     def timed(name: str, experiments: list[tuple[str, list[str]]]) -> None:
         swept.extend(e for e, _ in experiments)
+        finished = existing(repo)  # those that finished before this command: recorded first
+        for experiment in [e for e, _ in experiments if e in finished]:
+            record(repo, out, experiment)
         t0 = time.time()
         ran = run_batch(repo, experiments, log, poll, done=recorded(out),
                         finished=lambda experiment: record(repo, out, experiment))
-        for experiment, _ in experiments:  # those that had finished before this command, too
-            record(repo, out, experiment)
         rounds[name] = time.time() - t0 if ran or name not in previous else previous[name]
 
     choice = _fixed(plan) if plan.fixed else _choose(repo, out, plan, timed)
