@@ -116,7 +116,9 @@ def test_console_script_version_is_the_package_version(repo):
 def test_dvc_yaml_declares_the_model_artifact_and_one_training_curves_plot(repo):
     """DVC's conventions: `artifacts:` names the model; the top-level plot draws train loss, val CE
     and val rare CE of plots/train.csv together, with DVC's `linear` template plus a filter on
-    empty cells (checked against this DVC's own template, so an upgrade that changes it shows)."""
+    empty cells (checked against this DVC's own template, so an upgrade that changes it shows).
+    Every uncached output of train is a metric or plot: DVC saves no run cache for the stage
+    otherwise, and an evaluate-only experiment would train again."""
     import yaml
 
     from tests.conftest import REPO
@@ -124,7 +126,9 @@ def test_dvc_yaml_declares_the_model_artifact_and_one_training_curves_plot(repo)
     train = dvcyaml["stages"]["train"]
     model = dvcyaml["artifacts"]["rarelm"]
     assert model["type"] == "model" and model["path"] in train["outs"] and model["desc"] and model["labels"]
-    assert {"plots/train.csv": {"cache": False}} in train["outs"] and "plots" not in train
+    assert train["outs"] == ["models/model"]
+    (curves,) = train["plots"]
+    assert curves["plots/train.csv"]["cache"] is False and curves["plots/train.csv"]["y"] == "tokens_per_s"
     (plot,) = [p["training_loss"] for p in dvcyaml["plots"] if "training_loss" in p]
     columns = (REPO / "plots/train.csv").read_text().splitlines()[0].split(",")
     assert plot["x"] == "step" and plot["y"] == {"plots/train.csv": ["loss", "val_ce", "val_rare_ce"]}
@@ -143,8 +147,9 @@ def test_every_plot_has_a_title_and_bucket_perplexity_a_log_axis(repo):
 
     shown = json.loads(run(["dvc", "plots", "show", "--json"], REPO, check=True).stdout)["data"]
     charts = {name: chart["content"] for name, charts in shown.items() for chart in charts}
-    assert set(charts) == {"training_loss", "plots/weights.csv", "plots/eval_buckets.csv",
+    assert set(charts) == {"training_loss", "plots/train.csv", "plots/weights.csv", "plots/eval_buckets.csv",
                            "plots/eval_term_bands.csv"}
+    assert charts["plots/train.csv"]["layer"][0]["encoding"]["y"]["field"] == "tokens_per_s"
     assert all(chart["title"]["text"] for chart in charts.values())
     assert charts["plots/eval_buckets.csv"]["encoding"]["x"]["scale"] == {"type": "log"}
     ours = json.loads((REPO / ".dvc/plots/bar_horizontal_log.json").read_text())
