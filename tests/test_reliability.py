@@ -749,6 +749,47 @@ def test_a_queue_worker_killed_mid_experiment_is_noticed_and_its_experiment_runs
     assert "e1" in shown and "Failed" in shown and "Success" in shown
 
 
+FLAVOURED = """
+import os
+os.makedirs("d", exist_ok=True)
+open("d/f1", "w").write(os.environ.get("FLAVOUR", "x"))  # a file another stage reads
+open("d/f2", "w").write("same everywhere")
+"""
+
+
+def test_a_fresh_clone_caches_the_committed_listings_before_queueing(tmp_path, monkeypatch):
+    """A queued experiment restoring a stage that reads files inside another stage's directory
+    output (train: data/weights/*.npy) from the run cache loads the baseline lock's listing of that
+    directory, and failed in a clone that never ran the pipeline. `run_batch` first runs the stages
+    whose listing the cache lacks; where this machine makes other bits (FLAVOUR here, float rounding
+    of another CPU kind there), the workspace's dvc.lock records its own, and the queue starts from it."""
+    from rarelm.report.dvc_queue import _uncached_listings, cache_committed_inputs
+
+    src, clone = tmp_path / "src", tmp_path / "clone"
+    src.mkdir()
+    (src / "make_d.py").write_text(FLAVOURED)
+    (src / "dvc.yaml").write_text("stages:\n  a:\n    cmd: python make_d.py\n    deps: [make_d.py]\n"
+                                  "    outs: [d]\n  b:\n    cmd: cp d/f1 b.txt\n    deps: [d/f1]\n"
+                                  "    outs: [b.txt]\n")
+    monkeypatch.setenv("PATH", f"{BIN}{os.pathsep}{os.environ['PATH']}")
+    for cmd in (["git", "init", "-q"], ["dvc", "init", "-q"], ["dvc", "repro", "-q"], ["git", "add", "-A"],
+                ["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "init"]):
+        run(cmd, src, check=True)
+    run(["git", "clone", "-q", str(src), str(clone)], tmp_path, check=True)
+    assert _uncached_listings(src) == [] and _uncached_listings(clone) == ["a"]  # b's files: no listing
+    log: list[str] = []
+    monkeypatch.setenv("FLAVOUR", "y")  # this machine's stage writes other bits into d/f1
+    cache_committed_inputs(clone, log.append)
+    assert log == ["DVC's cache lacks the listing of a's outputs in dvc.lock (a clone that never ran the "
+                   "pipeline): dvc repro a"]
+    assert _uncached_listings(clone) == []
+    committed = yaml.safe_load((src / "dvc.lock").read_text())["stages"]["a"]["outs"][0]["md5"]
+    now = yaml.safe_load((clone / "dvc.lock").read_text())["stages"]["a"]["outs"][0]["md5"]
+    assert now != committed and (clone / "d/f1").read_text() == "y"
+    cache_committed_inputs(clone, log.append)  # nothing missing now: nothing runs
+    assert len(log) == 1
+
+
 def test_a_busy_worker_that_misses_dvcs_status_question_is_not_taken_for_dead(tmp_path, monkeypatch):
     """`dvc queue status` counts workers by a celery broadcast that can time out on a busy machine:
     "0 active, 0 idle" while an experiment runs. Only when no `dvc exp queue-worker` process runs in

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import psutil
+import yaml
 
 from rarelm.errors import RarelmError
 from rarelm.report.git_runs import experiment_refs
@@ -62,6 +63,41 @@ def queue_state(repo: Path) -> tuple[set[str], set[str]]:
     return by_status.get("Queued", set()) | running, lost
 
 
+def cache_committed_inputs(repo: Path, log: Callable[[str], None]) -> None:
+    """Make sure DVC's cache holds the listing of each directory output in dvc.lock that another
+    stage depends on file by file (data/rare and data/weights: `weights` and `train` read files in
+    them), by running those stages once in the workspace (`dvc repro <stage>`) where it lacks one.
+
+    A queued experiment that restores such a dependent stage from the run cache (an evaluate-only
+    variant restores `train`) loads the baseline lock's listing of that directory, and fails
+    (`failed to load directory ('data', 'weights')`) in a clone that never ran the pipeline
+    (docs/reliability.md). Where this CPU makes other bits than the committed outputs (data/weights'
+    scores.npy differs in float rounding between CPU kinds), `dvc repro` records this machine's
+    outputs in the workspace's dvc.lock, which the queued experiments then start from.
+    """
+    missing = _uncached_listings(repo)
+    if missing:
+        log(f"DVC's cache lacks the listing of {', '.join(missing)}'s outputs in dvc.lock (a clone "
+            f"that never ran the pipeline): dvc repro {' '.join(missing)}")
+        _dvc(["repro", *missing], repo)
+
+
+def _uncached_listings(repo: Path) -> list[str]:
+    """Stages whose directory output in dvc.lock another stage depends on file by file, and whose
+    listing (<md5>.dir) DVC's cache lacks."""
+    try:
+        stages = yaml.safe_load((repo / "dvc.yaml").read_text(encoding="utf-8"))["stages"]
+        lock = yaml.safe_load((repo / "dvc.lock").read_text(encoding="utf-8"))["stages"]
+    except (OSError, KeyError, TypeError, yaml.YAMLError):
+        return []  # nothing committed to restore (or not a pipeline this can read)
+    deps = [d if isinstance(d, str) else next(iter(d)) for s in stages.values() for d in s.get("deps", [])]
+    cache = Path(_dvc(["cache", "dir"], repo).strip()) / "files" / "md5"
+    return [name for name, stage in lock.items() for out in stage.get("outs", [])
+            if str(out.get("md5", "")).endswith(".dir")
+            and any(d.startswith(out["path"].rstrip("/") + "/") for d in deps)
+            and not (cache / out["md5"][:2] / out["md5"][2:]).is_file()]
+
+
 def run_batch(repo: Path, batch: list[tuple[str, list[str]]], log: Callable[[str], None],
               poll: float = 20, done: set[str] = frozenset(),
               finished: Callable[[str], None] = lambda name: None) -> int:
@@ -78,6 +114,8 @@ def run_batch(repo: Path, batch: list[tuple[str, list[str]]], log: Callable[[str
         pending.discard(name)
     done = existing(repo) | set(done)
     todo = [(name, sets) for name, sets in batch if name not in done]
+    if todo:
+        cache_committed_inputs(repo, log)
     for name, sets in todo:
         if name in pending:
             continue
