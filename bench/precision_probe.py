@@ -7,9 +7,9 @@ For each shape, a GPT-2 model as the train stage builds one (rarelm.train.model.
 random weights: speed does not depend on them) and one micro-batch of random tokens; then
 rarelm.train.precision.probe_seconds: one forward + backward in fp32 and one under bf16 autocast,
 alternating step by step after a warm-up step each, median seconds of `--steps` per precision,
-so other load on the machine hits both alike. Last, what `auto` resolves to on this CPU and why
-(rarelm.train.precision.resolve: on a CPU without native bf16 it never probes, since emulated bf16
-cannot win). One JSON line per shape, then one for the CPU.
+so other load on the machine hits both alike, and what `auto` picks from those seconds
+(rarelm.train.precision.resolve, as the train stage decides: on a CPU without native bf16 it never
+probes, since emulated bf16 cannot win). One JSON line per shape, then one for the CPU.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def probe(shape: dict, steps: int) -> dict:
 
     from rarelm.params import ModelParams
     from rarelm.train.model import gpt2_config
-    from rarelm.train.precision import probe_seconds
+    from rarelm.train.precision import probe_seconds, resolve
 
     torch.manual_seed(0)
     sizes = ModelParams(n_layer=shape["n_layer"], n_head=shape["n_head"], n_embd=shape["n_embd"],
@@ -44,10 +44,12 @@ def probe(shape: dict, steps: int) -> dict:
     x = torch.randint(0, shape["vocab"], (shape["rows"], shape["block"]))
     seconds = probe_seconds(model, x, torch.roll(x, -1, dims=1), steps=steps)
     tokens = shape["rows"] * shape["block"]
+    auto = resolve("auto", torch.device("cpu"), probe=lambda: seconds)  # as the train stage decides
     return {"fp32_s": round(seconds["fp32"], 4), "bf16_s": round(seconds["bf16"], 4),
             "fp32_tokens_per_s": round(tokens / seconds["fp32"], 1),
             "bf16_tokens_per_s": round(tokens / seconds["bf16"], 1),
-            "bf16_over_fp32_speed": round(seconds["fp32"] / seconds["bf16"], 3)}
+            "bf16_over_fp32_speed": round(seconds["fp32"] / seconds["bf16"], 3),
+            "auto": auto.name, "why": auto.reason}
 
 
 def main() -> None:

@@ -620,6 +620,14 @@ def test_readme_commands_after_make_repro_with_and_without_activation(dag, tmp_p
     for command in commands:  # activated, as written
         sh(f"source .venv/bin/activate && {command}")
     assert (root / "dvc_plots/index.html").is_file()
+    # an evaluate-only variant of HEAD's run (the workspace now holds the alpha=0.7 experiment's):
+    # DVC's run cache restores HEAD's trained model (train's uncached curves are a plot, not an
+    # out, so DVC saves the stage's run cache) and only evaluate runs
+    alpha = yaml.safe_load(sh("git show HEAD:params.yaml").stdout)["alpha"]
+    assert alpha != 0.7
+    variant = sh(f".venv/bin/dvc exp run --temp -S alpha={alpha} -S eval.logit_adjust_tau=0.5").stdout
+    assert "Stage 'train' is cached - skipping run" in variant, variant[-3000:]
+    assert "Running stage 'evaluate'" in variant and "Running stage 'train'" not in variant
 
     # `dvc plots diff`: the experiment beside HEAD, train loss, val CE and val rare CE in one plot
     diff = json.loads(sh(".venv/bin/dvc plots diff --json --targets training_loss").stdout)

@@ -9,7 +9,8 @@
 backward steps of the run's own model at its own micro-batch in fp32 and in bf16,
 interleaved (`probe_seconds`), and trains in the faster; the answer is cached per CPU model
 name, torch version, thread count, micro-batch and the model's parameter shapes
-(`probe_key`), in the run's cache folder (`cached_probe`). A CPU without native bf16 trains
+(`probe_key`), in this machine's cache folder (`machine_cache`, `cached_probe`): every later run
+of that shape on the machine trains in the precision the first probe chose. A CPU without native bf16 trains
 in fp32 without probing (torch would emulate bf16, ~10x slower). On CUDA nothing is timed.
 """
 
@@ -223,6 +224,16 @@ def cached_probe(cache: Path, key: str, measure: Callable[[], dict[str, float]])
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json(path, seconds)
     return seconds
+
+
+def machine_cache() -> Path:
+    """Where the probe's answers live: one folder per machine and user ($XDG_CACHE_HOME/rarelm,
+    else ~/.cache/rarelm), not per checkout or run. Two runs from scratch of the same params
+    (`dvc repro --force`, a fresh clone) must train in the same precision to give the same bits,
+    and a fresh probe can answer either way where fp32 and bf16 time within noise of each other
+    (two runs of the tiny test DAG on a 2-core Xeon with AMX did, when the answer lived in the
+    run's .cache/)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rarelm"
 
 
 def cpu_model_name() -> str:

@@ -36,6 +36,7 @@ from rarelm.train.precision import (
     Precision,
     cached_probe,
     deterministic,
+    machine_cache,
     pick_precision,
     probe_key,
     probe_seconds,
@@ -99,7 +100,7 @@ def start(params: Params, paths: Paths) -> Trainer:
     sharding.check_world_size(params.train.strategy, dist.world_size)
     deterministic(params.train.compile, dist.device)
     inputs = load_inputs(params, paths)
-    precision = _precision(params, dist, inputs, paths.cache)
+    precision = _precision(params, dist, inputs, machine_cache())
     pinned = provenance(params.model, inputs.data)  # hub commits: a new revision is a new run
     store = CheckpointStore(paths.cache, checkpoint_key(params, paths, pinned))
     found = dist.broadcast(str(store.latest_valid() or "") if dist.main else None)
