@@ -102,7 +102,8 @@ def run_batch(repo: Path, batch: list[tuple[str, list[str]]], log: Callable[[str
               poll: float = 20, done: set[str] = frozenset(),
               finished: Callable[[str], None] = lambda name: None) -> int:
     """Queue (name, overrides) experiments that do not exist yet (nor are in `done`), run them one
-    at a time, wait; `finished(name)` is called for each as soon as it is seen finished.
+    at a time, wait; `finished(name)` is called for each as soon as it is seen finished (those
+    that had finished before, first).
 
     One already queued or running (an earlier, interrupted command's) is waited for, not queued
     again. Returns how many experiments it ran or waited for.
@@ -112,7 +113,9 @@ def run_batch(repo: Path, batch: list[tuple[str, list[str]]], log: Callable[[str
         log(f"{name} was left running by a worker that died: marked failed, queued again")
         _dvc(["queue", "kill", name], repo)
         pending.discard(name)
-    done = existing(repo) | set(done)
+    finished_before = existing(repo)
+    _hand_over(repo, {name for name, _ in batch} & finished_before, set(), finished)
+    done = finished_before | set(done)
     todo = [(name, sets) for name, sets in batch if name not in done]
     if todo:
         cache_committed_inputs(repo, log)

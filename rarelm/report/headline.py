@@ -128,9 +128,6 @@ def headline(repo: Path, plan: Plan, out: Path, readme: Path | None,
 
     def timed(name: str, experiments: list[tuple[str, list[str]]]) -> None:
         swept.extend(e for e, _ in experiments)
-        finished = existing(repo)  # those that finished before this command: recorded first
-        for experiment in [e for e, _ in experiments if e in finished]:
-            record(repo, out, experiment)
         t0 = time.time()
         ran = run_batch(repo, experiments, log, poll, done=recorded(out),
                         finished=lambda experiment: record(repo, out, experiment))
@@ -172,7 +169,7 @@ def so_far(repo: Path, plan: Plan, out: Path, log: Callable[[str], None] = print
         raise RarelmError(f"the baseline's screening experiment "
                           f"{plan.experiment(plan.baseline, plan.screen_seeds[0])} has not finished yet")
     report = _compare(repo, out, plan, [plan.baseline], names[1:], plan.screen_seeds, plan.screen_split)
-    write_report(report, Path(out) / "screen_so_far")
+    write_report(report, out / "screen_so_far")
     passing = [name for name, _ in ranked(report, plan, names[1:])]
     pending = [n for n in every if n not in names]
     log(f"{len(names) - 1} of {len(every) - 1} configurations screened "
