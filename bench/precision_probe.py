@@ -1,6 +1,6 @@
 """fp32 against bf16 autocast on this CPU, per model shape, as `train.precision: auto`'s probe times them.
 
-    python bench/precision_probe.py                       # the three shapes, 5 steps each
+    python bench/precision_probe.py                       # the four shapes, 5 steps each
     python bench/precision_probe.py --shapes base --steps 9
 
 For each shape, a GPT-2 model as the train stage builds one (rarelm.train.model.gpt2_config,
@@ -25,6 +25,8 @@ SHAPES = {  # name: GPT-2 sizes, vocabulary and micro-batch (rows x block)
     "demo": {"n_layer": 4, "n_head": 4, "n_embd": 128, "vocab": 1712, "rows": 16, "block": 128},
     "base": {"n_layer": 6, "n_head": 4, "n_embd": 128, "vocab": 8192, "rows": 16, "block": 128},
     "gpt2-small": {"n_layer": 12, "n_head": 12, "n_embd": 768, "vocab": 8192, "rows": 1, "block": 128},
+    # the same body at a GPU-like micro-batch: 1,024-row matmuls, where AMX tiles have rows to fill
+    "gpt2-small-b8": {"n_layer": 12, "n_head": 12, "n_embd": 768, "vocab": 8192, "rows": 8, "block": 128},
 }
 
 

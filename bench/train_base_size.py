@@ -15,7 +15,8 @@ rare_terms and weights by their stages' code (bench/train_throughput.make_inputs
                 128, micro-batch 1, `--gpt2-steps` steps
 
 Both loops run the same model, windows of the same data, micro-batch, precision
-(`train.precision` of params.yaml as `auto` resolves it here: rarelm.train.precision.resolve)
+(`--precision`, else `train.precision` of params.yaml as `auto` resolves it here without a
+probe: rarelm.train.precision.resolve)
 and fused AdamW (ours: rarelm.train.optim; the Trainer's default `adamw_torch_fused`), one
 process with every thread (train.nproc = 1), eager: torch.compile is left off for both, since on
 this 2-core CPU it gave no gain for a small GPT-2 and costs minutes of compilation (NOTES.md).
@@ -149,6 +150,8 @@ def main() -> None:
     parser.add_argument("--work", type=Path, help="keep the data made here (and reuse it) in this folder")
     parser.add_argument("--peak-reps", type=int, default=10)
     parser.add_argument("--no-profile", action="store_true")
+    parser.add_argument("--precision", choices=["fp32", "bf16"],
+                        help="both loops' precision (default: train.precision, auto by hardware)")
     args = parser.parse_args()
 
     import torch
@@ -164,7 +167,7 @@ def main() -> None:
                                   eval_batches=1),
         tracking=dataclasses.replace(base.tracking, system_metrics=False))
     cpu = torch.device("cpu")
-    precision = resolve(base.train.precision, cpu)  # without a probe: what auto is by hardware
+    precision = resolve(args.precision or base.train.precision, cpu)  # auto without a probe: by hardware
     plain = dataclasses.replace(plain, train=dataclasses.replace(plain.train, precision=precision.name))
     peak = matmul_peak(precision.dtype, args.peak_reps)
     print(f"matmul peak ({precision.name}): {peak / 1e9:,.1f} GFLOP/s", flush=True)
