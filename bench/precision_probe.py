@@ -2,9 +2,12 @@
 
     python bench/precision_probe.py                       # the four shapes, 5 steps each
     python bench/precision_probe.py --shapes base --steps 9
+    python bench/precision_probe.py --attention sdpa      # bf16 with torch's bf16 attention kernel
 
 For each shape, a GPT-2 model as the train stage builds one (rarelm.train.model.gpt2_config,
-random weights: speed does not depend on them) and one micro-batch of random tokens; then
+random weights: speed does not depend on them; its attention rarelm.train.model.ATTENTION, which
+under bf16 autocast on CPU runs the attention kernel in fp32, or `--attention sdpa`, transformers'
+own) and one micro-batch of random tokens; then
 rarelm.train.precision.probe_seconds: one forward + backward in fp32 and one under bf16 autocast,
 alternating step by step after a warm-up step each, median seconds of `--steps` per precision,
 so other load on the machine hits both alike, and what `auto` picks from those seconds
@@ -30,7 +33,7 @@ SHAPES = {  # name: GPT-2 sizes, vocabulary and micro-batch (rows x block)
 }
 
 
-def probe(shape: dict, steps: int) -> dict:
+def probe(shape: dict, steps: int, attention: str) -> dict:
     """Median seconds per step in fp32 and under bf16 autocast for one shape, and their ratio."""
     import torch
     from transformers import GPT2LMHeadModel
@@ -43,6 +46,8 @@ def probe(shape: dict, steps: int) -> dict:
     sizes = ModelParams(n_layer=shape["n_layer"], n_head=shape["n_head"], n_embd=shape["n_embd"],
                         block_size=shape["block"])
     model = GPT2LMHeadModel(gpt2_config(sizes, shape["vocab"], 0)).train()
+    if attention == "sdpa":
+        model.set_attn_implementation("sdpa")
     x = torch.randint(0, shape["vocab"], (shape["rows"], shape["block"]))
     seconds = probe_seconds(model, x, torch.roll(x, -1, dims=1), steps=steps)
     tokens = shape["rows"] * shape["block"]
@@ -58,6 +63,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
     parser.add_argument("--steps", type=int, default=5, help="timed steps per precision and shape")
+    parser.add_argument("--attention", choices=["ours", "sdpa"], default="ours",
+                        help="ours: rarelm.train.model.ATTENTION (the train stage's); sdpa: transformers'")
     args = parser.parse_args()
 
     import torch
@@ -65,7 +72,9 @@ def main() -> None:
     from rarelm.train.precision import cpu_has_native_bf16, cpu_model_name, resolve
 
     for name in args.shapes:
-        print(json.dumps({"shape": name, **SHAPES[name], **probe(SHAPES[name], args.steps)}), flush=True)
+        figures = probe(SHAPES[name], args.steps, args.attention)
+        print(json.dumps({"shape": name, **SHAPES[name], "attention": args.attention, **figures}),
+              flush=True)
     auto = resolve("auto", torch.device("cpu"))
     print(json.dumps({"cpu": cpu_model_name(), "native_bf16": cpu_has_native_bf16(),
                       "threads": torch.get_num_threads(), "torch": torch.__version__,

@@ -14,7 +14,10 @@ rare_terms and weights by their stages' code (bench/train_throughput.make_inputs
                 vocabulary (GPT-2's 50,257-token tokenizer is not on this offline machine), block
                 128, micro-batch 1, `--gpt2-steps` steps
 
-Both loops run the same model, windows of the same data, micro-batch, precision
+Both loops run the same model (the Trainer's with transformers' own "sdpa" attention, as a Trainer
+user loads it, unless `--trainer-attention ours`: ours is rarelm.train.model.ATTENTION, which runs
+the attention kernel in fp32 under bf16 autocast; in fp32 the two are the same kernel), windows of
+the same data, micro-batch, precision
 (`--precision`, else `train.precision` of params.yaml as `auto` resolves it here without a
 probe: rarelm.train.precision.resolve)
 and fused AdamW (ours: rarelm.train.optim; the Trainer's default `adamw_torch_fused`), one
@@ -150,6 +153,9 @@ def main() -> None:
     parser.add_argument("--work", type=Path, help="keep the data made here (and reuse it) in this folder")
     parser.add_argument("--peak-reps", type=int, default=10)
     parser.add_argument("--no-profile", action="store_true")
+    parser.add_argument("--trainer-attention", choices=["sdpa", "ours"], default="sdpa",
+                        help="the Trainer's model's attention: transformers' default sdpa, as a "
+                        "Trainer user runs it, or ours (rarelm.train.model.ATTENTION)")
     parser.add_argument("--precision", choices=["fp32", "bf16"],
                         help="both loops' precision (default: train.precision, auto by hardware)")
     args = parser.parse_args()
@@ -189,7 +195,8 @@ def main() -> None:
                 for side in ("ours", "trainer"):
                     work = tmp / f"{name}-{side}-{repeat}"
                     figure = (run_ours(params, tokenized, rare, weights, work, args.warmup)
-                              if side == "ours" else run_trainer(params, tokenized, work, args.warmup))
+                              if side == "ours" else
+                              run_trainer(params, tokenized, work, args.warmup, args.trainer_attention))
                     results[name][side].append(figure)
                     print(f"{name} {side} #{repeat + 1}: {figure:,.1f} tokens/s", flush=True)
         peak = max(peak, matmul_peak(precision.dtype, args.peak_reps))
@@ -214,6 +221,7 @@ def main() -> None:
     model_name, flags = cpu_description()
     summary.update(peak_flops=round(peak), precision=precision.name, cpu=model_name,
                    cpu_flags=flags, threads=torch.get_num_threads(), warmup=args.warmup,
+                   trainer_attention=args.trainer_attention,
                    repeats=args.repeats, torch=torch.__version__)
     print(json.dumps(summary))
 

@@ -97,7 +97,9 @@ def run_ours(params, tokenized: Path, rare_dir: Path, weights_dir: Path, work: P
     return float(np.mean(measured))
 
 
-def run_trainer(params, tokenized: Path, work: Path, warmup: int) -> float:
+def run_trainer(params, tokenized: Path, work: Path, warmup: int, attention: str = "sdpa") -> float:
+    """Tokens/s of transformers' Trainer on the same model and windows; `attention` "sdpa" is what
+    a Trainer user's model runs (transformers' default), "ours" rarelm.train.model.ATTENTION."""
     import torch
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
@@ -133,6 +135,8 @@ def run_trainer(params, tokenized: Path, work: Path, warmup: int) -> float:
     torch.use_deterministic_algorithms(False)
     seed_everything(params.seed)
     model = build_model(params.model, data)
+    if attention == "sdpa":
+        model.set_attn_implementation("sdpa")
     clock = Clock()
     args = TrainingArguments(
         output_dir=str(work / "trainer"), use_cpu=True, max_steps=tp.max_steps,

@@ -200,6 +200,55 @@ def test_probe_cache_key_changes_with_the_model_shape_and_micro_batch():
     assert probe_key(small, (2, 8)) != probe_key(_tiny_gpt2(16), (2, 8))
 
 
+def test_attention_runs_in_fp32_under_cpu_bf16_autocast_and_is_sdpa_elsewhere(tmp_path):
+    """rarelm.train.model.ATTENTION: without autocast the logits are plain "sdpa"'s bit for bit
+    (with and without padding); under bf16 autocast the attention kernel takes the bf16
+    projections as fp32 and its output is that fp32 result rounded to bf16, not bf16 sdpa's;
+    the saved config.json names no attention, so plain transformers loads the model."""
+    from transformers import AutoModelForCausalLM
+    from transformers.models.gpt2 import modeling_gpt2
+
+    from rarelm.params import ModelParams
+    from rarelm.train.model import ATTENTION, gpt2_config
+
+    torch.manual_seed(0)
+    model = modeling_gpt2.GPT2LMHeadModel(gpt2_config(
+        ModelParams(n_layer=2, n_head=2, n_embd=32, block_size=16, dropout=0.0), 64, 0)).eval()
+    assert model.config._attn_implementation == ATTENTION
+    x, mask = torch.randint(0, 64, (3, 16)), torch.ones(3, 16, dtype=torch.long)
+    mask[0, :5] = 0  # a left-padded row
+    ours = [model(x).logits, model(x, attention_mask=mask).logits]
+    model.set_attn_implementation("sdpa")
+    assert torch.equal(ours[0], model(x).logits)
+    assert torch.equal(ours[1], model(x, attention_mask=mask).logits)
+    model.set_attn_implementation(ATTENTION)
+    seen = []  # (query, key, value, output) of the first layer's attention under autocast
+    original = modeling_gpt2.ALL_ATTENTION_FUNCTIONS[ATTENTION]
+
+    def attention(module, q, k, v, m, **kwargs):
+        out, weights = original(module, q, k, v, m, **kwargs)
+        if module.layer_idx == 0:
+            seen.append((q, k, v, out))
+        return out, weights
+    modeling_gpt2.ALL_ATTENTION_FUNCTIONS[ATTENTION] = attention
+    try:
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            model(x)
+    finally:
+        modeling_gpt2.ALL_ATTENTION_FUNCTIONS[ATTENTION] = original
+    q, k, v, out = seen[0]
+    assert q.dtype == out.dtype == torch.bfloat16
+    fp32 = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
+    assert torch.equal(out, fp32.transpose(1, 2).to(torch.bfloat16))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        bf16 = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert bf16.dtype == torch.bfloat16 and not torch.equal(out, bf16.transpose(1, 2))
+    model.save_pretrained(tmp_path)
+    assert "attn_implementation" not in (tmp_path / "config.json").read_text()
+    plain = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert plain.config._attn_implementation == "sdpa" and torch.equal(plain(x).logits, ours[0])
+
+
 def test_auto_precision_without_native_bf16_is_fp32_and_never_probes(monkeypatch):
     """This machine kind (AVX2 only): `auto` stays fp32 without timing anything (emulated bf16
     is ~10x slower), so the demo's `dvc repro` trains as before; RARELM_CPU_BF16 still forces

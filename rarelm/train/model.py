@@ -4,7 +4,8 @@
 
 From scratch (`model.name_or_path: ""`) it is transformers' GPT2LMHeadModel sized
 by the `model` params, with the tokenizer's vocabulary, its end-of-text id as
-bos/eos, PyTorch's scaled-dot-product attention ("sdpa") and fused tanh-GELU. With
+bos/eos, PyTorch's scaled-dot-product attention (`ATTENTION`: "sdpa", but in fp32 under bf16
+autocast on a CPU) and fused tanh-GELU. With
 `model.name_or_path` a local folder or a hub id in the local Hugging Face cache
 (`org/name[@revision]`, see rarelm.hub), it is that AutoModelForCausalLM; its
 tokenizer must be the one `tokenize` used (same vocabulary), or the token ids
@@ -25,6 +26,7 @@ from rarelm.params import ModelParams
 from rarelm.train import lora
 
 KEY = "model.name_or_path"
+ATTENTION = "sdpa_fp32_on_cpu"  # the attention implementation every model trained here runs
 # transformers is imported inside the functions: its model classes take ~6 s to import, and the
 # stage's launcher imports this module (the checkpoint key's files) without building a model.
 
@@ -40,7 +42,33 @@ def gpt2_config(params: ModelParams, vocab_size: int, eot_id: int):
         # GPT-2's tanh-approximated GELU as one PyTorch kernel; "gelu_new" computes the same
         # function from five elementwise ops (and saves each for backward).
         activation_function="gelu_pytorch_tanh",
-        attn_implementation="sdpa")
+        attn_implementation=attention())
+
+
+def attention() -> str:
+    """`ATTENTION`, registered with transformers: its "sdpa" (PyTorch's scaled_dot_product_attention,
+    same masks), except that under bf16 autocast on a CPU the kernel takes query, key and value in
+    fp32 and returns bf16. Torch's bf16 attention on CPU is slower than its fp32 one: a forward +
+    backward under bf16 autocast took 1.30x less time with it at the base model's shape, 1.52x at the
+    demo's, 1.13x at GPT-2 small's with 8 rows (docs/benchmarks.md). Anywhere else (fp32, CUDA,
+    inference without autocast) it is "sdpa" itself, bit for bit. Not saved with the model:
+    config.json names no attention, so the saved model loads in plain transformers with its default.
+    """
+    from transformers import AttentionInterface  # lazy: see the top
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    def sdpa_fp32_on_cpu(module, query, key, value, attention_mask, **kwargs):
+        if query.device.type != "cpu" or not torch.is_autocast_enabled("cpu"):
+            return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+        with torch.autocast("cpu", enabled=False):
+            out, weights = sdpa_attention_forward(module, query.float(), key.float(), value.float(),
+                                                  attention_mask, **kwargs)
+        return out.to(query.dtype), weights
+
+    AttentionInterface.register(ATTENTION, sdpa_fp32_on_cpu)
+    AttentionMaskInterface.register(ATTENTION, sdpa_mask)
+    return ATTENTION
 
 
 def build_model(params: ModelParams, data: TokenizedData):
@@ -82,7 +110,7 @@ def load_pretrained(params: ModelParams, data: TokenizedData):
     hf_logging.disable_progress_bar()  # no "Loading weights" bar per worker in the stage's log
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            path, local_files_only=True, dtype=torch.float32, attn_implementation="sdpa")
+            path, local_files_only=True, dtype=torch.float32, attn_implementation=attention())
     except ValueError:  # an architecture without sdpa support: its default attention
         model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True,
                                                      dtype=torch.float32)

@@ -196,18 +196,23 @@ def probe_seconds(model, x, y, steps: int = PROBE_STEPS) -> dict[str, float]:
 
 
 def probe_key(model, batch_shape: tuple[int, ...]) -> str:
-    """The probe's cache key: CPU model name, torch version, threads, micro-batch shape and the
-    model's parameter names, shapes and trainability (so LoRA and every size change it).
+    """The probe's cache key: CPU model name, torch version, threads, micro-batch shape, the
+    model's parameter names, shapes and trainability (so LoRA and every size change it) and its
+    attention implementation (rarelm.train.model.ATTENTION made bf16 faster than plain "sdpa").
 
     >>> from transformers import GPT2Config, GPT2LMHeadModel
     >>> small = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=8, vocab_size=16, n_positions=8))
     >>> wider = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=16, n_positions=8))
     >>> probe_key(small, (2, 8)) == probe_key(small, (2, 8)) != probe_key(wider, (2, 8))
     True
+    >>> before = probe_key(small, (2, 8)); small.set_attn_implementation("eager")
+    >>> probe_key(small, (2, 8)) != before
+    True
     """
     shape = [(name, list(q.shape), q.requires_grad) for name, q in model.named_parameters()]
     what = {"cpu": cpu_model_name(), "torch": torch.__version__,
-            "threads": torch.get_num_threads(), "batch": list(batch_shape), "model": shape}
+            "threads": torch.get_num_threads(), "batch": list(batch_shape), "model": shape,
+            "attention": getattr(model.config, "_attn_implementation", None)}
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
 
