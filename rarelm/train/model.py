@@ -49,7 +49,7 @@ def attention() -> str:
     """`ATTENTION`, registered with transformers: its "sdpa" (PyTorch's scaled_dot_product_attention,
     same masks), except that under bf16 autocast on a CPU the kernel takes query, key and value in
     fp32 and returns bf16. Torch's bf16 attention on CPU is slower than its fp32 one: a forward +
-    backward under bf16 autocast took 1.30x less time with it at the base model's shape, 1.52x at the
+    backward under bf16 autocast ran 1.26x faster with it at the base model's shape, 1.49x at the
     demo's, 1.13x at GPT-2 small's with 8 rows (docs/benchmarks.md). Anywhere else (fp32, CUDA,
     inference without autocast) it is "sdpa" itself, bit for bit. Not saved with the model:
     config.json names no attention, so the saved model loads in plain transformers with its default.
