@@ -100,6 +100,21 @@ def shape_params(plain, shape: dict, steps: int, warmup: int):
     return dataclasses.replace(plain, model=model, train=train)
 
 
+def shape_summary(params, runs: dict[str, list[float]], tokenized: Path, peak: float) -> dict:
+    """One shape's figures: the best run of each side, their ratio and MFU against `peak`."""
+    from rarelm.artifacts.tokenized import TokenizedData
+    from rarelm.train.model import build_model
+
+    model = build_model(params.model, TokenizedData.open(tokenized))
+    flops = flops_per_token(model, params.model.block_size)
+    ours, trainer = max(runs["ours"]), max(runs["trainer"])
+    return {"ours_tokens_per_s": round(ours, 1), "trainer_tokens_per_s": round(trainer, 1),
+            "speedup_vs_trainer": round(ours / trainer, 3), "flops_per_token": flops,
+            "ours_mfu": round(flops * ours / peak, 4), "trainer_mfu": round(flops * trainer / peak, 4),
+            "batch_size": params.train.batch_size, "block_size": params.model.block_size,
+            "steps": params.train.max_steps, "runs": runs}
+
+
 def tokenize_with_base(prepared: Path, out: Path) -> Path:
     """The prepared splits encoded with base/model's tokenizer, as the tokenize stage does."""
     from rarelm.files import write_json
@@ -163,7 +178,6 @@ def main() -> None:
     import torch
 
     from rarelm.params import load_params
-    from rarelm.train.model import build_model
     from rarelm.train.precision import resolve
 
     base = load_params(args.params)
@@ -201,18 +215,8 @@ def main() -> None:
                     print(f"{name} {side} #{repeat + 1}: {figure:,.1f} tokens/s", flush=True)
         peak = max(peak, matmul_peak(precision.dtype, args.peak_reps))
         print(f"matmul peak, best of before and after: {peak / 1e9:,.1f} GFLOP/s", flush=True)
-        from rarelm.artifacts.tokenized import TokenizedData
-
         for name, params in configs.items():
-            model = build_model(params.model, TokenizedData.open(tokenized))
-            flops = flops_per_token(model, params.model.block_size)
-            ours, trainer = max(results[name]["ours"]), max(results[name]["trainer"])
-            summary[name] = {
-                "ours_tokens_per_s": round(ours, 1), "trainer_tokens_per_s": round(trainer, 1),
-                "speedup_vs_trainer": round(ours / trainer, 3), "flops_per_token": flops,
-                "ours_mfu": round(flops * ours / peak, 4), "trainer_mfu": round(flops * trainer / peak, 4),
-                "batch_size": params.train.batch_size, "block_size": params.model.block_size,
-                "steps": params.train.max_steps, "runs": results[name]}
+            summary[name] = shape_summary(params, results[name], tokenized, peak)
         if not args.no_profile and "base" in configs:
             profile = profile_step(dataclasses.replace(configs["base"], train=dataclasses.replace(
                 configs["base"].train, max_steps=10)), tokenized, rare, weights, tmp / "profile")
