@@ -1,7 +1,7 @@
 """`rarelm headline` (`make headline`): every rare-term remedy against the baseline, as DVC experiments.
 
-    rarelm headline                                   # headline.yaml -> docs/headline/ + README table
-    rarelm headline --plan my_plan.yaml --no-readme   # another plan; leave README.md alone
+    rarelm headline                                   # headline.yaml -> docs/headline/ + docs/results.md
+    rarelm headline --plan my_plan.yaml --no-page     # another plan; leave the results page alone
     rarelm headline --register                        # + the winner as a registered model version
     rarelm headline --plan my_plan.yaml --so-far      # the screening round so far (while it runs)
 
@@ -27,8 +27,9 @@ app = typer.Typer(add_completion=False, help=__doc__)
 def headline(
     plan: Path = typer.Option(Path("headline.yaml"), "--plan", help="configurations and seeds"),
     out: Path = typer.Option(Path("docs/headline"), "--out", help="reports and the figure go here"),
-    readme: bool = typer.Option(True, "--readme/--no-readme",
-                                help="rewrite README.md's table between the headline markers"),
+    page: Path = typer.Option(Path("docs/results.md"), "--page",
+                              help="the docs page whose <!-- <section>:start/end --> markers hold tables"),
+    no_page: bool = typer.Option(False, "--no-page", help="leave the results page alone"),
     register: bool = typer.Option(False, "--register",
                                   help="register the final round's winner as a new model version "
                                        "(the `champion` alias does not move)"),
@@ -40,7 +41,7 @@ def headline(
     with user_errors("headline"):
         from rarelm.report.headline import main  # on use: numpy would slow every `rarelm` command's start-up
 
-        main(plan, Path("."), out, Path("README.md") if readme else None, register, so_far)
+        main(plan, Path("."), out, None if no_page else page, register, so_far)
 
 
 if __name__ == "__main__":

@@ -7,5 +7,5 @@ test) -> compare (the report dict) -> tables (markdown), page (HTML/SVG, write_r
 mlflow_runs.log_report logs a report into the baseline's MLflow run.
 headline: headline_plan (the plan and its rules), dvc_queue (queued experiments), records (what a
 comparison reads of each finished experiment, kept with the report), headline (the rounds),
-headline_outputs (reports, figure, README table).
+headline_outputs (reports, figure, the tables on docs/results.md).
 """

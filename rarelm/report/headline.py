@@ -1,6 +1,6 @@
 """The headline experiment: every rare-term remedy against the baseline, as DVC experiments.
 
-    make headline                      # = rarelm headline: queue, run, compare, write the README table
+    make headline                      # = rarelm headline: queue, run, compare, write docs/results.md
     rarelm headline --plan headline.yaml --out docs/headline
 
 The plan (headline.yaml) lists configurations as `dvc exp run -S` overrides on top of
@@ -35,8 +35,9 @@ every configuration) and the final one (final seeds, test, baseline and finalist
 `<out>/screen/` and `<out>/final/` (index.html, report.md, report.json; `<out>` is
 docs/headline by default, kept in git), the exact-match curve to
 `<out>/exact_match_by_train_count.svg`, and both tables with the rounds' durations into the
-README between `<!-- headline:start -->` and `<!-- headline:end -->`. No figure is typed by
-hand. The plan and its rules: headline_plan.py; the queue: dvc_queue.py; the tables:
+results page (docs/results.md) between `<!-- headline:start -->` and `<!-- headline:end -->`
+(`<!-- <section>:start -->` for a plan with its own `section`); README.md only links there. No
+figure is typed by hand. The plan and its rules: headline_plan.py; the queue: dvc_queue.py; the tables:
 headline_outputs.py.
 """
 
@@ -114,11 +115,12 @@ def _diff(report: dict, config: str, metric: str) -> float:
     return report_row(report, config, RANK_SLICE, metric).get("diff") or 0.0
 
 
-def headline(repo: Path, plan: Plan, out: Path, readme: Path | None,
+def headline(repo: Path, plan: Plan, out: Path, page: Path | None,
              log: Callable[[str], None] = print, poll: float = 20, register: bool = False) -> dict:
-    """Run the rounds (or the fixed comparison) and write the comparisons; returns what the README
-    table shows. With `register`, the final round's winner (rarelm/report/winner.py, under the plan's
-    guard) becomes a new version of the registered model that the repo's params.yaml names."""
+    """Run the rounds (or the fixed comparison), write the comparisons and the tables into the
+    results page `page` (None: not); returns what the tables show. With `register`, the final
+    round's winner (rarelm/report/winner.py, under the plan's guard) becomes a new version of the
+    registered model that the repo's params.yaml names."""
     repo, out = Path(repo).resolve(), Path(out)
     # A round that finds its experiments done (a re-run to rewrite the tables) keeps the time
     # the earlier command measured for it.
@@ -149,7 +151,7 @@ def headline(repo: Path, plan: Plan, out: Path, readme: Path | None,
         winner = prepare_registration(final, repo, repo / "params.yaml", guard=guard(plan), uri=_store(repo),
                                       by=f"rarelm headline ({plan.section}, {plan.final_split} split, "
                                          f"seeds {', '.join(map(str, plan.final_seeds))})")
-    write_outputs(result, out, readme)
+    write_outputs(result, out, page)
     _log_sweep(repo, plan, out, swept, finalists)
     if winner is not None:
         log(f"registered the winner {winner.label} (run {winner.run_id}) as {winner.register()}")
@@ -226,13 +228,13 @@ def _log_sweep(repo: Path, plan: Plan, out: Path, swept: list[str], finalists: l
     ))
 
 
-def main(plan_path: Path, repo: Path, out: Path, readme: Path | None, register: bool = False,
+def main(plan_path: Path, repo: Path, out: Path, page: Path | None, register: bool = False,
          screened_so_far: bool = False) -> dict:
     """`rarelm headline`: load the plan, run the rounds, write the outputs (register the winner);
     with `screened_so_far`, only the screening round's finished experiments, compared."""
     plan = Plan.load(plan_path)
     if screened_so_far:
         return so_far(repo, plan, out, log=lambda m: print(m, flush=True))
-    return headline(repo, plan, out, readme, log=lambda m: print(f"headline: {m}", flush=True),
+    return headline(repo, plan, out, page, log=lambda m: print(f"headline: {m}", flush=True),
                     register=register)
 

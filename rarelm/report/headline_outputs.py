@@ -1,5 +1,6 @@
 """The headline's outputs: both comparisons' reports, the exact-match figure, headline.json and
-README's table between the headline markers.
+the plan's tables between its markers on the results page (docs/results.md by default; README.md
+only links to that page, so a run never rewrites the front page).
 
 A run-level cell shows the mean over seeds and the change to the baseline's:
 
@@ -25,7 +26,7 @@ START, END = "<!-- headline:start -->", "<!-- headline:end -->"
 
 
 def markers(section: str) -> tuple[str, str]:
-    """README's markers around a plan's table.
+    """The results page's markers around a plan's tables.
 
     >>> markers("realtext-foldoc_en")
     ('<!-- realtext-foldoc_en:start -->', '<!-- realtext-foldoc_en:end -->')
@@ -141,8 +142,9 @@ def run_table(report: dict, insertion: str = "false_insertion_rate") -> str:
     return "\n".join(lines)
 
 
-def readme_section(result: dict, figure: str) -> str:
-    """README's section of a plan, markers included: the rules, the rounds' tables, the figure."""
+def results_section(result: dict, figure: str) -> str:
+    """The results page's section of a plan, markers included: the rules, the rounds' tables, the
+    figure (`figure`: its path relative to the page)."""
     plan, screened = result["plan"], result.get("screen") is not None
     insertion = plan.get("insertion_metric", "false_insertion_rate")  # older headline.json: the rate
     start, end = markers(plan.get("section", "headline"))
@@ -191,8 +193,9 @@ def _rules(plan: dict) -> str:
             "took no part in the choice.")
 
 
-def write_outputs(result: dict, out: Path, readme: Path | None) -> None:
-    """Both rounds' reports, the final round's exact-match figure, headline.json, README's section."""
+def write_outputs(result: dict, out: Path, page: Path | None) -> None:
+    """Both rounds' reports, the final round's exact-match figure, headline.json, and the plan's
+    section on the results page `page` (None: leave it alone)."""
     for name in ("screen", "final"):
         if result[name] is not None:  # no screening round in a fixed comparison
             (out / name).mkdir(parents=True, exist_ok=True)
@@ -202,12 +205,15 @@ def write_outputs(result: dict, out: Path, readme: Path | None) -> None:
         with atomic_file(out / FIGURE) as f:
             f.write(curve_svg(result["final"], plt))
     write_json(out / "headline.json", {k: v for k, v in result.items() if k not in ("screen", "final")})
-    if readme is not None:
+    if page is not None:
         start, end = markers(result["plan"].get("section", "headline"))
-        text = readme.read_text(encoding="utf-8")
+        try:
+            text = page.read_text(encoding="utf-8")
+        except OSError as e:
+            raise RarelmError(f"{page}: cannot read the results page ({e.strerror})") from None
         if start not in text or end not in text:
-            raise RarelmError(f"{readme}: no {start} ... {end} markers for the plan's table")
+            raise RarelmError(f"{page}: no {start} ... {end} markers for the plan's table")
         head, rest = text.split(start, 1)
         tail = rest.split(end, 1)[1]
-        with atomic_file(readme) as f:
-            f.write(head + readme_section(result, os.path.relpath(out / FIGURE, readme.parent)) + tail)
+        with atomic_file(page) as f:
+            f.write(head + results_section(result, os.path.relpath(out / FIGURE, page.parent)) + tail)

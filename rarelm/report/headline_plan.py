@@ -49,7 +49,7 @@ class Plan:
     screen_split: str = "val"  # the split the choice is made on
     final_split: str = "test"  # the split the finalists are confirmed on
     prefix: str = PREFIX  # experiment names: <prefix><configuration>-s<seed>
-    section: str = "headline"  # README's table sits between <!-- section:start --> and <!-- section:end -->
+    section: str = "headline"  # docs/results.md holds its tables between <!-- section:start/end -->
 
     @property
     def fixed(self) -> bool:
