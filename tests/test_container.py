@@ -1,6 +1,6 @@
 """The CUDA container: Dockerfile lint, install steps against pyproject.toml, compose file.
 
-No Docker engine runs on our machines, so these are static checks; README "Container" says how
+No Docker engine runs on our machines, so these are static checks; docs/container.md says how
 to build and run the image on a GPU host.
 """
 
@@ -79,7 +79,7 @@ def test_base_image_is_official_pytorch_cuda_runtime_matching_the_torch_pin(dock
                         r"(@sha256:[0-9a-f]{64})?", base), base
     assert [a for w, a in dockerfile if w == "FROM"] == ["${BASE_IMAGE}"]
     tag = base.split("@")[0]
-    assert tag in (REPO / "README.md").read_text(), "README must record the image tag"
+    assert tag in (REPO / "docs" / "container.md").read_text(), "docs/container.md must record the image tag"
 
 
 def test_image_installs_exactly_pyprojects_pinned_dependencies(dockerfile, pyproject, tmp_path):
@@ -175,9 +175,9 @@ def test_compose_runs_without_a_gpu_and_reserves_gpus_only_in_the_gpu_profile(co
     devices = gpu["deploy"]["resources"]["reservations"]["devices"]
     assert {"driver": "nvidia", "count": "all", "capabilities": ["gpu"]} in devices
     assert {k: v for k, v in gpu.items() if k not in ("profiles", "deploy")} == services["train"]
-    readme = (REPO / "README.md").read_text()
-    assert re.search(r"docker compose run --rm train-gpu\b", readme)
-    assert re.search(r"docker compose run --rm train +#", readme)
+    page = (REPO / "docs" / "container.md").read_text()
+    assert re.search(r"docker compose run --rm train-gpu\b", page)
+    assert re.search(r"docker compose run --rm train +#", page)
 
 
 def test_compose_training_service_has_shm_repo_and_tracking(compose, dockerfile):
