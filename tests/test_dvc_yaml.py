@@ -100,8 +100,8 @@ def uncovered_code(pipeline: Path, stages: dict, root: Path = REPO) -> dict[str,
 
 
 def unused_code_deps(pipeline: Path, stages: dict, root: Path = REPO) -> dict[str, list[str]]:
-    """Stage name -> its declared code deps (under a folder of its code: rarelm/, stages/) that hold no file of its import
-    closure: a stale entry, or a folder wider than the stage needs."""
+    """Stage name -> its declared code deps (under a folder of its code: rarelm/, stages/) that hold
+    no file of its import closure: a stale entry, or a folder wider than the stage needs."""
     unused = {}
     for name, stage in stages.items():
         module = stage_module(stage["cmd"])
@@ -162,7 +162,8 @@ def test_removing_a_core_file_dep_is_reported_for_every_stage_that_imports_it():
 
 def test_base_pipeline_deps_resolve_from_its_folder():
     stages = _stages("base/dvc.yaml")
-    assert declared_deps(REPO / "base/dvc.yaml", stages["train"])[:2] == ["base/params.yaml", "stages/__init__.py"]
+    train_deps = declared_deps(REPO / "base/dvc.yaml", stages["train"])
+    assert train_deps[:2] == ["base/params.yaml", "stages/__init__.py"]
     assert "rarelm/prepare/corpora.py" in declared_deps(REPO / "base/dvc.yaml", stages["corpus"])  # wdir: ..
     stages["train"]["deps"].remove("../rarelm/objectives")
     assert set(uncovered_code(REPO / "base/dvc.yaml", stages)) == {"train"}
@@ -192,7 +193,8 @@ def test_closure_follows_function_local_and_relative_imports(root):
 
 def test_check_names_the_uncovered_file_and_the_unused_dep(root):
     pipeline = root / "dvc.yaml"
-    stages = {"demo": {"cmd": "python -m stages.demo --flag", "deps": ["stages", "pkg/a.py", "pkg/unused.py"]},
+    stages = {"demo": {"cmd": "python -m stages.demo --flag",
+                       "deps": ["stages", "pkg/a.py", "pkg/unused.py"]},
               "shell": {"cmd": "echo no python here", "deps": ["pkg"]}}
     assert uncovered_code(pipeline, stages, root) == {"demo": ["pkg/__init__.py", "pkg/b.py"]}
     assert unused_code_deps(pipeline, stages, root) == {"demo": ["pkg/unused.py"]}
