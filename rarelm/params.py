@@ -180,7 +180,7 @@ class TrainParams:
 
     nproc: int = param(2, ge=1)
     # ddp: every rank holds the whole model and optimizer; fsdp: FSDP2 shards parameters,
-    # gradients and optimizer state over the ranks (needs >= 2 ranks; README "Model size")
+    # gradients and optimizer state over the ranks (needs >= 2 ranks; docs/multinode.md)
     strategy: Literal["ddp", "fsdp"] = "ddp"
     max_steps: int = param(1000, ge=0)  # 0: no step, the starting (pretrained) model saved as is
     batch_size: int = param(16, ge=1)  # micro-batch per process
