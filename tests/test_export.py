@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 
 import pytest
 
@@ -83,3 +85,14 @@ def test_no_room_for_a_prompt_is_an_error():
 def test_tokenizer_config_is_written_in_a_stable_order(folder):
     text = (folder / "tokenizer_config.json").read_text()
     assert text == json.dumps(json.loads(text), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def test_every_file_of_the_folder_is_readable_by_others(folder):
+    # save_pretrained (safetensors) writes model.safetensors 0600; complete() gives it a plain file's mode
+    umask = export.current_umask()
+    assert umask == os.umask(umask)  # read without changing it
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in folder.iterdir() if p.is_file()}
+    assert "model.safetensors" in modes and "README.md" in modes
+    assert set(modes.values()) == {0o666 & ~umask}
+    if umask == 0o022:
+        assert modes["model.safetensors"] == 0o644

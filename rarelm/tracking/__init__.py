@@ -17,6 +17,7 @@ current folder. `import mlflow` (~2 s) happens only when a run starts.
 - `ui`          the UI's link to the runs (`python -m rarelm.tracking ui-url`, `make ui`)
 - `registry`    registered versions and the `champion` alias (`rarelm register`, `rarelm champion`)
 - `release`     the git tag that lets `dvc artifacts get` find the model (`rarelm release`)
-- `export`      models/model as a complete Hugging Face folder with its model card
+- `export`      models/model as a complete Hugging Face folder (files 0644) with its model card
+- `card`        the model card (huggingface_hub's ModelCard): base model, data licence, eval results
 - `serving`     the MLflow model (a pyfunc) that serves models/model; imports nothing from rarelm
 """

@@ -8,7 +8,9 @@
   "left" (a prompt too long for the context keeps its end), a pad token (end-of-text) if none;
 - generation_config.json: `rarelm generate`'s sampling defaults (T 0.8, top-k 50, top-p 0.95)
   and a pad token id, so `model.generate(ids)` samples as `rarelm generate` does;
-- README.md: the model card (YAML metadata, data, params, metrics, intended use).
+- README.md: the model card (rarelm/tracking/card.py: huggingface_hub's ModelCard with the base
+  model, data licence, eval results, training and intended use);
+- every file readable by others (0644 under the usual umask): safetensors writes its weights 0600.
 
 Everything written is a function of params, data and the trained weights: no time, no
 absolute path, no run id, so `dvc repro` gives the same folder hash (rarelm.report.reprocheck).
@@ -24,17 +26,12 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
 
 from rarelm.errors import RarelmError
+from rarelm.tracking.card import model_card  # noqa: F401  (the card's own module; callers use export's name)
 
 # `rarelm generate`'s defaults (rarelm.evaluate.generate.Sampling), in transformers' GenerationConfig names
 SAMPLING = {"do_sample": True, "temperature": 0.8, "top_k": 50, "top_p": 0.95}
-# params shown in the model card: what decides the weights (tracking is about where they are logged)
-CARD_SECTIONS = ("seed", "alpha", "corpus", "tokenizer", "rare", "weights", "loss", "model", "train")
-# train metrics in the card: not the wall-clock ones (they differ from run to run)
-CARD_METRICS = ("steps", "tokens", "epochs", "parameters", "trainable_parameters", "loss", "ce",
-                "rare_ce", "val_ce", "val_ppl", "val_rare_ce", "precision")
 
 
 def keep_tokens(positions: int, max_new_tokens: int) -> int:
@@ -65,6 +62,33 @@ def complete(folder: str | Path, card: str) -> None:
     GenerationConfig(**SAMPLING, bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
                      pad_token_id=eos).save_pretrained(folder)
     (folder / "README.md").write_text(card, encoding="utf-8")
+    share(folder)
+
+
+def share(folder: str | Path) -> None:
+    """Give every file under `folder` the mode a plain write gives (0644 under umask 022).
+
+    safetensors (`save_pretrained`) writes model.safetensors 0600 (a private temporary file renamed
+    into place), so a model folder shared with others, served or pushed, had unreadable weights.
+    """
+    umask = current_umask()
+    for path in Path(folder).rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            path.chmod(0o666 & ~umask)
+
+
+def current_umask() -> int:
+    """The process's umask, read without changing it (Linux: /proc/self/status); elsewhere set and
+    restored at once (a file another thread creates in between would get mode 0666)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return umask
 
 
 def _complete_tokenizer(path: Path, context: int | None) -> None:
@@ -78,55 +102,3 @@ def _complete_tokenizer(path: Path, context: int | None) -> None:
         tokenizer["pad_token"] = tokenizer["eos_token"]
     path.write_text(json.dumps(tokenizer, indent=2, sort_keys=True, ensure_ascii=False) + "\n",
                     encoding="utf-8")
-
-
-def model_card(params, metrics: dict[str, Any], digests: dict[str, str]) -> str:
-    """README.md of the model folder: metadata for the hub, then data, params, metrics, use.
-
-    `params` is a rarelm.params.Params, `metrics` metrics/train.json's dict, `digests`
-    {data path: md5 from dvc.lock} (rarelm.tracking.datasets.dvc_hashes).
-    """
-    language = params.corpus.language if params.corpus.language != "auto" else "multilingual"
-    flat = {k: v for k, v in params.flat().items() if k.split(".")[0] in CARD_SECTIONS}
-    lines = ["---", "library_name: transformers", "pipeline_tag: text-generation",
-             f"language: {language}", "tags:", "- rarelm", "- rare-terms", "- causal-lm", "---", "",
-             "# rarelm model", "",
-             f"A GPT-2-style causal language model ({_value(metrics.get('parameters'))} parameters) "
-             f"trained by rarelm's `train` stage on `{_relative(params.corpus.path)}`, with "
-             f"rare-term remedies as the params below set them (sampler alpha {params.alpha:g}).", "",
-             "## Intended use", "",
-             "Research on how well a fine-tuned model writes rare domain terms, and on the remedies "
-             "compared by rarelm (sampling and loss reweighting). Not a general-purpose or production "
-             "model: it knows only its training corpus (the built-in demo corpus is synthetic).", "",
-             "## Use", "",
-             "```python",
-             "from transformers import pipeline",
-             "generate = pipeline(\"text-generation\", model=\"models/model\")",
-             "# samples with T 0.8, top-k 50, top-p 0.95 (generation_config.json); a prompt longer",
-             "# than the context keeps its last tokens with handle_long_generation=\"hole\"",
-             "generate(\"The patient was\", max_new_tokens=16, handle_long_generation=\"hole\")",
-             "```", "", "or `rarelm generate \"The patient was\" --model models/model`.", "",
-             "## Data", "", "| input | md5 (dvc.lock) |", "| --- | --- |"]
-    lines += [f"| `{path}` | `{md5}` |" for path, md5 in sorted(digests.items())] or ["| (not recorded) | |"]
-    lines += ["", "## Params", "", "| param | value |", "| --- | --- |"]
-    lines += [f"| `{key}` | `{_relative(value) if key == 'corpus.path' else _value(value)}` |"
-              for key, value in flat.items()]
-    lines += ["", "## Metrics (train stage)", "", "| metric | value |", "| --- | --- |"]
-    lines += [f"| `{key}` | {_value(metrics[key])} |" for key in CARD_METRICS if key in metrics]
-    lines += ["", "Evaluation metrics (perplexity by bucket, rare-term exact match) are in "
-              "`metrics/eval.json` and in the MLflow run of this model.", ""]
-    return "\n".join(lines)
-
-
-def _value(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    if isinstance(value, (list, dict)):
-        return json.dumps(value, ensure_ascii=False)
-    return str(value)
-
-
-def _relative(path: Any) -> str:
-    """A path as given, or only its name if absolute (the card travels with the model)."""
-    text = str(path)
-    return Path(text).name if os.path.isabs(text) else text
