@@ -22,6 +22,7 @@ from rarelm.report.occurrences import METRICS, align
 from rarelm.report.run_data import RunData, canonical, occurrence_key
 from rarelm.report.runs import load_run
 from rarelm.report.statistics import sign_test_p
+from rarelm.report.tables import markdown as compare_markdown
 from tests.conftest import assert_user_error, run, stage
 
 # The evaluate stage's per-occurrence rows for a synthetic model: 40 terms, 1-5 occurrences each, a
@@ -51,6 +52,7 @@ def occurrence_rows(seed, alpha, n_terms=40):
                          "prompt_tokens": 64, "expected": f" term {t:02d}",
                          "output": f" term {t:02d}" if hit else " something else",
                          "exact_match": hit, "exact_match_ci": hit, "first_token_hit": hit or noise < 0.3,
+                         "completion_match": hit or noise < 0.5,
                          "nll": round(0.2 + 3 * (1 - p), 4), "nll_sum": round(0.4 + 6 * (1 - p), 4),
                          "nll_per_char": round((0.4 + 6 * (1 - p)) / 8, 4),
                          "token_acc": 1.0 if hit else 0.5 if noise < 0.5 else 0.0,
@@ -164,18 +166,51 @@ def test_runs_of_other_data_or_mixed_baselines_are_refused():
 
 def test_a_metric_missing_in_a_run_is_left_out_and_slices_by_band():
     # older rows lack them
-    newer = ("exact_match_ci", "choice_rank", "nll_sum", "nll_per_char", "token_acc", "first_token_rr")
+    newer = ("exact_match_ci", "completion_match", "choice_rank", "nll_sum", "nll_per_char", "token_acc",
+             "first_token_rr")
     old = _run_data("old", 1, 0.7, [{k: v for k, v in r.items() if k not in newer}
                                      for r in GEN["occurrence_rows"](1, 0.7)])
     report = compare_runs([_run_data("base", 1, 0.0)], [old], n_boot=50)
-    assert report["metrics"] == ["exact_match", "first_token_acc", "nll"]
-    assert report["left_out"] == ["exact_match_ci", "choice_acc", "nll_per_char", "nll_per_term", "token_acc",
-                                  "first_token_rr"]
+    assert report["metrics"] == ["exact_match", "first_token_acc", "nll", "term_ppl"]  # term_ppl: from nll
+    assert report["left_out"] == ["exact_match_ci", "completion_match", "choice_acc", "nll_per_char",
+                                  "nll_per_term", "token_acc", "first_token_rr"]
     slices = list(dict.fromkeys(r["slice"] for r in report["rows"]))
     assert slices[:4] == ["all", "first mention", "repeat mention", "train_count<=15"]
-    assert slices[4:7] == ["band 0", "band 1", "band 2-3"]
+    assert slices[4:7] == ["seen 0-1", "seen 2-15", "seen 16+"]
+    assert slices[7:10] == ["band 0", "band 1", "band 2-3"]
     band = next(r for r in report["rows"] if r["slice"] == "band 0" and r["configuration"] == "baseline")
     assert band["occurrences"] == sum(1 + (7 * t) % 5 for t in range(40) if round(2 ** (t / 4)) - 1 == 0)
+
+
+def test_strata_rows_and_term_perplexity_from_the_nll_rows():
+    """Each train-count stratum (0-1, 2-15, 16+) is a slice of its own; term perplexity is exp of the
+    NLL per term token, its difference the relative change exp(diff) - 1, interval mapped the same way."""
+    base, other = _run_data("base", 1, 0.0), _run_data("a07", 1, 0.7)
+    report = compare_runs([base], [other], n_boot=100, seed=0)
+    counts = [round(2 ** (t / 4)) - 1 for t in range(40)]
+    occurrences = {"seen 0-1": 0, "seen 2-15": 0, "seen 16+": 0}
+    for t, count in enumerate(counts):
+        label = "seen 0-1" if count <= 1 else "seen 2-15" if count <= 15 else "seen 16+"
+        occurrences[label] += 1 + (7 * t) % 5
+    for name, n in occurrences.items():
+        row = next(r for r in report["rows"] if r["slice"] == name and r["metric"] == "exact_match"
+                   and r["configuration"] == "alpha=0.7" and r["aggregate"] == "occurrences")
+        assert row["occurrences"] == n and "diff_lo" in row, name
+    for slice_ in ("all", "seen 0-1"):
+        nll = next(r for r in report["rows"] if r["slice"] == slice_ and r["metric"] == "nll"
+                   and r["configuration"] == "alpha=0.7" and r["aggregate"] == "occurrences")
+        ppl = next(r for r in report["rows"] if r["slice"] == slice_ and r["metric"] == "term_ppl"
+                   and r["configuration"] == "alpha=0.7" and r["aggregate"] == "occurrences")
+        assert ppl["value"] == pytest.approx(np.exp(nll["value"]))
+        assert (ppl["diff"], ppl["diff_lo"], ppl["diff_hi"]) == pytest.approx(
+            tuple(np.expm1([nll["diff"], nll["diff_lo"], nll["diff_hi"]])))
+        assert ppl["p"] == nll["p"] and ppl["diff_is_relative"] is True
+    assert "term_ppl" in report["lower_is_better"]
+    table = compare_markdown(report)
+    line = next(x for x in table.splitlines() if "| term_ppl | all |" in x and x.startswith("| alpha=0.7"))
+    # the difference and its interval in percent
+    assert re.search(r"\| [+-]\d+\.\d% \| \[[+-]\d+\.\d%, [+-]\d+\.\d%\] \|", line), line
+    assert "| seen 16+ |" in table
 
 
 # ---------------------------------------------------------------- the CLI on real git + DVC

@@ -28,16 +28,21 @@ class Prompted:
 
 
 def _generate_text(model, tokenizer, prompts: list[list[int]], targets: list[str], n_first: list[int],
-                   eot_id: int, logit_bias=None) -> list[list[int]]:
+                   eot_id: int, logit_bias=None, heads: list[list[int]] | None = None) -> list[list[int]]:
     """Greedy tokens for each prompt, until the decoded text covers its target or cannot match it.
 
     Every row first gets n_first + 1 tokens; a row whose text is still a strict
     prefix of its target, in any case (the model wrote the term in more, smaller
     tokens than the document has), continues, up to 2 * n_first + 4 tokens in all.
+    `heads`: tokens given after each prompt as if the model had written them (the term's
+    first token, for the completion match); they count among the row's tokens and lead it.
     """
+    heads = heads or [[] for _ in prompts]
+    width = max(n + 1 - len(h) for n, h in zip(n_first, heads, strict=True))
+    led = [p + h for p, h in zip(prompts, heads, strict=True)]
     generated = [list(map(int, row)) for row in
-                 greedy_continue(model, prompts, max(n_first) + 1, eot_id, logit_bias).numpy()]
-    generated = [g[:n + 1] for g, n in zip(generated, n_first, strict=True)]
+                 greedy_continue(model, led, max(width, 1), eot_id, logit_bias).numpy()]
+    generated = [h + g[:n + 1 - len(h)] for g, h, n in zip(generated, heads, n_first, strict=True)]
     for _ in range(4):
         open_rows = []
         for i, (g, target) in enumerate(zip(generated, targets, strict=True)):
@@ -97,15 +102,39 @@ def evaluate_terms(model, tokenizer, documents: list[str], tokens: np.ndarray, o
         batch = [tasks[i] for i in order[b:b + batch_size]]
         generated = _generate_text(model, tokenizer, [t.prompt for t in batch], [t.expected for t in batch],
                                    [len(t.cover) for t in batch], eot_id, logit_bias)
+        completed = _complete(model, tokenizer, batch, generated, eot_id, logit_bias)
         scored = continuation_scores(model, [t.prompt for t in batch], [t.cover for t in batch], eot_id,
                                      logit_bias)
-        for i, task, output, (nll, rank) in zip(order[b:b + batch_size], batch, generated, scored,
-                                                strict=True):
+        for i, task, output, done, (nll, rank) in zip(order[b:b + batch_size], batch, generated, completed,
+                                                      scored, strict=True):
             choice = None if ranker is None else ranker.rank(task, float(nll.sum()))
             rows[i] = _row(tokenizer, split, task, terms[task.occurrence.term], output, nll, rank, choice,
-                           len(terms) if closed_set else None)
+                           len(terms) if closed_set else None, done)
         advance(len(batch))
     return rows
+
+
+def _complete(model, tokenizer, batch: list[Prompted], generated: list[list[int]], eot_id: int,
+              logit_bias=None) -> list[list[int]]:
+    """What the model writes when the term's first covering token is given after the prompt: that
+    token, then greedy tokens as `_generate_text` writes them.
+
+    Greedy decoding is deterministic, so where the model's own first token already is the term's
+    (first_token_hit), the completion is what it wrote: only the other rows are decoded again.
+    """
+    out = list(generated)
+    redo = [i for i, (t, g) in enumerate(zip(batch, generated, strict=True))
+            if g[0] != t.cover[0] and len(t.cover) > 1]
+    if redo:
+        again = _generate_text(model, tokenizer, [batch[i].prompt for i in redo],
+                               [batch[i].expected for i in redo], [len(batch[i].cover) for i in redo], eot_id,
+                               logit_bias, heads=[batch[i].cover[:1] for i in redo])
+        for i, g in zip(redo, again, strict=True):
+            out[i] = g
+    for i, t in enumerate(batch):
+        if len(t.cover) == 1 and out[i][0] != t.cover[0]:
+            out[i] = t.cover[:1]  # a one-token term: the given token is the whole term
+    return out
 
 
 def _prompted(o: term_search.Occurrence, tokens: np.ndarray, offsets: np.ndarray,
@@ -153,10 +182,16 @@ class ClosedSet:
 
 
 def _row(tokenizer, split: str, task: Prompted, term: term_search.Term, generated: list[int],
-         nll: np.ndarray, rank: np.ndarray, choice_rank: int | None, n_choices: int | None) -> dict:
-    """One occurrence's row of metrics/eval_occurrences.jsonl (its keys in this order)."""
+         nll: np.ndarray, rank: np.ndarray, choice_rank: int | None, n_choices: int | None,
+         completed: list[int]) -> dict:
+    """One occurrence's row of metrics/eval_occurrences.jsonl (its keys in this order).
+
+    `completion_match`: the text written after the prompt plus the term's first covering token
+    (`completed`, which starts with that token) starts with lead + term: the model spells the rest
+    of the term once it has begun it."""
     o, expected = task.occurrence, task.expected
     text = tokenizer.decode(generated, skip_special_tokens=False)
+    completion = tokenizer.decode(completed, skip_special_tokens=False)
     covered = tokenizer.decode(task.cover, skip_special_tokens=False)
     return {"split": split, "term": term.text, "train_count": term.count,
             "band": term_search.band_label(term.count), "mention": o.mention, "doc": o.doc,
@@ -165,6 +200,7 @@ def _row(tokenizer, split: str, task: Prompted, term: term_search.Term, generate
             "exact_match": text.startswith(expected),
             "exact_match_ci": text.casefold().startswith(expected.casefold()),
             "first_token_hit": bool(generated[0] == task.cover[0]),
+            "completion_match": completion.startswith(expected),
             "nll": float(nll.mean()),
             **continuous_figures(nll, rank, covered),
             "choice_rank": choice_rank, "n_choices": n_choices}

@@ -3,9 +3,24 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from rarelm.rare_terms import term_search
+
+# Train-count strata of the terms (issue 39): unseen or seen once (0-1: the model must spell a term it
+# has (almost) never been shown), rare (2-15), and common (16+). (label, key suffix, lowest, highest)
+STRATA = (("0-1", "0-1", 0, 1), ("2-15", "2-15", 2, 15), ("16+", "16_up", 16, None))
+
+
+def stratum(count: int) -> str:
+    """The train-count stratum label of a term seen `count` times in the train split.
+
+    >>> [stratum(c) for c in (0, 1, 2, 15, 16, 900)]
+    ['0-1', '0-1', '2-15', '2-15', '16+', '16+']
+    """
+    return next(label for label, _, lo, hi in STRATA if count >= lo and (hi is None or count <= hi))
 
 
 def _mean(values) -> float | None:
@@ -49,14 +64,28 @@ def em50_train_count(counts: np.ndarray, hits: np.ndarray) -> float | None:
     return float(2.0 ** crossing)
 
 
+def term_ppl(nll: float | None) -> float | None:
+    """Term perplexity: exp of the mean NLL per term token (mean over occurrences of each occurrence's
+    mean per covering token). Two occurrences of 2 and 1 tokens with NLL (ln 2, ln 8) and (ln 4):
+    per-token means ln 4 and ln 4, so the term perplexity is 4.
+
+    >>> term_ppl((math.log(16) / 2 + math.log(4)) / 2)
+    4.0
+    """
+    return None if nll is None else math.exp(nll)
+
+
 def _figures(rows: list[dict]) -> dict:
-    """Means over some rows: exact match (as written, and in any case), first-token accuracy,
-    NLL (per token, per term, per character), term-token accuracy, first-token reciprocal rank
-    and closed-set choice."""
+    """Means over some rows: exact match (as written, and in any case), completion exact match given
+    the first token, first-token accuracy, NLL (per token, per term, per character) and term perplexity,
+    term-token accuracy, first-token reciprocal rank and closed-set choice."""
+    nll = _mean(r["nll"] for r in rows)
     return {"exact_match": _mean(r["exact_match"] for r in rows),
+            "completion_match": _mean(r.get("completion_match") for r in rows),  # None: rows from before it
             "exact_match_ci": _mean(r.get("exact_match_ci") for r in rows),  # None: rows from before it
             "first_token_acc": _mean(r["first_token_hit"] for r in rows),
-            "nll": _mean(r["nll"] for r in rows),
+            "nll": nll,
+            "ppl": term_ppl(nll),
             "nll_per_term": _mean(r.get("nll_sum") for r in rows),
             "nll_per_char": _mean(r.get("nll_per_char") for r in rows),
             "token_acc": _mean(r.get("token_acc") for r in rows),
@@ -69,7 +98,10 @@ def term_metrics(rows: list[dict], n_terms: int, n_occurrences: int) -> dict:
 
     Each figure is a mean over occurrences; `*_macro` first averages each term's
     occurrences, then the terms. `_first` / `_repeat` split by mention type;
-    `_band_<lo-hi>` by the term's train count; `_le15` keeps terms seen <= 15 times.
+    `_band_<lo-hi>` by the term's train count; `_le15` keeps terms seen <= 15 times; `_seen_0-1`,
+    `_seen_2-15`, `_seen_16_up` are the strata of STRATA (terms unseen or seen once in train, 2-15
+    times, 16 times or more). `term_ppl` = exp(`term_nll`), the term perplexity;
+    `term_completion_match`: exact match when the term's first token is given (see term_generation).
     `term_exact_match_ci` is exact match compared case folded (" Pki" for " PKI").
     """
     def block(subset: list[dict], suffix: str) -> dict:
@@ -88,6 +120,8 @@ def term_metrics(rows: list[dict], n_terms: int, n_occurrences: int) -> dict:
     for mention in ("first", "repeat"):
         out.update(block([r for r in rows if r["mention"] == mention], f"_{mention}"))
     out.update(block([r for r in rows if r["train_count"] <= 15], "_le15"))
+    for label, suffix, _, _ in STRATA:
+        out.update(block([r for r in rows if stratum(r["train_count"]) == label], f"_seen_{suffix}"))
     for label, subset in _by_band(rows):
         figures = _figures(subset)
         out[f"term_exact_match_band_{label}"] = figures["exact_match"]

@@ -23,7 +23,7 @@ import numpy as np
 
 from rarelm.errors import RarelmError
 from rarelm.report.configurations import Configuration, group_runs
-from rarelm.report.occurrences import LOWER_IS_BETTER, METRICS, Occurrences, align, slices
+from rarelm.report.occurrences import DERIVED, LOWER_IS_BETTER, METRICS, Occurrences, align, slices
 from rarelm.report.run_data import RunData
 from rarelm.report.statistics import (
     Interval,
@@ -38,8 +38,8 @@ from rarelm.report.statistics import (
 )
 
 # eval.json figures with one value per run, shown with intervals over seeds
-RUN_METRICS = ("ppl", "ppl_frequent", "ppl_medium", "ppl_rare", "ppl_term", "false_insertion_rate",
-               "false_insertion_gen_per_1k", "false_insertion_start_mass")
+RUN_METRICS = ("ppl", "ppl_frequent", "ppl_medium", "ppl_rare", "ppl_term", "ppl_general",
+               "false_insertion_rate", "false_insertion_gen_per_1k", "false_insertion_start_mass")
 
 
 def compare(baseline: list[RunData], runs: list[RunData], metrics: Sequence[str] = tuple(METRICS),
@@ -62,6 +62,9 @@ def compare(baseline: list[RunData], runs: list[RunData], metrics: Sequence[str]
     weights = _all_seed_weights(configs, n_boot, seed)
     rows = [row for metric in available
             for row in _metric_rows(metric, configs, occ, named, masks, draws, counts, weights)]
+    derived = [name for name, source in DERIVED.items() if source in available]
+    rows += [exp_row(r, name) for name in derived for r in rows if r["metric"] == DERIVED[name]]
+    available = [*available, *derived]
     base = configs[0]
     return {
         "configurations": [{"label": c.label, "baseline": c is base, "seeds": c.seeds,
@@ -123,6 +126,25 @@ def _metric_rows(metric: str, configs: list[Configuration], occ: Occurrences,
                         row.update({"p": sign_test_p(b, c), "term_signs": [b, c]})
                 rows.append(row)
     return rows
+
+
+def exp_row(row: dict, metric: str) -> dict:
+    """A row of NLL per term token as term perplexity: value and interval exp(.), the difference as
+    the relative change exp(diff) - 1 with its interval (percentiles commute with a monotone map, so the
+    interval is the bootstrap's own); p and the term signs are the NLL's. `diff_is_relative` marks it.
+
+    >>> r = exp_row({"metric": "nll", "value": 1.0, "value_lo": 0.5, "value_hi": 2.0, "diff": -0.5,
+    ...              "diff_lo": -1.0, "diff_hi": 0.0}, "term_ppl")
+    >>> r["metric"], round(r["value"], 4), round(r["diff"], 4), round(r["diff_lo"], 4), r["diff_hi"]
+    ('term_ppl', 2.7183, -0.3935, -0.6321, 0.0)
+    """
+    out = {**row, "metric": metric, "diff_is_relative": True}
+    for key in ("value", "value_lo", "value_hi"):
+        out[key] = _num(math.exp(row[key])) if row.get(key) is not None else None
+    for key in ("diff", "diff_lo", "diff_hi", "pooled_lo", "pooled_hi"):
+        if key in row:
+            out[key] = _num(math.expm1(row[key])) if row[key] is not None else None
+    return out
 
 
 def _all_seed_weights(configs: list[Configuration], n_boot: int, seed: int) -> dict[int, np.ndarray]:

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from rarelm.errors import RarelmError
+from rarelm.evaluate.term_metrics import STRATA, stratum
 from rarelm.rare_terms.term_search import band_label
 from rarelm.report.configurations import Configuration
 from rarelm.report.run_data import RunData, occurrence_key
@@ -29,6 +30,8 @@ LOW_COUNT = 15  # "rare" terms for the headline slice: seen at most this often i
 METRICS: dict[str, tuple[str, Any]] = {
     "exact_match": ("exact_match", lambda v: float(bool(v))),
     "exact_match_ci": ("exact_match_ci", lambda v: float(bool(v))),  # compared case folded
+    # the rest of the term written after the prompt + its first token (rarelm.evaluate.term_generation)
+    "completion_match": ("completion_match", lambda v: float(bool(v))),
     "first_token_acc": ("first_token_hit", lambda v: float(bool(v))),
     "nll": ("nll", float),
     "choice_acc": ("choice_rank", lambda v: float(int(v) == 1)),
@@ -37,8 +40,11 @@ METRICS: dict[str, tuple[str, Any]] = {
     "token_acc": ("token_acc", float),  # share of the term's tokens predicted top-1 (teacher forced)
     "first_token_rr": ("first_token_rr", float),  # reciprocal rank of the first term token
 }
-LOWER_IS_BETTER = {"nll", "nll_per_char", "nll_per_term"}
-MAIN_SLICES = ("all", "first mention", "repeat mention", f"train_count<={LOW_COUNT}")
+# term perplexity: exp of `nll` (per term token), not a field of its own: compare derives its rows
+DERIVED = {"term_ppl": "nll"}
+LOWER_IS_BETTER = {"nll", "nll_per_char", "nll_per_term", "term_ppl"}
+STRATUM_SLICES = tuple(f"seen {label}" for label, *_ in STRATA)  # train-count strata, unseen included
+MAIN_SLICES = ("all", "first mention", "repeat mention", f"train_count<={LOW_COUNT}", *STRATUM_SLICES)
 
 
 @dataclasses.dataclass
@@ -113,13 +119,16 @@ def _band(row: dict) -> str:
 
 
 def slices(occ: Occurrences) -> list[tuple[str, np.ndarray]]:
-    """(name, mask) of every slice reported: all, per mention type, train_count <= 15, per band."""
+    """(name, mask) of every slice reported: all, per mention type, train_count <= 15, the strata
+    (seen 0-1, 2-15, 16+ times in train), per band."""
     out = [("all", np.ones(len(occ.keys), dtype=bool))]
     for kind in ("first", "repeat"):
         mask = occ.mention == kind
         if mask.any():
             out.append((f"{kind} mention", mask))
     out.append((f"train_count<={LOW_COUNT}", occ.train_count <= LOW_COUNT))
+    strata = np.array([stratum(int(c)) for c in occ.train_count], dtype=object)
+    out.extend((f"seen {label}", strata == label) for label, *_ in STRATA if (strata == label).any())
     bands = sorted(set(occ.band), key=lambda b: occ.train_count[occ.band == b].min())
     out.extend((f"band {b}", occ.band == b) for b in bands)
     return out

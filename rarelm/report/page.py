@@ -17,7 +17,7 @@ from typing import Any
 from rarelm.files import atomic_file, write_json
 from rarelm.fmt import four_decimals, p_value
 from rarelm.report.occurrences import LOWER_IS_BETTER
-from rarelm.report.tables import RUN_HEADER, ci, main_rows, markdown, over, rests_on, run_table
+from rarelm.report.tables import RUN_HEADER, ci, diff_cell, main_rows, markdown, over, rests_on, run_table
 
 PPL_KEYS = ("ppl_frequent", "ppl_medium", "ppl_rare", "ppl_term")
 
@@ -105,10 +105,10 @@ def _table_bodies(report: dict) -> tuple[list[list], list[list], list[list]]:
                for r in report["rows"] if r["aggregate"] == "occurrences"
                and r["slice"] in ("first mention", "repeat mention")]
     diffs = [[r["configuration"], r["seeds"], r["terms"], r["metric"], over(r), four_decimals(r["value"]),
-              four_decimals(r.get("diff"), True) if "diff" in r else "", ci(r), p_value(r.get("p"))]
+              diff_cell(r) if "diff" in r else "", ci(r), p_value(r.get("p"))]
              for r in main_rows(report)]
     pooled = [[r["configuration"], r["seeds"], r["terms"], r["metric"], over(r),
-               four_decimals(r["diff"], True), ci(r), ci(r, "pooled")]
+               diff_cell(r), ci(r), ci(r, "pooled")]
               for r in main_rows(report) if "diff" in r]
     return mention, diffs, pooled
 

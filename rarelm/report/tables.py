@@ -27,10 +27,25 @@ def main_rows(report: dict) -> list[dict]:
 
 
 def ci(row: dict, prefix: str = "diff") -> str:
+    """The row's 95% interval; a relative difference (term perplexity: compare.exp_row) in percent.
+
+    >>> row = {"diff_lo": -0.5, "diff_hi": 0.25}
+    >>> ci({**row, "diff_is_relative": True}), ci(row)
+    ('[-50.0%, +25.0%]', '[-0.5000, +0.2500]')
+    """
     if row.get(f"{prefix}_lo") is None:
         return ""
+    if prefix != "value" and row.get("diff_is_relative") is True:
+        return f"[{row[f'{prefix}_lo']:+.1%}, {row[f'{prefix}_hi']:+.1%}]"
     signed = prefix != "value"
     return f"[{four_decimals(row[f'{prefix}_lo'], signed)}, {four_decimals(row[f'{prefix}_hi'], signed)}]"
+
+
+def diff_cell(row: dict) -> str:
+    """The difference to the baseline: relative (in percent) where the row says so."""
+    if row.get("diff") is None:
+        return ""
+    return f"{row['diff']:+.1%}" if row.get("diff_is_relative") is True else four_decimals(row["diff"], True)
 
 
 def rests_on(report: dict) -> str:
@@ -101,7 +116,7 @@ def markdown(report: dict) -> str:
     lines += ["| configuration | seeds | terms | metric | over | value | diff vs baseline | 95% CI | p |",
               "| --- | ---: | ---: | --- | --- | ---: | ---: | --- | ---: |"]
     for r in main_rows(report):
-        diff = four_decimals(r["diff"], True) if "diff" in r else ""
+        diff = diff_cell(r) if "diff" in r else ""
         lines.append(f"| {r['configuration']} | {r['seeds']} | {r['terms']} | {r['metric']} | {over(r)} | "
                      f"{four_decimals(r['value'])} | {diff} | {ci(r)} | {p_value(r.get('p'))} |")
     lines += band_table(report)
