@@ -150,6 +150,32 @@ def test_term_rows_are_exact():
     assert (m["n_eval_term_types"], m["n_term_occurrences"], m["n_terms"]) == (5, 5, 6)
 
 
+def test_completion_match_given_the_first_token_and_strata():
+    """The term's first token given after the prompt, the bigram model writes on (a+1, a+2, ...); the
+    strata 0-1 / 2-15 / 16+ by train count, each with its term perplexity exp(mean NLL per token)."""
+    # the occurrences given, so that how the search finds them does not matter here:
+    # (term, doc, char_start, split positions [start, end) of the covering tokens)
+    found = [(0, 0, 3, 3, 5), (1, 1, 0, 6, 8), (2, 0, 0, 0, 3), (3, 2, 0, 11, 13), (5, 0, 2, 2, 4)]
+    per_term = [[] for _ in TERMS]
+    for term, doc, char, start, end in found:
+        per_term[term].append(Occurrence(term, doc, char, start, end, "", "first", TERMS[term].text))
+    rows = evaluate_terms(bigram(), char_tokenizer(), DOCS, TOKENS, OFFSETS, TERMS, max_terms=100,
+                          context_tokens=2, batch_size=2, eot_id=0, closed_set=False, per_term=per_term)
+    # 五六: 五 given, then 六七: match; 四五: 四 given, then 五六: match; 一二三: its own first token
+    # was right, so what it wrote (一二三四) is the completion; 六六: 六 given, then 七: no; 三五: 三四五: no
+    assert [(r["term"], r["completion_match"]) for r in rows] == [
+        ("五六", True), ("四五", True), ("一二三", True), ("六六", False), ("三五", False)]
+    m = term_metrics(rows, n_terms=len(TERMS), n_occurrences=5)
+    assert m["term_completion_match"] == 3 / 5 and m["term_exact_match"] == 1 / 5
+    assert m["term_ppl"] == pytest.approx(2 ** (13 / 5), rel=1e-6)  # bits per token 1.5 2.5 1 6.5 1.5
+    # 0-1: 四五 (seen once; 2.5 bits a token) and 六六 (unseen; 6.5); 2-15: 五六 (10), 一二三 (3), 三五 (5)
+    assert [m[f"n_eval_terms_seen_{s}"] for s in ("0-1", "2-15", "16_up")] == [2, 3, 0]
+    assert m["term_ppl_seen_0-1"] == pytest.approx(2 ** 4.5, rel=1e-6)
+    assert m["term_ppl_seen_2-15"] == pytest.approx(2 ** (4 / 3), rel=1e-6)
+    assert (m["term_completion_match_seen_0-1"], m["term_completion_match_seen_2-15"]) == (1 / 2, 2 / 3)
+    assert m["term_ppl_seen_16_up"] is None and m["term_exact_match_seen_16_up"] is None
+
+
 def test_continuous_term_metrics_are_exact():
     """Three occurrences; the covering tokens' bits and ranks after each prompt, by hand (rank = bits)."""
     rows = evaluate_terms(bigram(), char_tokenizer(), DOCS, TOKENS, OFFSETS, TERMS, max_terms=3,
