@@ -44,12 +44,17 @@ test: lint  ## lint (ruff), then the test suite
 lint: $(VENV)/.installed-dev  ## ruff on the code, tests and benchmarks
 	$(BIN)/ruff check rarelm stages tests bench
 
-# `dvc exp show` has ~300 columns; these <= 15 are the summary (MLflow's `summary/` family) and
-# the params that experiments vary. Column names that two files share carry the file (params.yaml:alpha).
-SHOW_METRICS := term_nll_per_char|term_token_acc|term_exact_match|term_exact_match_le15|false_insertion_rate|ppl|ppl_frequent|em50_train_count|tokens_per_s
-SHOW_PARAMS := params\.yaml:alpha|loss\.rare_weight|loss\.targets|seed|train\.max_steps
-show: $(VENV)/.installed  ## dvc exp show, the summary columns only (<= 15)
-	dvc exp show --no-pager --drop '.*' --keep '^(Experiment|$(SHOW_METRICS)|$(SHOW_PARAMS))$$'
+# `dvc exp show` has ~360 columns; these fit 160: the summary metrics (MLflow's `summary/` family)
+# first, then every param that differs between the rows, whole (rarelm/report/exp_table.py).
+show: $(VENV)/.installed  ## summary metrics of the workspace, HEAD and its experiments, then the params they vary
+	@python -m rarelm.report.exp_table show
+
+# Two experiments or git revisions (A defaults to HEAD, B to the workspace); `dvc exp diff A B --all`
+# has every metric.
+.PHONY: diff
+A ?= HEAD
+diff: $(VENV)/.installed  ## summary metrics of two experiments or revs side by side: make diff A=<exp|rev> B=<exp|rev>
+	@python -m rarelm.report.exp_table diff $(A) $(B)
 
 ui: $(VENV)/.installed  ## MLflow UI on the local store, loopback only
 	@python -m rarelm.tracking ui-url sqlite:///$(CURDIR)/mlflow.db  # the runs table, not the GenAI view

@@ -157,21 +157,3 @@ def test_every_plot_has_a_title_and_bucket_perplexity_a_log_axis(repo):
     assert ours.pop("description") and ours["encoding"]["x"].pop("scale") == {"type": "log"}
     assert builtin["encoding"]["x"].pop("scale") == {"zero": False} and ours == builtin
 
-
-def test_make_show_is_a_dvc_exp_show_of_at_most_15_columns(repo):
-    """`make show`'s column filter (read from the Makefile) on this repo's committed metrics."""
-    import re
-
-    from tests.conftest import REPO
-
-    makefile = (REPO / "Makefile").read_text()
-    columns = {name: re.search(rf"^{name} := (.+)$", makefile, re.M).group(1)
-               for name in ("SHOW_METRICS", "SHOW_PARAMS")}
-    keep = f"^(Experiment|{columns['SHOW_METRICS']}|{columns['SHOW_PARAMS']})$"
-    assert "--keep '^(Experiment|$(SHOW_METRICS)|$(SHOW_PARAMS))$$'" in makefile
-    shown = run(["dvc", "exp", "show", "--no-pager", "--drop", ".*", "--keep", keep, "--csv"], REPO,
-                check=True).stdout.splitlines()
-    header = shown[0].split(",")
-    assert len(header) <= 15 and header[0] == "Experiment"
-    assert {"term_nll_per_char", "term_token_acc", "term_exact_match", "term_exact_match_le15", "ppl",
-            "ppl_frequent", "em50_train_count", "tokens_per_s", "params.yaml:alpha", "seed"} <= set(header)
