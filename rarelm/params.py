@@ -97,6 +97,9 @@ class RareParams:
     max_documents: int = param(10_000, ge=1)  # TF-IDF on at most this many (evenly spread) documents
     glossary: str = ""  # optional user glossary, one term per line (UTF-8); always kept
     chunk_tokens: int = param(4_000_000, ge=1024)  # tokens counted per chunk (bounds memory)
+    # TF-IDF also sees the val and test documents (train counts stay train-only), so terms that the
+    # train split never holds can be tested (the "seen 0-1" stratum); false: train documents only
+    tfidf_all_splits: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,6 +201,9 @@ class TrainParams:
     eval_batches: int = param(8, ge=1)  # val batches of batch_size per evaluation
     checkpoint_every: int = param(100, ge=1)
     max_restarts: int = param(0, ge=0)
+    # stop after this many validations (every eval_every steps) without a lower val_ce; 0 = off
+    early_stop_patience: int = param(0, ge=0)
+    keep_best: bool = False  # save the weights of the validation with the lowest val_ce, not the last
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,6 +228,9 @@ class EvalParams:
     # post-hoc logit adjustment: logits - tau * log prior (train unigram) wherever the model's
     # next-token distribution is used (scores, generation); 0 = the model as trained
     logit_adjust_tau: float = param(0.0, ge=0.0, le=100.0)
+    # general text held out from the base model's pretraining (data/general/<lang>.txt, one document
+    # a line) scored as `ppl_general`, the forgetting guard; "" = off
+    general_text: str = ""
 
     def __post_init__(self) -> None:
         allowed = ("train", "val", "test")
