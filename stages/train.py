@@ -15,13 +15,16 @@ metrics/train.json and plots/train.csv; checkpoints go to .cache/train/<key>/.
 
 import logging
 import os
+import sys
+import tempfile
 import time
 from pathlib import Path
 
 import typer
 
 from rarelm import paths
-from rarelm.errors import RarelmError, disk_error, user_errors
+from rarelm.errors import (ERROR_DIR_ENV, error_line, first_worker_error, leave_for_launcher,
+                           user_errors)
 from rarelm.params import load_params
 
 app = typer.Typer(add_completion=False, help=__doc__)
@@ -47,14 +50,33 @@ def _launch(nproc: int, max_restarts: int, argv: list[str]) -> int:
     args = get_args_parser().parse_args(
         ["--standalone", "--nproc-per-node", str(nproc), "--max-restarts", str(max_restarts),
          "-m", "stages.train", *argv])
-    try:
-        run(args)
-    except ChildFailedError as exc:
-        code = exc.get_first_failure()[1].exitcode
-        return code if code > 0 else 128 - code  # killed by signal N: 128 + N, like a shell
-    except SignalException as exc:  # SIGTERM/SIGINT: torchrun has stopped the workers
-        return 128 + int(exc.sigval)
+    # The workers leave their one-line errors here and this launcher prints the first rank's:
+    # torchrun stops all workers once one fails, often before rank 0 has printed anything.
+    with tempfile.TemporaryDirectory(prefix="rarelm-train-errors-") as folder:
+        os.environ[ERROR_DIR_ENV] = folder
+        try:
+            run(args)
+        except ChildFailedError as exc:
+            if line := first_worker_error(Path(folder)):
+                print(line, file=sys.stderr, flush=True)
+            code = exc.get_first_failure()[1].exitcode
+            return code if code > 0 else 128 - code  # killed by signal N: 128 + N, like a shell
+        except SignalException as exc:  # SIGTERM/SIGINT: torchrun has stopped the workers
+            return 128 + int(exc.sigval)
+        finally:
+            os.environ.pop(ERROR_DIR_ENV, None)
     return 0
+
+
+def _peer_gone(exc: BaseException) -> bool:
+    """Whether a collective failed because another worker ended (gloo: its connection closed).
+
+    >>> _peer_gone(RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:4509."))
+    True
+    """
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and any(
+        s in text for s in ("Connection closed by peer", "Connection reset by peer"))
 
 
 @app.command()
@@ -75,6 +97,7 @@ def train(
     from rarelm.train.checkpoint import signing_key
     from rarelm.train.dist import EveryRankError
     from rarelm.train.inputs import Paths, load_inputs
+    from rarelm.train.model import check_pretrained
     from rarelm.train.report import summary
     from rarelm.train.sharding import check_world_size
 
@@ -87,7 +110,9 @@ def train(
             check_world_size(params.train.strategy, params.train.nproc)
             lora.check(params.model)  # before the workers: one line, not a race of them
         if not worker and params.train.nproc > 1:
-            load_inputs(params, paths)  # bad inputs: one line from here, not one per worker
+            inputs = load_inputs(params, paths)  # bad inputs: one line from here, not per worker
+            if params.model.name_or_path:  # what every worker would refuse, refused once here
+                check_pretrained(params.model, inputs.data)
             signing_key(cache)  # a key others can read or wrote: refused here, once
             argv = ["--params", str(params_file), "--tokenized", str(tokenized), "--rare", str(rare),
                     "--weights", str(weights), "--out", str(out), "--metrics", str(metrics),
@@ -99,8 +124,12 @@ def train(
 
             result = run_training(params, paths, progress=progress)
         except Exception as exc:  # a bad input or a full disk: rank 0 says it once for everyone
-            if int(os.environ.get("RANK", "0")) != 0 and (isinstance(exc, RarelmError)
-                                                         or disk_error(exc) is not None):
+            line = error_line("train", exc)
+            if os.environ.get(ERROR_DIR_ENV) and _peer_gone(exc):  # the rank that ended first
+                raise typer.Exit(2) from None  # says why (its line, or its traceback if a bug)
+            if int(os.environ.get("RANK", "0")) != 0 and line is not None:
+                if os.environ.get(ERROR_DIR_ENV):  # our launcher prints the lowest rank's line
+                    leave_for_launcher(Path(os.environ[ERROR_DIR_ENV]), line)
                 if isinstance(exc, EveryRankError):  # rank 0 raised it too: let it say so first
                     time.sleep(EVERY_RANK_WAIT_S)  # (torchrun stops this worker when rank 0 exits)
                 raise typer.Exit(2) from None

@@ -833,3 +833,93 @@ def _catch(errors: list, fn, *args) -> None:
         fn(*args)
     except Exception as e:  # noqa: BLE001 - handed to the test's thread to assert on
         errors.append(e)
+
+
+# ------------------------------------------- worker errors at the default train.nproc 2
+#
+# The tiny corpus through `weights` with model.block_size 32 (seconds), built once; a test copies
+# nothing: it runs `python -m stages.train` there with its own params file and output paths.
+
+@pytest.fixture(scope="session")
+def upto_weights(tmp_path_factory, tiny_raw) -> Path:
+    def build(folder: Path) -> Path:
+        root = copy_repo(folder / "repo", tiny_raw)
+        set_params(root, **{"model.block_size": 32, "train.max_steps": 2})
+        run(["dvc", "repro", "weights"], root, check=True)
+        return root
+
+    return built_once(tmp_path_factory, "upto_weights", build)
+
+
+def tiny_pretrained(root: Path, dest: Path, positions: int = 64) -> Path:
+    """A 1-layer GPT-2 with the pipeline's tokenizer, saved as `save_pretrained` saves it."""
+    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
+
+    from rarelm.artifacts.tokenized import TokenizedData
+
+    data = TokenizedData.open(root / "data/tokenized")
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=data.vocab_size,
+                               n_positions=positions, bos_token_id=data.eot_id,
+                               eos_token_id=data.eot_id)).save_pretrained(dest)
+    AutoTokenizer.from_pretrained(data.tokenizer_dir).save_pretrained(dest)
+    return dest
+
+
+def train_stage(root: Path, tmp_path: Path, **overrides) -> subprocess.CompletedProcess:
+    """`python -m stages.train` on root's inputs with root's params + overrides; outputs under tmp_path."""
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    set_params(tmp_path, **overrides)
+    return stage("train", root, "--params", str(tmp_path / "params.yaml"),
+                 "--out", str(tmp_path / "model"), "--metrics", str(tmp_path / "train.json"),
+                 "--plots", str(tmp_path / "train.csv"), "--cache", str(tmp_path / "cache"),
+                 "--no-progress", env={"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'm.db'}"})
+
+
+def _fewer_positions(root: Path, folder: Path) -> None:
+    tiny_pretrained(root, folder, positions=16)
+
+
+def _other_tokenizer(root: Path, folder: Path) -> None:
+    tiny_pretrained(root, folder)
+    vocab = json.loads((folder / "tokenizer.json").read_text())
+    first = next(iter(vocab["model"]["vocab"]))
+    vocab["model"]["vocab"]["zz-not-ours"] = vocab["model"]["vocab"].pop(first)
+    (folder / "tokenizer.json").write_text(json.dumps(vocab))
+
+
+def _config_not_the_weights(root: Path, folder: Path) -> None:
+    tiny_pretrained(root, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "n_embd": 32}))
+
+
+def _bin_weights_not_the_config(root: Path, folder: Path) -> None:
+    """As above in a pytorch_model.bin, whose shapes only the load sees: refused on the workers."""
+    import torch
+    from safetensors.torch import load_file
+
+    _config_not_the_weights(root, folder)
+    torch.save(load_file(folder / "model.safetensors"), folder / "pytorch_model.bin")
+    (folder / "model.safetensors").unlink()
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (_fewer_positions, "model.block_size = 32 is not allowed (must be <= 16, the positions "),
+    (_other_tokenizer, "tokens) is not the one tokenize used ("),
+    (_config_not_the_weights, "its weights do not match its config.json (transformer."),
+    (_bin_weights_not_the_config, "cannot load the model weights (their shapes are not those of "
+                                  "config.json)"),
+], ids=["positions", "tokenizer", "config-safetensors", "config-bin-on-workers"])
+def test_a_pretrained_model_every_rank_refuses_is_one_line_at_nproc_2(upto_weights, tmp_path, make,
+                                                                    message):
+    """Was: exit 2 and no message at all at nproc 2 (torchrun stopped rank 0 before it printed),
+    or a 22-line transformers report. Now the launcher checks what every rank would refuse before
+    torchrun starts, and prints the first rank's line of an error raised on the workers."""
+    make(upto_weights, tmp_path / "pretrained")
+    result = train_stage(upto_weights, tmp_path, **{"model.name_or_path": str(tmp_path / "pretrained"),
+                                                   "train.nproc": 2})
+    line = assert_one_line_error(result, "rarelm train: error: ", message)
+    assert result.returncode == 2, line
+    assert not any((tmp_path / name).exists() for name in ("model", "train.json", "train.csv"))
+    assert not list(tmp_path.glob("cache/*/step-*"))

@@ -83,6 +83,39 @@ def build_model(params: ModelParams, data: TokenizedData):
 
 def load_pretrained(params: ModelParams, data: TokenizedData):
     """The pretrained causal LM in params.name_or_path (folder or cached hub id), checked against the data."""
+    from transformers import AutoModelForCausalLM  # lazy: see the top
+
+    key, name, path = KEY, params.name_or_path, pretrained(params).path
+    check_pretrained(params, data)
+    from transformers.utils import logging as hf_logging  # lazy: see the top
+
+    hf_logging.disable_progress_bar()  # no "Loading weights" bar per worker in the stage's log
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # a refused load is our one line, not its 20-line report
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            path, local_files_only=True, dtype=torch.float32, attn_implementation=attention())
+    except ValueError:  # an architecture without sdpa support: its default attention
+        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True,
+                                                     dtype=torch.float32)
+    except Exception as exc:
+        why = ("their shapes are not those of config.json" if "ignore_mismatched_sizes" in str(exc)
+               else _short(exc))  # (the report it refers to is silenced above)
+        raise RarelmError(f"{key}: {name}: cannot load the model weights ({why})") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    rows = model.get_input_embeddings().num_embeddings
+    if rows < data.vocab_size:
+        raise RarelmError(f"{key}: {name} has {rows} embedding rows, fewer than the "
+                          f"tokenizer's {data.vocab_size} tokens")
+    return model
+
+
+def check_pretrained(params: ModelParams, data: TokenizedData) -> None:
+    """Refuse, in one line, a pretrained model that every training worker would refuse: no
+    loadable config, not a causal LM, another tokenizer, fewer positions than model.block_size,
+    safetensors weights whose shapes are not the config's. Reads config, tokenizers and weight
+    headers, not the weights: the train launcher runs it once before starting the workers."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # lazy: see the top
 
     key, name, path = KEY, params.name_or_path, pretrained(params).path
@@ -105,27 +138,43 @@ def load_pretrained(params: ModelParams, data: TokenizedData):
             f"{key}: {name}'s tokenizer ({len(theirs)} tokens) is not the one tokenize used "
             f"({len(ours)} tokens, first difference {differ}); set tokenizer.name_or_path "
             f"to {name} and re-run tokenize")
-    from transformers.utils import logging as hf_logging  # lazy: see the top
-
-    hf_logging.disable_progress_bar()  # no "Loading weights" bar per worker in the stage's log
-    try:
-        model = AutoModelForCausalLM.from_pretrained(
-            path, local_files_only=True, dtype=torch.float32, attn_implementation=attention())
-    except ValueError:  # an architecture without sdpa support: its default attention
-        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True,
-                                                     dtype=torch.float32)
-    except Exception as exc:
-        raise RarelmError(f"{key}: {name}: cannot load the model weights ({_short(exc)})") from None
-    rows = model.get_input_embeddings().num_embeddings
-    if rows < data.vocab_size:
-        raise RarelmError(f"{key}: {name} has {rows} embedding rows, fewer than the "
-                          f"tokenizer's {data.vocab_size} tokens")
-    positions = getattr(model.config, "max_position_embeddings", None) or getattr(
-        model.config, "n_positions", None)
+    positions = getattr(config, "max_position_embeddings", None) or getattr(
+        config, "n_positions", None)
     if positions is not None and params.block_size > positions:
         raise RarelmError(f"params: model.block_size = {params.block_size} is not allowed "
                           f"(must be <= {positions}, the positions {name} was trained with)")
-    return model
+    _check_weight_shapes(path, config, name)
+
+
+def _check_weight_shapes(path: Path, config, name: str) -> None:
+    """Refuse safetensors weights whose shapes differ from what config.json builds (transformers
+    would print a report of every tensor, then raise). The model is built on the meta device:
+    shapes only, no memory. Other weight formats are left to the load."""
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM  # lazy: see the top
+
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        return
+    with torch.device("meta"):
+        empty = AutoModelForCausalLM.from_config(config)
+    expected = {k: tuple(v.shape) for k, v in empty.state_dict().items()}
+    prefix = f"{empty.base_model_prefix}."  # weights saved from the bare model lack it
+    for file in files:
+        try:
+            with safe_open(str(file), "pt") as weights:
+                for tensor in weights.keys():
+                    want = expected.get(tensor, expected.get(prefix + tensor))
+                    have = tuple(weights.get_slice(tensor).get_shape())
+                    if want is not None and have != want:
+                        raise RarelmError(
+                            f"{KEY}: {name}: its weights do not match its config.json ({tensor} is "
+                            f"{list(have)} in {file.name}, {list(want)} by the config); use the "
+                            "config the weights were saved with")
+        except RarelmError:
+            raise
+        except Exception as exc:  # a truncated or foreign file
+            raise RarelmError(f"{KEY}: {name}: cannot read {file.name} ({_short(exc)})") from None
 
 
 def pretrained(params: ModelParams) -> Pretrained:
