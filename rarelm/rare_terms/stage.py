@@ -52,7 +52,11 @@ def rare_terms(params, reference_glossary: str, prepared_dir: Path, tokenized_di
     language = stats["language"]
     documents = training_documents(prepared_dir, stats["train"]["documents"], params.max_documents)
     segmenter = Segmenter(language, glossary)
-    extracted = tfidf_terms(documents, segmenter, params.ngram_max, params.min_df, params.max_df,
+    # rare.tfidf_all_splits: val/test documents may contribute terms (unseen in train: the "seen 0-1"
+    # stratum of evaluate); every term's count stays the train split's (add_occurrences)
+    held_out = [d for split in ("val", "test") for d in read_split(prepared_dir, split)] \
+        if params.tfidf_all_splits else []
+    extracted = tfidf_terms(documents + held_out, segmenter, params.ngram_max, params.min_df, params.max_df,
                             params.min_count, params.min_mean_tf, params.top_k)
     table = term_table(count_phrases(documents, segmenter, glossary, len(documents)), extracted)
 
