@@ -89,3 +89,10 @@ def test_demo_extraction_f1(tmp_path, language, found):
                                read_reference(REPO / f"data/raw/demo_{language}.glossary.tsv"))
     assert (scores["true_positives"], scores["extracted"]) == found
     assert round(scores["f1"], 3) >= 0.99
+
+
+def test_a_single_han_character_is_no_tfidf_term():
+    docs = ["状态 键 键 键 状态 状态", "文件 文件", "目录 目录"]
+    terms = tfidf_terms(docs, Segmenter("zh"), ngram_max=1, min_df=1, max_df=1.0,
+                        min_count=2, min_mean_tf=1.0, top_k=10)
+    assert "键" not in [t.term for t in terms] and "状态" in [t.term for t in terms]

@@ -18,6 +18,10 @@ from rarelm.errors import RarelmError
 class Term:
     text: str  # as shown: its display form (any case finds it)
     count: int  # occurrences in the train split (how rare the term is)
+    source: str = "tfidf"  # glossary | tfidf: glossary terms are whole words in Chinese segmentation
+    # a Chinese corpus's term: found only on jieba's word boundaries, never inside a longer word
+    # (rarelm/rare_terms/term_search.py); terms.jsonl's "han_words", absent = false
+    han_words: bool = False
 
 
 def load_terms(path: str | Path) -> list[Term]:
@@ -38,7 +42,8 @@ def load_terms(path: str | Path) -> list[Term]:
                     raise ValueError("empty term")
                 # train_occurrences: the whole train split, by rare_terms.term_search (rare_terms
                 # writes it); count: TF-IDF's, over at most rare.max_documents documents
-                terms.append(Term(text, int(row.get("train_occurrences", row["count"]))))
+                terms.append(Term(text, int(row.get("train_occurrences", row["count"])),
+                                  str(row.get("source", "tfidf")), bool(row.get("han_words", False))))
             except (ValueError, KeyError, TypeError) as exc:
                 raise RarelmError(
                     f"{path}:{line_no}: not a term record ({type(exc).__name__}: {exc})") from None

@@ -17,6 +17,7 @@ from rarelm.files import read_json, write_json
 from rarelm.prepare.corpus import read_split
 from rarelm.rare_terms.buckets import bucket_tokens, count_tokens
 from rarelm.rare_terms.glossary import extraction_scores, read_glossary, read_reference
+from rarelm.rare_terms.quality import term_list_quality
 from rarelm.rare_terms.segmentation import Segmenter, normalize_term
 from rarelm.rare_terms.term_index import (
     build_term_index,
@@ -70,9 +71,14 @@ def rare_terms(params, reference_glossary: str, prepared_dir: Path, tokenized_di
         # recall cannot exceed this: reference terms that occur in the training documents at all
         metrics["extraction"]["reference_in_train"] = sum(st.df > 0 for st in in_train.values())
 
-    index = add_occurrences(table, tokenizer, prepared_dir, data)
+    # Chinese terms match on jieba's word boundaries, never inside a longer word (term_search)
+    han_words = language == "zh"
+    index = add_occurrences(table, tokenizer, prepared_dir, data, han_words)
     metrics["term_occurrences"] = int(len(index))
     metrics["terms_found_in_train"] = sum(row["train_occurrences"] > 0 for row in table)
+    metrics["term_list_quality"] = term_list_quality(
+        table, list(read_split(prepared_dir, "test")), han_words,
+        tuple(row["term"] for row in table if row["source"] == "glossary"))
 
     np.save(out_dir / "counts.npy", counts)
     np.save(out_dir / "buckets.npy", buckets)
@@ -106,10 +112,13 @@ def _numbers(st: TermStats) -> dict:
     return {"count": st.count, "df": st.df, "idf": round(st.idf, 6), "score": round(st.score, 6)}
 
 
-def add_occurrences(table: list[dict], tokenizer, prepared_dir: Path, data: TokenizedData) -> np.ndarray:
+def add_occurrences(table: list[dict], tokenizer, prepared_dir: Path, data: TokenizedData,
+                    han_words: bool = False) -> np.ndarray:
     """Find every term of `table` in the train split; each row gains its token ids, train
-    occurrences, display form and surface forms. Returns the term index."""
-    index, forms = build_term_index(tokenizer, prepared_dir, data, [row["term"] for row in table])
+    occurrences, display form and surface forms (and han_words: true in a Chinese corpus,
+    so `evaluate` searches as here). Returns the term index."""
+    index, forms = build_term_index(tokenizer, prepared_dir, data, [row["term"] for row in table],
+                                    sources=[row["source"] for row in table], han_words=han_words)
     found = np.bincount(index[:, 2], minlength=len(table))
     for row, n, written in zip(table, found.tolist(), forms, strict=True):
         display = display_form(row["term"], written)
@@ -117,6 +126,8 @@ def add_occurrences(table: list[dict], tokenizer, prepared_dir: Path, data: Toke
         row["train_occurrences"] = n  # in the whole train split, by the search evaluate uses
         row["display"] = display  # the term as it is written most often in train
         row["surface_forms"] = surface_forms(written)  # every way train writes it, with counts
+        if han_words:
+            row["han_words"] = True  # found on jieba's word boundaries only (Term.han_words)
     return index
 
 

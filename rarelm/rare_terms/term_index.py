@@ -16,7 +16,8 @@ from rarelm.rare_terms.term_search import find_occurrences
 
 
 def build_term_index(tokenizer, prepared_dir: Path, data, terms: list[str],
-                     batch_documents: int = 5000) -> tuple[np.ndarray, list[Counter[str]]]:
+                     batch_documents: int = 5000, sources: list[str] | None = None,
+                     han_words: bool = False) -> tuple[np.ndarray, list[Counter[str]]]:
     """Every occurrence of every term in the train split, int64 [occurrences, 3], sorted,
     and each term's surface forms: how often it is written each way.
 
@@ -26,13 +27,16 @@ def build_term_index(tokenizer, prepared_dir: Path, data, terms: list[str],
     search `evaluate` uses (whatever the case, word-boundary aware, in the text,
     mapped to tokens by the tokenizer's offsets), `batch_documents` documents at
     a time, so memory is bounded by that batch plus the index itself (24 bytes
-    per occurrence).
+    per occurrence). With `han_words` (a Chinese corpus) terms match on jieba's
+    word boundaries only; `sources` ("glossary" | "tfidf" per term, default
+    tfidf) makes glossary terms whole words there.
 
         document " acute MI. Subacute MI. Acute mi"  tokens | acute| MI|.| Sub|acute| MI|.| Acute| mi|
         term "acute mi" (term 0)  -> rows (0, 2, 0) and (7, 2, 0); forms {"acute MI": 1, "Acute mi": 1}
     """
     tokens, offsets = data.tokens("train"), data.offsets("train")
-    wanted = [Term(text, 0) for text in terms]
+    wanted = [Term(text, 0, source, han_words)
+              for text, source in zip(terms, sources or ["tfidf"] * len(terms), strict=True)]
     parts, batch, first = [], [], 0
     forms: list[Counter[str]] = [Counter() for _ in terms]
 

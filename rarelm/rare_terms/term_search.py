@@ -18,8 +18,16 @@ the original text, whose slice is the occurrence's `surface`, the term as
 written there. A term that begins (ends) with a letter or digit of a
 space-separated script matches only where the text has no such character right
 before (after) it, so "acute MI" is not found inside "subacute MI" or "acute
-MIs"; Han and kana characters never need a boundary, so Chinese terms match
-anywhere, and so does a Latin acronym between Han characters ("使用PKI证书").
+MIs"; a Latin acronym between Han characters still matches ("使用PKI证书").
+Han characters need no boundary by themselves, but a term of a Chinese corpus
+(`Term.han_words`, set by `rare_terms` in terms.jsonl) matches only where it
+starts and ends on a boundary of jieba's dictionary words in the text
+(`word_boundaries`; the glossary's terms are words of that dictionary, so they
+stay whole): it is never found inside a longer word, so 态 is not found in 状态,
+only where 态 stands as a word of its own:
+
+    >>> find_in_text("状态 的态", "态"), find_in_text("状态 的态", "态", han_words=True)
+    ([(1, 2), (4, 5)], [(4, 5)])
 
 Each match is then mapped to the document's tokens through the tokenizer's
 character offsets (`locate`): the tokens that *cover* the term are those whose
@@ -42,8 +50,10 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import re
 import sys
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -75,6 +85,46 @@ def _is_cjk(ch: str) -> bool:
 def _word_char(ch: str) -> bool:
     """A letter or digit of a script that separates words by spaces."""
     return ch.isalnum() and not _is_cjk(ch)
+
+
+_HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002fa1f]")
+
+
+def has_han(text: str) -> bool:
+    """Whether `text` holds a Han character: such a term matches on jieba's word boundaries."""
+    return _HAN.search(text) is not None
+
+
+@functools.lru_cache(maxsize=2)
+def _jieba_with(glossary: tuple[str, ...]):
+    """A private jieba tokenizer whose dictionary holds the glossary terms as words."""
+    from rarelm.rare_terms.segmentation import Segmenter  # jieba loads ~1 s: only for Han terms
+
+    return Segmenter("zh", glossary)._jieba
+
+
+@functools.lru_cache(maxsize=4)
+def word_boundaries(text: str, glossary: tuple[str, ...] = ()) -> np.ndarray:
+    """bool [len(text) + 1]: True where a jieba word of `text` starts or ends (the text is
+    segmented lower-cased, as `Segmenter` segments it; glossary terms are single words).
+
+    Dictionary words only (HMM off): jieba's HMM only joins runs of single characters that
+    the dictionary does not know, so these boundaries include those of the segmentation that
+    extracted the terms (HMM on), and every extracted n-gram lines up with them; a match is
+    refused only where it cuts a word that jieba's dictionary or the glossary knows.
+    Cached: evaluate searches one text for many terms.
+
+    >>> word_boundaries("状态 态").astype(int).tolist()   # 状态 | " " | 态
+    [1, 0, 1, 1, 1]
+    """
+    lower = text.lower()
+    segmented = lower if len(lower) == len(text) else text
+    edges = np.zeros(len(text) + 1, dtype=bool)
+    edges[[0, len(text)]] = True
+    for _, start, end in _jieba_with(glossary).tokenize(segmented, HMM=False):
+        edges[start] = edges[end] = True
+    edges.flags.writeable = False
+    return edges
 
 
 _EXPANDING: re.Pattern | None = None
@@ -130,33 +180,47 @@ class FoldedText:
         end, whole_end = self.original(j) if j < len(self.folded) else (len(self.text), True)
         return (start, end) if whole_start and whole_end else None
 
-    def find(self, term: str) -> list[tuple[int, int]]:
-        """(start, end) in the original text of each match of `term`, overlapping ones included."""
+    def find(self, term: str, han_words: bool = False, glossary: tuple[str, ...] = (),
+             words: bool = True) -> list[tuple[int, int]]:
+        """(start, end) in the original text of each match of `term`, overlapping ones included;
+        with `han_words`, a term with a Han character only on jieba's word boundaries
+        (`word_boundaries` with `glossary`). words=False: every match of the string, no
+        boundary checked (to count the matches inside longer words: rare_terms/quality.py)."""
         key = term.casefold()
         if not key:
             return []
-        check_start, check_end = _word_char(term[0]), _word_char(term[-1])
+        check_start, check_end = words and _word_char(term[0]), words and _word_char(term[-1])
+        edges = word_boundaries(self.text, glossary) if words and han_words and has_han(term) else None
         text, found, i = self.text, [], self.folded.find(key)
         while i >= 0:
             span = self._span(i, i + len(key))
             if span is not None:
                 start, end = span
                 if not (check_start and start > 0 and _word_char(text[start - 1])) and \
-                        not (check_end and end < len(text) and _word_char(text[end])):
+                        not (check_end and end < len(text) and _word_char(text[end])) and \
+                        (edges is None or (edges[start] and edges[end])):
                     found.append(span)
             i = self.folded.find(key, i + 1)
         return found
 
 
-def find_in_text(text: str, term: str) -> list[tuple[int, int]]:
-    """(start, end) of each occurrence of `term` in `text`, whatever its case, word-boundary aware.
+def find_in_text(text: str, term: str, han_words: bool = False,
+                 glossary: tuple[str, ...] = ()) -> list[tuple[int, int]]:
+    """(start, end) of each occurrence of `term` in `text`, whatever its case, word-boundary
+    aware (with `han_words`, jieba's words for a term with Han characters, `glossary` terms
+    kept whole; pass a Term's `han_words`, as `find_occurrences` does).
 
     >>> find_in_text("PKI, pki and Pki; not PKIs nor myPKI", "pki")
     [(0, 3), (5, 8), (13, 16)]
     >>> find_in_text("Die Straße, STRASSE", "strasse")   # "ß" folds to "ss": the match covers it whole
     [(4, 10), (12, 19)]
     """
-    return FoldedText(text).find(term)
+    return FoldedText(text).find(term, han_words, glossary)
+
+
+def glossary_of(terms: Iterable[Term]) -> tuple[str, ...]:
+    """The glossary terms among `terms` (source "glossary"), as jieba's extra words."""
+    return tuple(t.text for t in terms if t.source == "glossary")
 
 
 def locate(token_offsets: list[tuple[int, int]], char_start: int, char_end: int) -> tuple[int, int]:
@@ -183,7 +247,9 @@ def locate(token_offsets: list[tuple[int, int]], char_start: int, char_end: int)
 def find_occurrences(tokenizer, documents: list[str], tokens: np.ndarray, offsets: np.ndarray,
                      terms: list[Term], batch_size: int = 1000) -> list[list[Occurrence]]:
     """Every occurrence of every term in a split's documents, per term, in text order, whatever
-    its case (`FoldedText`); each keeps its `surface`, the term as written there.
+    its case (`FoldedText`); each keeps its `surface`, the term as written there. A term
+    with `han_words` matches on jieba's word boundaries, the glossary's terms (source
+    "glossary") kept whole.
 
     `tokenizer` is the pipeline's `tokenizers.Tokenizer`; `tokens` / `offsets` the
     split's token array and document boundaries (document d is
@@ -197,11 +263,12 @@ def find_occurrences(tokenizer, documents: list[str], tokens: np.ndarray, offset
     joined = "\n".join(documents)  # one search per term over the whole split
     doc_starts = np.cumsum([0] + [len(d) + 1 for d in documents[:-1]])
     folded = FoldedText(joined)
+    glossary = glossary_of(terms)
     spans: dict[int, list[tuple[int, int, int]]] = {}  # doc -> (char_start, term, char_end)
     for t, term in enumerate(terms):
         if "\n" in term.text:
             continue
-        for i, j in folded.find(term.text):
+        for i, j in folded.find(term.text, term.han_words, glossary):
             d = int(np.searchsorted(doc_starts, i, side="right")) - 1
             spans.setdefault(d, []).append((i - int(doc_starts[d]), t, j - int(doc_starts[d])))
     docs = sorted(spans)

@@ -13,7 +13,9 @@ of its occurrences extends, on the same side, to its next longer candidate
 that scores at least as high: it is only ever part of better terms
 ("nephrosclerosis" inside "bilateral nephrosclerosis"; Chinese "利率私募债"
 inside "浮动利率私募债" and "固定利率私募债"). At most `top_k` terms are kept,
-best score first (ties by term, alphabetically). TF-IDF runs on at most
+best score first (ties by term, alphabetically). A single Han character is
+never a TF-IDF term (态, 键: in Chinese a term of one character is one only
+when a glossary says so). TF-IDF runs on at most
 `rare.max_documents` training documents, every k-th one (its vocabulary of
 n-grams is what takes memory); token counts always cover the whole split.
 Terms of the user glossary (`rare.glossary`) are always kept as given, none
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections import Counter
 from collections.abc import Iterable
 
@@ -32,6 +35,8 @@ import numpy as np
 from sklearn.feature_extraction.text import TfidfVectorizer
 
 from rarelm.rare_terms.segmentation import Segmenter, join_words
+
+_ONE_HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,6 +103,7 @@ def tfidf_terms(documents: list[str], segmenter: Segmenter, ngram_max: int, min_
             if j is not None and score[i] >= score[j] * (1 - 1e-12):
                 covered[side, j] += count[i]
     keep = ~(covered == count).any(axis=0) & (count >= min_count) & (count >= min_mean_tf * df)
+    keep &= np.array([_ONE_HAN.fullmatch(term) is None for term in shown], dtype=bool)
     order = sorted(np.flatnonzero(keep).tolist(), key=lambda i: (-score[i], shown[i]))
     return [TermStats(shown[i], int(count[i]), int(df[i]), float(idf[i]), float(score[i]))
             for i in order[:top_k]]

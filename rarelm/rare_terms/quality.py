@@ -1,0 +1,60 @@
+"""How good a term list is, as metrics/rare_terms.json reports it (the `rare_terms` stage).
+
+Two figures a reader can check a term list by:
+
+- **Inside a longer word**: of every place in the test split where a term's string
+  appears (whatever its case), the share that is no occurrence because it sits inside
+  a longer word: in English not on word boundaries (a letter or digit right before or
+  after: "art" in "start"); in Chinese not on jieba's word boundaries (态 in 状态). A list
+  of real terms finds few such places; fragments of words (接字, 态) find many.
+- **Terms by train count**: how many terms the train split holds 0-1, 2-15 and 16 or
+  more times (`train_occurrences`, the search `evaluate` uses): the strata the
+  evaluation reports separately.
+
+    >>> rows = [{"term": "art", "train_occurrences": 1}, {"term": "start", "train_occurrences": 20}]
+    >>> q = term_list_quality(rows, ["start art. arts"], han_words=False)
+    >>> q["test_matches"], q["test_occurrences"], q["inside_longer_word"], q["inside_longer_word_share"]
+    (4, 2, 2, 0.5)
+    >>> q["terms_by_train_count"]
+    {'0-1': 1, '2-15': 0, '16_up': 1}
+"""
+
+from __future__ import annotations
+
+from rarelm.rare_terms.term_search import FoldedText
+
+STRATA = ("0-1", "2-15", "16_up")  # train occurrences: 0-1, 2-15, 16 or more
+
+
+def stratum(train_count: int) -> str:
+    """The train-frequency stratum of a term.
+
+    >>> [stratum(c) for c in (0, 1, 2, 15, 16)]
+    ['0-1', '0-1', '2-15', '2-15', '16_up']
+    """
+    return STRATA[0] if train_count <= 1 else STRATA[1] if train_count <= 15 else STRATA[2]
+
+
+def term_list_quality(rows: list[dict], test_documents: list[str], han_words: bool,
+                      glossary: tuple[str, ...] = ()) -> dict:
+    """The term list's quality on the test documents (see the module docstring).
+
+    `rows` are terms.jsonl's rows (`term` or `display`, `train_occurrences`); `han_words`
+    and `glossary` as `term_search.find_in_text` takes them (a Chinese corpus: True, and
+    its glossary terms, kept whole).
+    """
+    text = FoldedText("\n".join(test_documents))
+    matches = occurrences = 0
+    for row in rows:
+        term = row.get("display", row["term"])
+        if "\n" in term:
+            continue
+        matches += len(text.find(term, words=False))
+        occurrences += len(text.find(term, han_words, glossary))
+    strata = dict.fromkeys(STRATA, 0)
+    for row in rows:
+        strata[stratum(row["train_occurrences"])] += 1
+    inside = matches - occurrences
+    return {"test_matches": matches, "test_occurrences": occurrences, "inside_longer_word": inside,
+            "inside_longer_word_share": round(inside / matches, 6) if matches else 0.0,
+            "terms_by_train_count": strata}
