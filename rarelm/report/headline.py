@@ -123,17 +123,23 @@ def headline(repo: Path, plan: Plan, out: Path, page: Path | None,
     registered model that the repo's params.yaml names."""
     repo, out = Path(repo).resolve(), Path(out)
     # A round that finds its experiments done (a re-run to rewrite the tables) keeps the time
-    # the earlier command measured for it.
-    previous = read_json(out / "headline.json").get("rounds_s", {})
+    # the earlier command measured for it, and, if no round ran now, the machine it ran on.
+    earlier = read_json(out / "headline.json")
+    previous = earlier.get("rounds_s", {})
     rounds: dict[str, float] = {}
     swept: list[str] = []
+    ran_here: list[str] = []
 
     def timed(name: str, experiments: list[tuple[str, list[str]]]) -> None:
         swept.extend(e for e, _ in experiments)
         t0 = time.time()
         ran = run_batch(repo, experiments, log, poll, done=recorded(out),
                         finished=lambda experiment: record(repo, out, experiment))
-        rounds[name] = time.time() - t0 if ran or name not in previous else previous[name]
+        if ran or name not in previous:
+            rounds[name] = time.time() - t0
+            ran_here.append(name)
+        else:
+            rounds[name] = previous[name]
 
     choice = _fixed(plan) if plan.fixed else _choose(repo, out, plan, timed)
     screened, finalists = choice["screened"], choice["finalists"]
@@ -142,8 +148,10 @@ def headline(repo: Path, plan: Plan, out: Path, page: Path | None,
     screen = (None if plan.fixed else
               _compare(repo, out, plan, [plan.baseline], screened[1:], plan.screen_seeds, plan.screen_split))
     final = _compare(repo, out, plan, [plan.baseline], finalists, plan.final_seeds, plan.final_split)
-    result = {"rounds_s": rounds, "cpu": cpu_name(), "cores": os.cpu_count(),
-              "plan": dataclasses.asdict(plan),
+    machine = {"cpu": cpu_name(), "cores": os.cpu_count()}
+    if not ran_here and "cpu" in earlier:  # the times above are the earlier machine's
+        machine = {k: earlier[k] for k in ("cpu", "cores") if k in earlier}
+    result = {"rounds_s": rounds, **machine, "plan": dataclasses.asdict(plan),
               "combination": choice["extra"].get("combination", []), "finalists": finalists,
               "ranking": choice["ranking"], "screen": screen, "final": final}
     winner = None
