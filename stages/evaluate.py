@@ -66,7 +66,10 @@ def evaluate(
         tokenizer = load_tokenizer(data.tokenizer_dir, data.vocab_size)
         model = _load(model_dir, data, params.eval.device, params.eval.threads)
 
+        # the forgetting guard, general text the base never trained on; first: a bad path fails at once
+        general = _general(params, model, tokenizer, data, prior) if params.eval.general_text else {}
         out, results = _evaluate(params, model, tokenizer, data, buckets, terms, prepared, prior)
+        out.update(general)
         # before any output is written: a store that cannot log is the error (tracking.required)
         run = open_run(model_dir / "mlflow_run.json", "evaluate", params)
         try:
@@ -125,6 +128,17 @@ def _evaluate(params, model, tokenizer, data, buckets, terms, prepared: Path, pr
             results[split] = evaluate_split(model, tokenizer, data, documents, split, buckets, terms,
                                             params.eval, params.seed, progress, prior)
     return combine(results), results
+
+
+def _general(params, model, tokenizer, data, prior) -> dict:
+    """ppl_general and n_general_tokens on eval.general_text (rarelm/evaluate/general_text.py)."""
+    from rarelm.evaluate.decoding import context_length, logit_adjustment
+    from rarelm.evaluate.general_text import general_metrics
+
+    block = params.eval.block_size or context_length(model) or 1024
+    bias = logit_adjustment(model, prior, params.eval.logit_adjust_tau)
+    return general_metrics(model, tokenizer, params.eval.general_text, data.eot_id, data.vocab_size, block,
+                           params.eval.batch_size, bias)
 
 
 def _load(model_dir: Path, data, device: str, threads: int):

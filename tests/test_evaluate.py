@@ -176,6 +176,22 @@ def test_completion_match_given_the_first_token_and_strata():
     assert m["term_ppl_seen_16_up"] is None and m["term_exact_match_seen_16_up"] is None
 
 
+def test_general_text_perplexity_by_hand(tmp_path):
+    """ppl_general: documents 一二 and 三 as the stream 1 2 <eot> 3 <eot>; the targets cost
+    bits(1, 2) = 1, bits(2, 0) = 6, bits(0, 3) = 3, bits(3, 0) = 5: 15 bits over 4 tokens."""
+    from rarelm.evaluate.general_text import general_metrics, token_stream
+
+    path = tmp_path / "general.txt"
+    path.write_text("一二\n\n三\n", encoding="utf-8")  # an empty line is no document
+    assert token_stream(char_tokenizer(), ["一二", "三"], 0).tolist() == [1, 2, 0, 3, 0]
+    assert [bits(1, 2), bits(2, 0), bits(0, 3), bits(3, 0)] == [1, 6, 3, 5]
+    for block, batch in ((2, 1), (100, 8)):
+        m = general_metrics(bigram(), char_tokenizer(), path, 0, V, block, batch)
+        assert m["n_general_tokens"] == 4 and m["ppl_general"] == pytest.approx(2 ** (15 / 4), rel=1e-6)
+    with pytest.raises(RarelmError, match="eval.general_text = .*no such file"):
+        general_metrics(bigram(), char_tokenizer(), tmp_path / "missing.txt", 0, V, 4, 1)
+
+
 def test_continuous_term_metrics_are_exact():
     """Three occurrences; the covering tokens' bits and ranks after each prompt, by hand (rank = bits)."""
     rows = evaluate_terms(bigram(), char_tokenizer(), DOCS, TOKENS, OFFSETS, TERMS, max_terms=3,

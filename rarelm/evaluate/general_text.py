@@ -1,0 +1,112 @@
+"""General text held out from the base model's pretraining, scored as the forgetting guard `ppl_general`.
+
+A fine-tune that learns its domain may forget general language; in-domain perplexity cannot show
+that. `eval.general_text` names a slice of general text (one document a line, UTF-8) that the base
+model never trained on: data/general/en.txt and data/general/zh.txt are the base pipeline's own
+held-out documents (base/params.yaml: `corpus.val_fraction` 0.02 of GCIDE and of the Chinese
+reviews; see data/general/README.md). `evaluate` scores it teacher-forced, as `ppl` is scored, and
+writes `ppl_general` (and `n_general_tokens`) into metrics/eval.json.
+
+    python -m rarelm.evaluate.general_text build base/data/prepared/val.jsonl base/data/raw data/general
+
+A worked example: documents ["ab", "c"] tokenized as [a, b] and [c] give the stream
+a b <eot> c <eot>: four targets (b, <eot>, c, <eot>); with probabilities 1/2, 1/4, 1/2, 1/4 the
+general perplexity is exp((ln 2 + ln 4 + ln 2 + ln 4) / 4) = sqrt(8).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+from pathlib import Path
+
+import numpy as np
+
+from rarelm.errors import RarelmError
+
+# the base pipeline's raw corpora whose held-out documents may be committed, by language; People's
+# Daily (peoples_daily_zh) is left out: its text is not redistributed (data/raw/corpora.json)
+SOURCES = {"en": ("gcide_en",), "zh": ("reviews_zh",)}
+
+
+def read_documents(path: str | Path) -> list[str]:
+    """The slice's documents: its non-empty lines."""
+    path = Path(path)
+    if not path.is_file():
+        raise RarelmError(f"params: eval.general_text = {str(path)!r}: no such file "
+                          "(a UTF-8 text file, one document a line; or \"\" = off)")
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise RarelmError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    documents = [line for line in lines if line.strip()]
+    if not documents:
+        raise RarelmError(f"{path}: no document (every line is empty)")
+    return documents
+
+
+def token_stream(tokenizer, documents: list[str], eot_id: int) -> np.ndarray:
+    """The documents' tokens, each followed by the end-of-text token (as the tokenize stage lays
+    out a split), as int64."""
+    ids: list[int] = []
+    for encoding in tokenizer.encode_batch(documents, add_special_tokens=False):
+        ids.extend(encoding.ids)
+        ids.append(eot_id)
+    return np.asarray(ids, dtype=np.int64)
+
+
+def general_metrics(model, tokenizer, path: str | Path, eot_id: int, vocab_size: int, block_size: int,
+                    batch_size: int, logit_bias=None) -> dict:
+    """`ppl_general` (perplexity of every token of the slice after the first) and `n_general_tokens`."""
+    from rarelm.evaluate.token_scoring import score_tokens  # torch: on use
+
+    tokens = token_stream(tokenizer, read_documents(path), eot_id)
+    stats = score_tokens(model, tokens, np.zeros(vocab_size, dtype=np.int64), block_size, batch_size,
+                         logit_bias=logit_bias)
+    m = stats.metrics()
+    return {"ppl_general": m["ppl"], "n_general_tokens": m["n_eval_tokens"]}
+
+
+def held_out(val_jsonl: Path, raw_dir: Path) -> dict[str, list[str]]:
+    """The base pipeline's val documents (never trained on) per language, from the sources of SOURCES,
+    in the val split's order."""
+    known = {}
+    for language, names in SOURCES.items():
+        for name in names:
+            with gzip.open(raw_dir / f"{name}.txt.gz", "rt", encoding="utf-8") as f:
+                known.update({line.strip(): language for line in f if line.strip()})
+    out: dict[str, list[str]] = {language: [] for language in SOURCES}
+    with open(val_jsonl, encoding="utf-8") as f:
+        for line in f:
+            text = json.loads(line)["text"]
+            if text in known:
+                out[known[text]].append(text)
+    return out
+
+
+def build(val_jsonl: Path, raw_dir: Path, out_dir: Path) -> dict[str, int]:
+    """Write <out_dir>/<language>.txt (one document a line); returns the documents per language."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    slices = held_out(val_jsonl, raw_dir)
+    for language, documents in slices.items():
+        (out_dir / f"{language}.txt").write_text("".join(d + "\n" for d in documents), encoding="utf-8")
+    return {language: len(documents) for language, documents in slices.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rarelm.evaluate.general_text",
+                                     description="Build the general-text slices from the base's val split.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build", help="val.jsonl of the base pipeline + its raw corpora -> <out>/<lang>.txt")
+    b.add_argument("val_jsonl", type=Path)
+    b.add_argument("raw_dir", type=Path)
+    b.add_argument("out_dir", type=Path)
+    args = parser.parse_args(argv)
+    for language, n in build(args.val_jsonl, args.raw_dir, args.out_dir).items():
+        print(f"general_text: {language}: {n} documents -> {args.out_dir / f'{language}.txt'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
