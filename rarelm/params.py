@@ -26,8 +26,6 @@ import typing
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
 from rarelm.errors import RarelmError
 
 SEED_MAX = 2**32 - 1  # seeds: what numpy's RandomState takes
@@ -64,6 +62,10 @@ class CorpusParams:
     # (initialisation, sampling) are evaluated on the same test documents, occurrence by occurrence
     split_seed: int = param(1337, ge=0, le=SEED_MAX)
     reference_glossary: str = "data/raw/demo_en.glossary.tsv"  # ground truth for term extraction; "" = none
+    # jsonl key / csv or parquet column naming each document's group (a man page, a book, a
+    # patient): the split then hashes the group, so a group is never split across train/val/test;
+    # "" = none, every document split by its own text (rarelm/prepare/corpus.py)
+    group_field: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +98,7 @@ class RareParams:
     top_k: int = param(1000, ge=1)  # at most this many TF-IDF terms, best score first
     max_documents: int = param(10_000, ge=1)  # TF-IDF on at most this many (evenly spread) documents
     glossary: str = ""  # optional user glossary, one term per line (UTF-8); always kept
+    tfidf: bool = True  # also extract TF-IDF terms; false: the glossary's terms only (needs glossary)
     chunk_tokens: int = param(4_000_000, ge=1024)  # tokens counted per chunk (bounds memory)
     # TF-IDF also sees the val and test documents (train counts stay train-only), so terms that the
     # train split never holds can be tested (the "seen 0-1" stratum); false: train documents only
@@ -324,16 +327,48 @@ def load_params(path: str | Path = "params.yaml") -> Params:
     """Read and validate params.yaml; a missing or malformed file is a RarelmError."""
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = read_yaml(path.read_text(encoding="utf-8"), path)
     except FileNotFoundError:
         raise RarelmError(f"params file not found: {path}") from None
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError as exc:
         raise RarelmError(f"params file {path} is not valid YAML: {exc}") from None
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
         raise RarelmError(f"params file {path} must hold a mapping of sections")
     return Params.from_dict(raw)
+
+
+def read_yaml(text: str, path: str | Path = "params.yaml") -> Any:
+    """YAML text as DVC reads params.yaml: ruamel.yaml's safe loader, YAML 1.2, a key given twice
+    refused. PyYAML reads YAML 1.1, where `010` is 8 (DVC: 10), `1e3` and `5e-4` strings, `yes`
+    and `on` booleans, `1:20` is 80, and the last of two `train:` sections wins (DVC refuses
+    the file): a stage then trained with values other than those the experiment records.
+
+    >>> read_yaml("train:\\n  max_steps: 010\\n  lr: 5e-4\\n")
+    {'train': {'max_steps': 10, 'lr': 0.0005}}
+    >>> read_yaml("train: {lr: 1}\\nalpha: 0\\ntrain: {lr: 2}\\n")
+    Traceback (most recent call last):
+    rarelm.errors.RarelmError: params file params.yaml: key "train" appears twice (again at line 3); ...
+    """
+    from ruamel.yaml import YAML  # DVC's own YAML library (and its reader's settings)
+    from ruamel.yaml.constructor import DuplicateKeyError
+    from ruamel.yaml.error import MarkedYAMLError, YAMLError
+
+    try:
+        return YAML(typ="safe").load(text)
+    except DuplicateKeyError as exc:
+        key = re.search(r'found duplicate key "(.*?)" with value', str(exc.problem))
+        raise RarelmError(
+            f"params file {path}: key \"{key.group(1) if key else '?'}\" appears twice (again at "
+            f"line {exc.problem_mark.line + 1}); keep one: DVC refuses such a file and a stage "
+            "would read only one of them") from None
+    except MarkedYAMLError as exc:
+        where = f" (line {exc.problem_mark.line + 1})" if exc.problem_mark else ""
+        raise RarelmError(f"params file {path} is not valid YAML{where}: "
+                          f"{exc.problem or exc.context}") from None
+    except YAMLError as exc:
+        raise RarelmError(f"params file {path} is not valid YAML: {exc}") from None
 
 
 def _build(cls: type, raw: Any, prefix: str) -> Any:

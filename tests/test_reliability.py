@@ -865,11 +865,14 @@ def tiny_pretrained(root: Path, dest: Path, positions: int = 64) -> Path:
     return dest
 
 
-def train_stage(root: Path, tmp_path: Path, **overrides) -> subprocess.CompletedProcess:
-    """`python -m stages.train` on root's inputs with root's params + overrides; outputs under tmp_path."""
+def train_stage(root: Path, tmp_path: Path, edit=None, **overrides) -> subprocess.CompletedProcess:
+    """`python -m stages.train` on root's inputs with root's params + overrides, then `edit` of
+    the file's text; outputs under tmp_path."""
     params = yaml.safe_load((root / "params.yaml").read_text())
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     set_params(tmp_path, **overrides)
+    if edit:
+        (tmp_path / "params.yaml").write_text(edit((tmp_path / "params.yaml").read_text()))
     return stage("train", root, "--params", str(tmp_path / "params.yaml"),
                  "--out", str(tmp_path / "model"), "--metrics", str(tmp_path / "train.json"),
                  "--plots", str(tmp_path / "train.csv"), "--cache", str(tmp_path / "cache"),
@@ -923,3 +926,65 @@ def test_a_pretrained_model_every_rank_refuses_is_one_line_at_nproc_2(upto_weigh
     assert result.returncode == 2, line
     assert not any((tmp_path / name).exists() for name in ("model", "train.json", "train.csv"))
     assert not list(tmp_path.glob("cache/*/step-*"))
+
+
+# ------------------------------------------------------ one reading of params.yaml
+
+# Read differently by PyYAML (YAML 1.1) and by DVC (ruamel.yaml, YAML 1.2). `seed: 0o17` and
+# `corpus.split_seed: 1_7` are the same for both; `1:20` (YAML 1.1: 80) is a string in YAML 1.2.
+TRICKY = """\
+seed: 0o17
+alpha: 1e-1
+corpus:
+  split_seed: 1_7
+  text_field: 1:20
+train:
+  max_steps: 010
+  lr: 5e-4
+"""
+
+
+def test_params_are_read_as_dvc_reads_them(tmp_path):
+    """Both readers on the same file: rarelm's values are DVC's (PyYAML's were not: max_steps 8)."""
+    from dvc.utils.serialize import parse_yaml
+
+    from rarelm.params import load_params
+
+    path = tmp_path / "params.yaml"
+    path.write_text(TRICKY)
+    dvc = parse_yaml(TRICKY, str(path))
+    ours = load_params(path)
+    assert (ours.seed, ours.alpha, ours.corpus.split_seed, ours.corpus.text_field,
+            ours.train.max_steps, ours.train.lr) == \
+        (dvc["seed"], dvc["alpha"], dvc["corpus"]["split_seed"], dvc["corpus"]["text_field"],
+         dvc["train"]["max_steps"], dvc["train"]["lr"]) == (15, 0.1, 17, "1:20", 10, 0.0005)
+    pyyaml = yaml.safe_load(TRICKY)  # what the stages read before
+    assert (pyyaml["seed"], pyyaml["corpus"]["text_field"], pyyaml["train"]["max_steps"]) == \
+        ("0o17", 80, 8)
+
+
+def test_max_steps_010_trains_the_10_steps_dvc_records(upto_weights, tmp_path):
+    """`max_steps: 010` typed by hand: DVC records 10, and 10 steps are trained (were 8)."""
+    result = train_stage(upto_weights, tmp_path, edit=lambda text: re.sub(
+        r"max_steps: \d+", "max_steps: 010", text), **{"train.nproc": 1, "train.eval_every": 10})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((tmp_path / "train.json").read_text())["steps"] == 10  # PyYAML: 8
+
+
+DUPLICATED = "train:\n  lr: 0.01\n  batch_size: 4\nalpha: 0.0\ntrain:\n  lr: 0.003\n"
+
+
+@pytest.mark.parametrize("command", [["python", "-m", f"stages.{name}"] for name in
+                                     ("prepare", "tokenize", "rare_terms", "weights", "train", "evaluate")]
+                         + [["rarelm", "prepare"], ["rarelm", "register", "x"]],
+                         ids=lambda c: " ".join(c[-2:]))
+def test_a_key_given_twice_is_refused_by_every_stage_and_command(tmp_path, command):
+    """A second `train:` section appended by hand: DVC refuses the file; the stages took the last
+    one silently (lr 0.01 became 0.003). Now one line, exit 2, before anything is written."""
+    (tmp_path / "params.yaml").write_text(DUPLICATED)
+    exe = [sys.executable] if command[0] == "python" else [str(BIN / command[0])]
+    result = run([*exe, *command[1:], "--params", "params.yaml"], tmp_path)
+    line = assert_one_line_error(result, ': error: params file params.yaml: key "train" appears twice '
+                                         "(again at line 5); keep one")
+    assert result.returncode == 2, line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]
