@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 from rarelm.params import Params
-from rarelm.train import setup
+from rarelm.train import early_stop, setup
 from rarelm.train.inputs import Paths
 from rarelm.train.meter import Meter
 from rarelm.train.optim import lr_at, set_lr
@@ -61,14 +61,19 @@ def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict
                 meter.stop_if_diverged(t.dist)  # before it is logged or saved
             if _due(done, tp.log_every, tp):
                 row = meter.row(done, lr, grad_norm, t.tokens_per_step, t.dist)
+            stop = False
             if _due(done, tp.eval_every, tp):
                 row.update(step=done, **validate(t))
                 meter.restart_clock()  # validation time is not training throughput
+                stop = early_stop.after_validation(t, done)  # train.early_stop_patience, keep_best
             report(t, bar, row, done)
+            if stop:
+                break
             if done % tp.checkpoint_every == 0 and done < tp.max_steps:
                 save_checkpoint(t, meter, done)
         if tp.max_steps == 0:  # no step: the starting (pretrained) model as it is, validated once
             validate(t)
+        early_stop.restore_best(t)  # train.keep_best: the best validation's weights are saved
         metrics = finish(t)
         t.run.finish("FINISHED")
         return metrics

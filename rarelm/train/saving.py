@@ -15,7 +15,7 @@ from rarelm.files import atomic_dir, write_csv, write_json
 from rarelm.tracking import export
 from rarelm.tracking.datasets import dvc_hashes
 from rarelm.tracking.metrics import summary_metrics
-from rarelm.train import lora, sharding
+from rarelm.train import early_stop, lora, sharding
 from rarelm.train.model import build_model
 
 CURVE_COLUMNS = ("step", "loss", "ce", "rare_ce", "lr", "grad_norm", "tokens_per_s",
@@ -25,7 +25,8 @@ CURVE_COLUMNS = ("step", "loss", "ce", "rare_ce", "lr", "grad_norm", "tokens_per
 def finish(t) -> dict[str, Any] | None:
     """Write the outputs and log them (rank 0), after the last step; the metrics on rank 0."""
     tp = t.tp
-    t.state.add_session(tp.max_steps, t.session_t0, t.session_step, t.tokens_per_step)
+    last = early_stop.last_step(t)  # train.max_steps, or where early stopping ended the run
+    t.state.add_session(last, t.session_t0, t.session_step, t.tokens_per_step)
     final_model = _final_model(t)
     metrics = None
     if t.dist.main:
@@ -33,13 +34,14 @@ def finish(t) -> dict[str, Any] | None:
         run.require()  # logging failed on the way: no outputs; a re-run resumes the last checkpoint
         metrics = {**final_metrics(t.state, tp, final_model, len(t.inputs.train_samples)
                                    * t.params.model.block_size),
+                   "steps": last, **early_stop.metrics(t),
                    "state_bytes_per_rank": t.state_bytes, **t.precision.metrics(), **t.pinned}
         card = export.model_card(t.params, metrics, dvc_hashes(
             [t.paths.tokenized, t.paths.rare, t.paths.weights]))
         save_model(final_model, t.inputs.data, t.paths, run, card, t.params.model.save_dtype)
         write_curves(t.paths.plots, t.state.curves)
         write_json(t.paths.metrics, metrics)
-        run.log_metrics(summary_metrics(metrics), step=tp.max_steps)  # the rest: final/train.json
+        run.log_metrics(summary_metrics(metrics), step=last)  # the rest: final/train.json
         run.log_json(metrics, "final/train.json")
         run.set_tags({"precision": t.precision.name, "precision_reason": t.precision.reason,
                       **t.pinned})

@@ -32,11 +32,14 @@ class RunState:
     tokens: int = 0  # tokens trained before this session
     run_id: str | None = None  # the MLflow run, which a resumed run goes on logging into
     val: dict[str, float] = dataclasses.field(default_factory=dict)  # the last validation losses
+    # the lowest val_ce so far and early stopping's account (rarelm.train.early_stop.Best as a dict)
+    best: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, saved: dict[str, Any]) -> RunState:
-        """The state in a checkpoint's state dict (its other keys are left alone)."""
-        return cls(**{f.name: saved[f.name] for f in dataclasses.fields(cls)})
+        """The state in a checkpoint's state dict (its other keys are left alone; `best` may be absent)."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        return cls(**{name: saved[name] for name in names if name in saved or name != "best"})
 
     def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
