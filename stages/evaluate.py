@@ -32,7 +32,9 @@ from rarelm.prepare.corpus import read_split
 app = typer.Typer(add_completion=False, help=__doc__)
 
 BUCKET_COLUMNS = ["bucket", "tokens", "ppl", "acc", "recall_at_5"]
-BAND_COLUMNS = ["band", "terms", "occurrences", "exact_match", "first_token_acc", "choice_acc", "nll"]
+# nll_per_char and ppl (term perplexity) beside exact match: the term chart's three panels (dvc.yaml)
+BAND_COLUMNS = ["band", "terms", "occurrences", "exact_match", "first_token_acc", "choice_acc", "nll",
+                "nll_per_char", "ppl"]
 
 
 @app.command()
@@ -57,7 +59,7 @@ def evaluate(
         from rarelm.tracking.run import open_run
         from rarelm.tracking.uri import logs_text
 
-        params = load_params(params_file)
+        params = load_params(params_file, hold=True)  # outputs refused if it changes meanwhile
         data = TokenizedData.open(tokenized)
         buckets = load_buckets(rare, data.vocab_size).astype("int64")
         tau = params.eval.logit_adjust_tau  # post-hoc logit adjustment needs the train prior
@@ -100,10 +102,13 @@ def _summary(split: str, m: dict, seconds: float) -> str:
             f"{f(m['rare_token_acc'])}, term exact match {f(m['term_exact_match'])} over "
             f"{m['n_eval_terms']} occurrences (first mentions {f(m['term_exact_match_first'])}, terms seen "
             f"<= 15 times {f(m['term_exact_match_le15'])}), closed-set choice {f(m['term_choice_acc'])}, "
-            f"term NLL/char {f(m['term_nll_per_char'])}, term-token acc {f(m['term_token_acc'])}, "
+            f"term NLL/char {f(m['term_nll_per_char'])}, term perplexity {f(m.get('term_ppl'))}, "
+            f"completion given the first token {f(m.get('term_completion_match'))}, "
+            f"term-token acc {f(m['term_token_acc'])}, "
             f"false insertion {f(m.get('false_insertion_rate'))}x the text's rate, "
             f"em50 {f(m['em50_train_count'])} train occurrences, {m['n_eval_tokens']} tokens, "
-            f"{seconds:.1f} s")
+            + (f"general-text ppl {f(m['ppl_general'])}, " if "ppl_general" in m else "")
+            + f"{seconds:.1f} s")
 
 
 def _evaluate(params, model, tokenizer, data, buckets, terms, prepared: Path, prior):
