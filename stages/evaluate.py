@@ -32,9 +32,7 @@ from rarelm.prepare.corpus import read_split
 app = typer.Typer(add_completion=False, help=__doc__)
 
 BUCKET_COLUMNS = ["bucket", "tokens", "ppl", "acc", "recall_at_5"]
-# nll_per_char and ppl (term perplexity) beside exact match: the term chart's three panels (dvc.yaml)
-BAND_COLUMNS = ["band", "terms", "occurrences", "exact_match", "first_token_acc", "choice_acc", "nll",
-                "nll_per_char", "ppl"]
+BAND_COLUMNS = ["band", "terms", "occurrences", "exact_match", "first_token_acc", "choice_acc", "nll"]
 
 
 @app.command()
@@ -59,7 +57,7 @@ def evaluate(
         from rarelm.tracking.run import open_run
         from rarelm.tracking.uri import logs_text
 
-        params = load_params(params_file, hold=True)  # outputs refused if it changes meanwhile
+        params = load_params(params_file)
         data = TokenizedData.open(tokenized)
         buckets = load_buckets(rare, data.vocab_size).astype("int64")
         tau = params.eval.logit_adjust_tau  # post-hoc logit adjustment needs the train prior
