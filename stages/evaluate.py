@@ -32,7 +32,9 @@ from rarelm.prepare.corpus import read_split
 app = typer.Typer(add_completion=False, help=__doc__)
 
 BUCKET_COLUMNS = ["bucket", "tokens", "ppl", "acc", "recall_at_5"]
-BAND_COLUMNS = ["band", "terms", "occurrences", "exact_match", "first_token_acc", "choice_acc", "nll"]
+# nll_per_char and ppl (term perplexity) beside exact match: the term chart's three panels (dvc.yaml)
+BAND_COLUMNS = ["band", "terms", "occurrences", "exact_match", "first_token_acc", "choice_acc", "nll",
+                "nll_per_char", "ppl"]
 
 
 @app.command()

@@ -743,8 +743,16 @@ def test_stage_writes_metrics_plots_and_logs_into_the_training_run(workspace, tm
     buckets_csv = (ws / "plots/eval_buckets.csv").read_text().splitlines()
     assert buckets_csv[0] == "bucket,tokens,ppl,acc,recall_at_5"
     assert buckets_csv[1].startswith(f"all,{n},{m['ppl']:.6g},")
-    bands = (ws / "plots/eval_term_bands.csv").read_text().splitlines()
-    assert sum(int(line.split(",")[2]) for line in bands[1:]) == m["n_eval_terms"]
+    header, *band_lines = (ws / "plots/eval_term_bands.csv").read_text().splitlines()
+    assert header == "band,terms,occurrences,exact_match,first_token_acc,choice_acc,nll,nll_per_char,ppl"
+    bands = [dict(zip(header.split(","), line.split(","), strict=True)) for line in band_lines]
+    assert sum(int(b["occurrences"]) for b in bands) == m["n_eval_terms"]
+    # the term chart's panels: band means of NLL per character weigh back to the overall one,
+    # and term perplexity is exp of the band's NLL per term token
+    assert sum(int(b["occurrences"]) * float(b["nll_per_char"]) for b in bands) / m["n_eval_terms"] == \
+        pytest.approx(m["term_nll_per_char"], rel=1e-4)
+    ppl_of_nll = [math.exp(float(b["nll"])) for b in bands]
+    assert [float(b["ppl"]) for b in bands] == pytest.approx(ppl_of_nll, rel=1e-4)
 
     logged = client.get_run(run_id)
     assert logged.data.metrics["summary/ppl"] == pytest.approx(m["ppl"])

@@ -155,5 +155,10 @@ def test_every_plot_has_a_title_and_bucket_perplexity_a_log_axis(repo):
     ours = json.loads((REPO / ".dvc/plots/bar_horizontal_log.json").read_text())
     builtin = json.loads(run(["dvc", "plots", "templates", "bar_horizontal"], repo, check=True).stdout)
     assert ours.pop("description") and ours["encoding"]["x"].pop("scale") == {"type": "log"}
+    assert ours["encoding"].pop("x2") == {"datum": 1}  # bars from perplexity 1: from 0 none are drawn
     assert builtin["encoding"]["x"].pop("scale") == {"zero": False} and ours == builtin
+    # the term chart: exact match, NLL per character and term perplexity in panels of their own
+    terms = charts["plots/eval_term_bands.csv"]
+    assert terms["transform"][0]["fold"] == ["exact_match", "nll_per_char", "ppl"]
+    assert terms["resolve"] == {"scale": {"x": "independent"}} and "column" in terms["facet"]
 
