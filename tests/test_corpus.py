@@ -255,3 +255,87 @@ def test_folder_corpus_skips_links_that_leave_it(tmp_path):
     assert result.stderr.strip() == (f"rarelm prepare: warning: skipping {folder / 'passwd.txt'}: a link "
                                      f"to {secret}, outside the corpus folder and the repository")
     assert list(corpus.read_split(tmp_path / "prepared", "train")) == ["a document inside"] * 2
+
+
+# ------------------------------------------------------------------ splits that keep a group whole
+
+
+def _split_digests(out) -> dict:
+    return {s: hashlib.sha256((out / f"{s}.jsonl").read_bytes()).hexdigest()[:16] for s in corpus.SPLITS}
+
+
+@pytest.mark.parametrize(("name", "digests"), [
+    ("demo_en.txt.gz", {"train": "6710e8d009712b26", "val": "ff762fcf160964af", "test": "143f08073cc822b6"}),
+    ("demo_zh.txt.gz", {"train": "53ef9b1c75a08ede", "val": "967e7e46b42c4c41", "test": "845d1103fbefc598"}),
+])
+def test_no_group_field_reproduces_the_split_before_groups_bit_for_bit(tmp_path, name, digests):
+    """The digests are of the splits the code made before corpus.group_field existed (2026-12-03)."""
+    stats = corpus.prepare(params(REPO / "data/raw" / name), tmp_path)
+    assert _split_digests(tmp_path) == digests
+    assert "groups" not in stats["train"]
+
+
+def _grouped_corpus(path, n_groups=60, per_group=5):
+    """jsonl documents "g<k> section <i>", group "page<k>"; every 7th group is null (own groups)."""
+    with open(path, "w", encoding="utf-8") as f:
+        for k in range(n_groups):
+            for i in range(per_group):
+                group = None if k % 7 == 0 else f"page{k}"
+                f.write(json.dumps({"text": f"g{k} section {i}", "page": group}) + "\n")
+
+
+def test_a_group_is_never_split_across_train_val_and_test(tmp_path):
+    path = tmp_path / "c.jsonl"
+    _grouped_corpus(path)
+    out = tmp_path / "out"
+    out.mkdir()
+    stats = corpus.prepare(params(path, group_field="page", val_fraction=0.2, test_fraction=0.2), out)
+    where: dict[str, set[str]] = {}
+    for split in corpus.SPLITS:
+        for text in corpus.read_split(out, split):
+            k = int(text.split()[0][1:])
+            if k % 7:
+                where.setdefault(f"page{k}", set()).add(split)
+                # the split is the group's: a hash of its name with the seed
+                assert split == corpus.split_of(f"page{k}", 1337, 0.2, 0.2)
+            else:  # no group: each document by its own text, as without group_field
+                assert split == corpus.split_of(text, 1337, 0.2, 0.2)
+    assert all(len(splits) == 1 for splits in where.values()) and len(where) == 51
+    assert {s for splits in where.values() for s in splits} == set(corpus.SPLITS)
+    # 51 named groups + 9 x 5 documents without a group, each a group of its own
+    assert sum(stats[s]["groups"] for s in corpus.SPLITS) == 51 + 45
+    # the same corpus without group_field: documents of one page land in different splits
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    corpus.prepare(params(path, val_fraction=0.2, test_fraction=0.2), flat)
+    split_of_doc = {t: s for s in corpus.SPLITS for t in corpus.read_split(flat, s)}
+    assert any(len({split_of_doc[f"g{k} section {i}"] for i in range(5)}) > 1 for k in range(60))
+
+
+def test_group_column_in_csv_and_parquet(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [("one a", "p1"), ("one b", "p1"), ("two a", 2), ("solo", None)]
+    with open(tmp_path / "c.csv", "w", encoding="utf-8", newline="") as f:
+        f.write("text,book\n" + "".join(f"{t},{'' if g is None else g}\n" for t, g in rows))
+    pq.write_table(pa.table({"text": [t for t, _ in rows], "book": [None if g is None else str(g) for _, g in rows]}),
+                   tmp_path / "c.parquet")
+    expected = [("one a", "p1"), ("one b", "p1"), ("two a", "2"), ("solo", None)]
+    for name in ("c.csv", "c.parquet"):
+        assert list(corpus.iter_grouped(params(tmp_path / name, group_field="book"))) == expected
+    # an integer id in jsonl is a group too
+    (tmp_path / "d.jsonl").write_text('{"text": "x", "id": 7}\n')
+    assert list(corpus.iter_grouped(params(tmp_path / "d.jsonl", group_field="id"))) == [("x", "7")]
+
+
+@pytest.mark.parametrize(("name", "content", "message"), [
+    ("c.txt", "a line\n", "corpus.group_field: .*plain text, which has no fields"),
+    ("c.jsonl", '{"text": "x"}\n', "line 1 has no field 'page' \\(set corpus.group_field\\)"),
+    ("c.jsonl", '{"text": "x", "page": true}\n', "line 1: group field 'page' is bool"),
+    ("c.csv", "text\nx\n", "no column 'page' .*set corpus.group_field"),
+])
+def test_bad_group_field_is_one_line(tmp_path, name, content, message):
+    (tmp_path / name).write_text(content, encoding="utf-8")
+    with pytest.raises(RarelmError, match=message):
+        list(corpus.iter_grouped(params(tmp_path / name, group_field="page")))

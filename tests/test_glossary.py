@@ -24,6 +24,7 @@ def test_read_glossaries(tmp_path):
     ref = tmp_path / "ref.tsv"
     ref.write_text("term\tdocuments\nrenal colic\t3\ngout\t2\n", encoding="utf-8")
     assert read_reference(ref) == ["renal colic", "gout"]
+    assert read_glossary(ref) == ["renal colic", "gout"]  # a TSV glossary: its `term` column
     (tmp_path / "empty.txt").write_text("\n \n", encoding="utf-8")
     with pytest.raises(RarelmError, match="holds no term"):
         read_glossary(tmp_path / "empty.txt")

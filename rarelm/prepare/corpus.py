@@ -12,7 +12,12 @@ table (`SeenDigests`, 12-24 bytes each):
     ['test', 'train', 'test', 'test', 'train', 'train']
 
 A document's split is a function of its own text and the seed alone, so adding
-documents to a corpus never moves the others to another split.
+documents to a corpus never moves the others to another split. A corpus whose
+documents come in groups (the sections of one man page, the chapters of a book, the
+notes of one patient) names the group's field (`corpus.group_field`, in a jsonl, csv
+or parquet corpus): the split is then a function of the group and the seed, so a
+group is never split across train, val and test, and a page's own names cannot leak
+from train into test. A document with no group (null or "") is a group of its own.
 """
 
 from __future__ import annotations
@@ -154,11 +159,11 @@ def _decoded_lines(path: Path, errors: str, max_bytes: int) -> Iterator[str]:
         offset += len(raw)
 
 
-def _iter_txt(path: Path, params: CorpusParams) -> Iterator[str]:
+def _iter_txt(path: Path, params: CorpusParams) -> Iterator[tuple[str, None]]:
     lines = _decoded_lines(path, params.encoding_errors, params.max_line_bytes)
     if params.txt_documents == "line":
         for line in lines:
-            yield line.rstrip("\r\n")
+            yield line.rstrip("\r\n"), None
         return
     paragraph: list[str] = []
     size = 0
@@ -171,10 +176,10 @@ def _iter_txt(path: Path, params: CorpusParams) -> Iterator[str]:
                     f"{path}: the document at line {number} is longer than "
                     f"corpus.max_line_bytes = {params.max_line_bytes} bytes; split it or raise the limit")
         elif paragraph:
-            yield "".join(paragraph)
+            yield "".join(paragraph), None
             paragraph, size = [], 0
     if paragraph:
-        yield "".join(paragraph)
+        yield "".join(paragraph), None
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -203,7 +208,7 @@ def _field(record: object, path: Path, where: str, field: str, errors: str) -> s
     return value
 
 
-def _iter_jsonl(path: Path, params: CorpusParams) -> Iterator[str]:
+def _iter_jsonl(path: Path, params: CorpusParams) -> Iterator[tuple[str, str | None]]:
     lines = _decoded_lines(path, params.encoding_errors, params.max_line_bytes)
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -212,27 +217,35 @@ def _iter_jsonl(path: Path, params: CorpusParams) -> Iterator[str]:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
             raise RarelmError(f"{path}: line {number} is not valid JSON: {exc.msg}") from None
-        yield _field(record, path, f"line {number}", params.text_field, params.encoding_errors)
+        text = _field(record, path, f"line {number}", params.text_field, params.encoding_errors)
+        group = None
+        if params.group_field:
+            if params.group_field not in record:
+                raise RarelmError(f"{path}: line {number} has no field {params.group_field!r} "
+                                  "(set corpus.group_field)")
+            group = _group_value(record[params.group_field], path, f"line {number}", params.group_field)
+        yield text, group
 
 
-def _iter_csv(path: Path, params: CorpusParams) -> Iterator[str]:
+def _iter_csv(path: Path, params: CorpusParams) -> Iterator[tuple[str, str | None]]:
     csv.field_size_limit(params.max_line_bytes)  # a quoted field may span lines
     reader = csv.DictReader(_decoded_lines(path, params.encoding_errors, params.max_line_bytes))
     try:
         if reader.fieldnames is None:
             return
-        if params.text_field not in reader.fieldnames:
-            raise RarelmError(
-                f"{path}: no column {params.text_field!r} (columns: {', '.join(reader.fieldnames)}; "
-                "set corpus.text_field)")
+        for field, key in ((params.text_field, "text_field"), (params.group_field, "group_field")):
+            if field and field not in reader.fieldnames:
+                raise RarelmError(
+                    f"{path}: no column {field!r} (columns: {', '.join(reader.fieldnames)}; "
+                    f"set corpus.{key})")
         for row in reader:
-            yield row[params.text_field] or ""
+            yield row[params.text_field] or "", (row[params.group_field] or None) if params.group_field else None
     except csv.Error as exc:  # a field over the limit
         raise RarelmError(f"{path}: line {reader.line_num}: {exc} (corpus.max_line_bytes = "
                           f"{params.max_line_bytes})") from None
 
 
-def _iter_parquet(path: Path, params: CorpusParams) -> Iterator[str]:
+def _iter_parquet(path: Path, params: CorpusParams) -> Iterator[tuple[str, str | None]]:
     import pyarrow as pa  # here: ~0.5 s to import, and only parquet corpora need it
     import pyarrow.parquet as pq
 
@@ -240,11 +253,13 @@ def _iter_parquet(path: Path, params: CorpusParams) -> Iterator[str]:
         table = pq.ParquetFile(path)
     except Exception as exc:  # pyarrow raises several types for a file that is not parquet
         raise RarelmError(f"{path}: not a readable parquet file ({exc})") from None
-    if params.text_field not in table.schema_arrow.names:
-        raise RarelmError(
-            f"{path}: no column {params.text_field!r} (columns: "
-            f"{', '.join(table.schema_arrow.names)}; set corpus.text_field)")
-    batches = table.iter_batches(batch_size=4096, columns=[params.text_field])
+    columns = [params.text_field] + ([params.group_field] if params.group_field else [])
+    for field, key in zip(columns, ("text_field", "group_field")):
+        if field not in table.schema_arrow.names:
+            raise RarelmError(
+                f"{path}: no column {field!r} (columns: "
+                f"{', '.join(table.schema_arrow.names)}; set corpus.{key})")
+    batches = table.iter_batches(batch_size=4096, columns=columns)
     while True:
         try:  # a corrupt or truncated page shows only when its batch is read
             batch = next(batches, None)
@@ -252,20 +267,44 @@ def _iter_parquet(path: Path, params: CorpusParams) -> Iterator[str]:
             raise RarelmError(f"{path}: corrupt parquet data ({exc})") from None
         if batch is None:
             return
-        for value in batch.column(0).to_pylist():
+        groups = batch.column(1).to_pylist() if params.group_field else [None] * batch.num_rows
+        for value, group in zip(batch.column(0).to_pylist(), groups, strict=True):
             if value is not None and not isinstance(value, str):
                 raise RarelmError(f"{path}: column {params.text_field!r} holds "
                                   f"{type(value).__name__} values, not text")
-            yield value or ""
+            yield value or "", _group_value(group, path, "a row", params.group_field)
 
 
 _READERS = {"txt": _iter_txt, "jsonl": _iter_jsonl, "csv": _iter_csv, "parquet": _iter_parquet}
 
 
+def iter_grouped(params: CorpusParams) -> Iterator[tuple[str, str | None]]:
+    """(raw document, its group or None), file after file, in a stable order; the group is
+    `corpus.group_field`'s value (None without one: every document its own group)."""
+    for path in corpus_files(params):
+        fmt = format_of(path, params.format)
+        if params.group_field and fmt == "txt":
+            raise RarelmError(f"corpus.group_field: {path} is plain text, which has no fields; "
+                              "give a jsonl, csv or parquet corpus a group column, or set it to \"\"")
+        yield from _READERS[fmt](path, params)
+
+
 def iter_documents(params: CorpusParams) -> Iterator[str]:
     """Raw documents of the corpus, file after file, in a stable order."""
-    for path in corpus_files(params):
-        yield from _READERS[format_of(path, params.format)](path, params)
+    for text, _ in iter_grouped(params):
+        yield text
+
+
+def _group_value(value: object, path: Path, where: str, field: str) -> str | None:
+    """A group name: a string or an integer (an id); null or "" is no group."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    raise RarelmError(f"{path}: {where}: group field {field!r} is {type(value).__name__}, "
+                      "not a string or an integer")
 
 
 def detect_language(texts: Iterable[str]) -> str:
@@ -340,10 +379,11 @@ def prepare(params: CorpusParams, out_dir: Path) -> dict:
     stats = {s: {"documents": 0, "characters": 0} for s in SPLITS}
     dropped_short = duplicates = 0
     seen = SeenDigests()
+    groups = {s: SeenDigests() for s in SPLITS}  # distinct groups per split (group_field only)
     sample: list[str] = []
     files = {s: open(out_dir / f"{s}.jsonl", "w", encoding="utf-8", newline="\n") for s in SPLITS}
     try:
-        for raw in iter_documents(params):
+        for raw, group in iter_grouped(params):
             text = clean(raw)
             if len(text) < params.min_chars:
                 dropped_short += 1
@@ -351,7 +391,11 @@ def prepare(params: CorpusParams, out_dir: Path) -> dict:
             if params.dedup and not seen.add(hashlib.blake2b(text.encode(), digest_size=8).digest()):
                 duplicates += 1
                 continue
-            split = split_of(text, params.split_seed, params.val_fraction, params.test_fraction)
+            # a group's documents share the split of its name; without one, a document's own text
+            key = text if group is None else group
+            split = split_of(key, params.split_seed, params.val_fraction, params.test_fraction)
+            if params.group_field:
+                groups[split].add(hashlib.blake2b(f"{group is None}\0{key}".encode(), digest_size=8).digest())
             files[split].write(json.dumps({"text": text}, ensure_ascii=False) + "\n")
             stats[split]["documents"] += 1
             stats[split]["characters"] += len(text)
@@ -366,6 +410,9 @@ def prepare(params: CorpusParams, out_dir: Path) -> dict:
     if stats["train"]["documents"] == 0:
         raise RarelmError(f"corpus.path: {params.path} left no document for the train split")
     language = params.language if params.language != "auto" else detect_language(sample)
+    if params.group_field:  # documents without a group count as groups of their own
+        for s in SPLITS:
+            stats[s]["groups"] = len(groups[s])
     return {**stats, "documents": total, "dropped_short": dropped_short,
             "duplicates": duplicates, "language": language}
 

@@ -11,7 +11,9 @@ from rarelm.rare_terms.segmentation import normalize_term
 
 
 def read_glossary(path: str | Path) -> list[str]:
-    """A user glossary: one term per line (UTF-8); blank lines and duplicates are skipped."""
+    """A user glossary: one term per line (UTF-8), or a TSV whose header's first column is
+    `term` (its first column; data/raw/foldoc_en.glossary.tsv); blank lines and duplicates
+    are skipped."""
     path = Path(path)
     try:
         text = path.read_bytes().decode("utf-8-sig")
@@ -20,7 +22,10 @@ def read_glossary(path: str | Path) -> list[str]:
     except UnicodeDecodeError as exc:
         raise RarelmError(f"rare.glossary: {path} is not valid UTF-8 (byte {exc.start}); "
                           "save it as UTF-8, one term per line") from None
-    terms = list(dict.fromkeys(t for line in text.splitlines() if (t := " ".join(line.split()))))
+    lines = text.splitlines()
+    if lines and "\t" in lines[0] and lines[0].split("\t")[0].strip().lower() == "term":
+        lines = [line.split("\t")[0] for line in lines[1:]]
+    terms = list(dict.fromkeys(t for line in lines if (t := " ".join(line.split()))))
     if not terms:
         raise RarelmError(f"rare.glossary: {path} holds no term (one term per line, UTF-8)")
     return terms

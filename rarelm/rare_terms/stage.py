@@ -43,6 +43,9 @@ def rare_terms(params, reference_glossary: str, prepared_dir: Path, tokenized_di
     """
     data = TokenizedData.open(tokenized_dir)
     tokenizer = load_tokenizer(data.tokenizer_dir, data.vocab_size)
+    if not params.tfidf and not params.glossary:
+        raise RarelmError("rare.tfidf: false leaves no term without a rare.glossary; "
+                          "set rare.glossary or rare.tfidf: true")
     glossary = read_glossary(params.glossary) if params.glossary else []
     reference = read_reference(reference_glossary) if reference_glossary else []
     stats = _prepared_stats(prepared_dir)
@@ -57,8 +60,9 @@ def rare_terms(params, reference_glossary: str, prepared_dir: Path, tokenized_di
     # stratum of evaluate); every term's count stays the train split's (add_occurrences)
     held_out = [d for split in ("val", "test") for d in read_split(prepared_dir, split)] \
         if params.tfidf_all_splits else []
+    # rare.tfidf: false: the glossary supplies the terms (a corpus with its own: foldoc_en)
     extracted = tfidf_terms(documents + held_out, segmenter, params.ngram_max, params.min_df, params.max_df,
-                            params.min_count, params.min_mean_tf, params.top_k)
+                            params.min_count, params.min_mean_tf, params.top_k) if params.tfidf else []
     table = term_table(count_phrases(documents, segmenter, glossary, len(documents)), extracted)
 
     metrics = {"language": language, "documents": len(documents),
