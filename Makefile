@@ -7,7 +7,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 
 # `make` alone lists the targets.
 .DEFAULT_GOAL := help
-.PHONY: help repro test lint ui demo report headline realtext headline-realtext curve-realtext show corpora base smollm2 clean-venv
+.PHONY: help repro test test-fast lint ui demo report headline realtext headline-realtext curve-realtext show corpora base smollm2 clean-venv
 
 # dvc.yaml runs each stage as `python -m stages.<name>`, found on the PATH. This startup hook
 # (a .pth file in the venv's site-packages, run by its python at every start) puts the venv's
@@ -40,6 +40,11 @@ repro: $(VENV)/.installed  ## run (or re-run) the whole DAG on params.yaml
 
 test: lint  ## lint (ruff), then the test suite
 	$(BIN)/python -m pytest -n 2
+
+# The fast lane: everything but the tests marked slow (whole-DAG runs, torchrun, DVC experiments and
+# queues: tests/conftest.py lists them); a few minutes on two cores. `make test` stays the full suite.
+test-fast: lint  ## lint, then the tests not marked slow (pytest -n 2 -m "not slow")
+	$(BIN)/python -m pytest -n 2 -m "not slow"
 
 lint: $(VENV)/.installed-dev  ## ruff on the code, tests and benchmarks
 	$(BIN)/ruff check rarelm stages tests bench

@@ -11,7 +11,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TypeVar
 
@@ -88,8 +88,46 @@ SLOW_FIRST = ("tests/test_headline.py", "tests/test_reliability.py", "tests/test
 SPREAD = ("tests/test_reliability.py",)
 
 
+# `make test-fast` (`pytest -m "not slow"`) leaves out what takes minutes: whole-DAG runs, torchrun
+# training, DVC experiments and queues; `make test` runs everything. Slow are the tests of
+# SLOW_FILES, those that use a fixture named in SLOW_FIXTURES for their file (it builds such a run,
+# so a new test on it is slow without being listed), and SLOW_TESTS. tests/test_conftest.py checks
+# that every name here still exists. (A test can also carry `@pytest.mark.slow` itself.)
+SLOW_FILES = ("tests/test_pipeline.py", "tests/test_reliability.py", "tests/test_early_stop.py")
+SLOW_FIXTURES = {
+    "tests/test_train.py": {"trained"},  # dvc repro with two DDP processes, then more runs on it
+    "tests/test_headline.py": {"repo"},  # three rounds of queued DVC experiments
+    "tests/test_compare.py": {"dvc_repo"},  # `dvc exp run --temp` experiments
+    "tests/test_evaluate.py": {"repo"},  # dvc repro through evaluate
+    "tests/test_weights.py": {"repo"},  # dvc repro weights, en then zh
+    "tests/test_smollm2.py": {"repo"},  # a fine-tune of the converted llama through evaluate
+}
+SLOW_TESTS = {
+    "tests/test_train.py::test_gpu_check_falls_back_to_cpu_without_a_gpu",  # five short trainings
+    "tests/test_release.py::test_release_tags_the_model_that_dvc_artifacts_get_downloads",  # DVC remote
+}
+
+
+def is_slow(nodeid: str, fixtures: Iterable[str]) -> bool:
+    """Whether a test belongs to the slow lane by the lists above.
+
+    >>> is_slow("tests/test_train.py::test_crash[fp32]", ["trained", "tmp_path"])
+    True
+    >>> is_slow("tests/test_train.py::test_lr_warms_up_then_decays_to_min_lr", [])
+    False
+    """
+    path = nodeid.split("::")[0]
+    return (path in SLOW_FILES or bool(SLOW_FIXTURES.get(path, set()) & set(fixtures))
+            or nodeid.split("[")[0] in SLOW_TESTS)
+
+
+@pytest.hookimpl(tryfirst=True)  # marked before `-m "not slow"` deselects
 def pytest_collection_modifyitems(config, items) -> None:
-    """The SLOW_FIRST files first, in that order; the order within a file stays."""
+    """Mark the slow tests; the SLOW_FIRST files first, in that order; the order within a file stays."""
+    for item in items:
+        if is_slow(item.nodeid, getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
     def rank(item) -> int:
         path = item.nodeid.split("::")[0]
         return SLOW_FIRST.index(path) if path in SLOW_FIRST else len(SLOW_FIRST)
