@@ -13,6 +13,7 @@ import dataclasses
 import gzip
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -92,8 +93,16 @@ def repo(tmp_path_factory) -> dict:
     run(["git", "add", "-A"], root, check=True)
     run(["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "init"], root, check=True)
     log: list[str] = []
-    result = hl.headline(root, Plan.load(root / "plan.yaml"), root / "reports", root / "results.md",
-                         log=log.append, poll=1)
+    try:
+        result = hl.headline(root, Plan.load(root / "plan.yaml"), root / "reports", root / "results.md",
+                             log=log.append, poll=1)
+    except RarelmError as exc:  # say why: the queue as DVC sees it, and each failed experiment's log
+        report = [str(exc), "--- headline's log:", *log, "--- dvc queue status:",
+                  run(["dvc", "queue", "status"], root).stdout]
+        for name in re.findall(rf"{PREFIX}[\w-]+", str(exc)):
+            queue_log = run(["dvc", "queue", "logs", name], root).stdout
+            report += [f"--- dvc queue logs {name}:", queue_log[-2000:]]
+        pytest.fail("\n".join(report))
     return {"root": root, "result": result, "log": log, "trained": trained}
 
 

@@ -8,6 +8,13 @@ ever, and a new worker never takes it up) is marked failed (`dvc queue kill`) an
 Dead means both: `dvc queue status` counts no worker, active or idle (a worker between two tasks
 counts as idle, and celery's answer to that question can time out on a busy machine, so alone the
 count is no proof), and no `dvc exp queue-worker` process runs in the repo.
+
+Finished means the experiment's own record: its exp ref (`existing`), never only its absence from
+the queue. `dvc queue status` lists the running tasks before the queued ones, so a task the worker
+takes up between the two listings is in neither; on a busy machine that window is seconds wide,
+and a batch was once declared done (and its last experiment failed) while that experiment was just
+starting. One seen neither queued, running nor finished is looked at once more before it counts as
+failed (`settle`).
 """
 
 from __future__ import annotations
@@ -47,17 +54,28 @@ def worker_alive(repo: Path) -> bool:
     return False
 
 
-def queue_state(repo: Path) -> tuple[set[str], set[str]]:
-    """One `dvc queue status`: the names queued or running, and those of them shown running while
-    no worker is counted or alive (their worker died mid-run)."""
+def parse_status(text: str) -> tuple[dict[str, set[str]], int]:
+    """`dvc queue status`'s output: {status: names}, and the workers it counts (active + idle).
+
+    >>> parse_status("Task     Name  Created  Status\\nabc1234  e1    10:00 AM Running\\n"
+    ...              "def5678  e2    10:01 AM Success\\n\\nWorker status: 1 active, 0 idle\\n")
+    ({'Running': {'e1'}, 'Success': {'e2'}}, 1)
+    """
     by_status: dict[str, set[str]] = {}
     workers = 0
-    for line in _dvc(["queue", "status"], repo).splitlines()[1:]:
+    for line in text.splitlines()[1:]:
         words = line.split()
         if line.startswith("Worker status:"):  # "Worker status: 1 active, 0 idle"
             workers = int(words[2]) + int(words[4])
         elif len(words) > 2:
             by_status.setdefault(words[-1], set()).add(words[1])
+    return by_status, workers
+
+
+def queue_state(repo: Path) -> tuple[set[str], set[str]]:
+    """One `dvc queue status`: the names queued or running, and those of them shown running while
+    no worker is counted or alive (their worker died mid-run)."""
+    by_status, workers = parse_status(_dvc(["queue", "status"], repo))
     running = by_status.get("Running", set())
     lost = set() if not running or workers or worker_alive(repo) else running
     return by_status.get("Queued", set()) | running, lost
@@ -129,12 +147,14 @@ def run_batch(repo: Path, batch: list[tuple[str, list[str]]], log: Callable[[str
     # `dvc queue start` returns at once when a worker runs, else it is the worker: in the background
     worker = subprocess.Popen([sys.executable, "-m", "dvc", "queue", "start", "-j", "1"], cwd=repo,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    names, handed = {name for name, _ in todo}, set()
+    names, handed, suspects = {name for name, _ in todo}, set(), set()
     t0, shown, first = time.time(), None, None  # first: (time, waiting) at the first finish seen
     while True:
         time.sleep(poll)
         pending, lost = queue_state(repo)
-        waiting, lost = names & pending, names & lost
+        # the record after the queue: one that finishes in between is seen finished, not missing
+        waiting, _, suspects = settle(names, pending, existing(repo), suspects)
+        lost = waiting & lost
         if not waiting:
             break
         if lost:
@@ -149,12 +169,37 @@ def run_batch(repo: Path, batch: list[tuple[str, list[str]]], log: Callable[[str
             each = (now - first[0]) / (first[1] - len(waiting)) if first and first[1] > len(waiting) else None
             shown = len(waiting)
             log(progress(now - t0, shown, len(todo), each))
-    worker.wait()
+    worker.wait()  # `dvc queue start` spawned a detached worker and returned: only reaped here
     _hand_over(repo, names, handed, finished)
     failed = sorted(names - existing(repo))
     if failed:
         raise RarelmError(f"experiments failed: {', '.join(failed)} (see `dvc queue logs NAME`)")
     return len(todo)
+
+
+def settle(names: set[str], pending: set[str], finished: set[str],
+           suspects: set[str]) -> tuple[set[str], set[str], set[str]]:
+    """One poll's verdict on a batch: (waiting, failed, suspects for the next poll).
+
+    `pending`: the names `dvc queue status` shows queued or running; `finished`: those whose exp
+    ref exists. One neither finished nor pending is a suspect; a suspect of the previous poll that
+    is still neither has failed (a task in the queue's blind spot is running by the next poll):
+
+    >>> polls = [({"a", "b"}, set()), ({"a"}, set()), ({"b"}, {"a"}), (set(), {"a"})]
+    >>> suspects = set()
+    >>> for pending, finished in polls:
+    ...     waiting, failed, suspects = settle({"a", "b"}, pending, finished, suspects)
+    ...     print(sorted(waiting), sorted(failed), sorted(suspects))
+    ['a', 'b'] [] []
+    ['a', 'b'] [] ['b']
+    ['b'] [] []
+    ['b'] [] ['b']
+    >>> [sorted(x) for x in settle({"a", "b"}, set(), {"a"}, {"b"})]
+    [[], ['b'], ['b']]
+    """
+    unseen = names - finished - pending
+    failed = unseen & suspects
+    return names - finished - failed, failed, unseen  # a failed one stays failed
 
 
 def _hand_over(repo: Path, names: set[str], handed: set[str], finished: Callable[[str], None]) -> set[str]:
