@@ -59,7 +59,7 @@ def imported_names(path: Path, root: Path) -> list[str]:
 def import_closure(module: str, root: Path = REPO) -> list[str]:
     """The files under root (posix, relative to root) that `python -m module` may run."""
     seen: set[Path] = set()
-    todo = [module]
+    todo = [module, f"{module}.__main__"]  # `python -m package` runs its __main__.py
     while todo:
         name = todo.pop()
         prefixes = name.split(".")
@@ -206,3 +206,8 @@ def test_check_names_the_uncovered_file_and_the_unused_dep(root):
     assert unused_code_deps(pipeline, stages, root) == {"demo": ["pkg/unused.py"]}
     stages["demo"]["deps"] = ["stages", "pkg"]
     assert uncovered_code(pipeline, stages, root) == {} and unused_code_deps(pipeline, stages, root) == {}
+
+
+def test_closure_of_a_package_run_with_dash_m_includes_its_main(root):
+    (root / "pkg/__main__.py").write_text("from pkg import b\n")
+    assert import_closure("pkg", root) == ["pkg/__init__.py", "pkg/__main__.py", "pkg/b.py"]
