@@ -144,7 +144,7 @@ def run_batch(repo: Path, batch: list[tuple[str, list[str]]], log: Callable[[str
         _dvc(["exp", "run", "--queue", "-q", "-n", name, *[x for s in sets for x in ("-S", s)]], repo)
     if not todo:
         return 0
-    # `dvc queue start` returns at once when a worker runs, else it is the worker: in the background
+    # `dvc queue start` spawns a detached worker (none if one runs) and returns: its end says nothing
     worker = subprocess.Popen([sys.executable, "-m", "dvc", "queue", "start", "-j", "1"], cwd=repo,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     names, handed, suspects = {name for name, _ in todo}, set(), set()
