@@ -141,8 +141,9 @@ def test_dvc_yaml_declares_the_model_artifact_and_one_training_curves_plot(repo)
 
 def test_every_plot_has_a_title_and_bucket_perplexity_a_log_axis(repo):
     """`dvc plots show` as DVC renders dvc.yaml: a title on each chart; the bucket chart on a log
-    x axis (.dvc/plots/bar_horizontal_log.json is DVC's bar_horizontal with only that changed), so
-    `unseen` (~10^5) does not flatten the other buckets."""
+    x axis (.dvc/plots/bar_horizontal_log.json is DVC's bar_horizontal with only that changed, and
+    bars from perplexity 1), so `unseen` (~10^5) does not flatten the other buckets; the term chart
+    in three panels (.dvc/plots/term_bands.json)."""
     from tests.conftest import REPO
 
     shown = json.loads(run(["dvc", "plots", "show", "--json"], REPO, check=True).stdout)["data"]
