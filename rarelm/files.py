@@ -26,6 +26,13 @@ from typing import Any
 from rarelm.fmt import csv_cell
 
 
+def check_held_params() -> None:
+    """rarelm.params.check_held_params (imported here on use: params does not import files)."""
+    from rarelm.params import check_held_params as check
+
+    check()
+
+
 def _tmp_sibling(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp-{os.getpid()}")
 
@@ -74,6 +81,7 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
     tmp.mkdir()
     try:
         yield tmp
+        check_held_params()  # not under params other than those the stage started with
         old = path.with_name(f".{path.name}.old-{os.getpid()}")
         if path.exists():
             path.rename(old)
@@ -96,6 +104,7 @@ def atomic_file(path: str | Path, mode: str = "w") -> Iterator[Any]:
             yield f
             f.flush()
             os.fsync(f.fileno())
+        check_held_params()  # not under params other than those the stage started with
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

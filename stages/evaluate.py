@@ -59,7 +59,7 @@ def evaluate(
         from rarelm.tracking.run import open_run
         from rarelm.tracking.uri import logs_text
 
-        params = load_params(params_file)
+        params = load_params(params_file, hold=True)  # outputs refused if it changes meanwhile
         data = TokenizedData.open(tokenized)
         buckets = load_buckets(rare, data.vocab_size).astype("int64")
         tau = params.eval.logit_adjust_tau  # post-hoc logit adjustment needs the train prior

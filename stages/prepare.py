@@ -27,7 +27,7 @@ def prepare(
 ) -> None:
     """Clean the corpus and split it by document into train/val/test."""
     with user_errors("prepare"):
-        params = load_params(params_file)
+        params = load_params(params_file, hold=True)  # outputs refused if it changes meanwhile
         with atomic_dir(out) as tmp:
             stats = corpus.prepare(params.corpus, tmp)
             write_json(tmp / "stats.json", stats)

@@ -49,7 +49,7 @@ def rare_terms(
     from rarelm.rare_terms import stage
 
     with user_errors("rare_terms"):
-        params = load_params(params_file)
+        params = load_params(params_file, hold=True)  # outputs refused if it changes meanwhile
         with atomic_dir(out) as tmp:
             result = stage.rare_terms(params.rare, params.corpus.reference_glossary, prepared,
                                       tokenized, tmp)

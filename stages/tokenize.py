@@ -34,7 +34,7 @@ def tokenize(
     from rarelm.tokenize import tokenization
 
     with user_errors("tokenize"):
-        params = load_params(params_file)
+        params = load_params(params_file, hold=True)  # outputs refused if it changes meanwhile
         try:
             stats = read_json(prepared / "stats.json")
         except FileNotFoundError:

@@ -23,8 +23,7 @@ from pathlib import Path
 import typer
 
 from rarelm import paths
-from rarelm.errors import (ERROR_DIR_ENV, error_line, first_worker_error, leave_for_launcher,
-                           user_errors)
+from rarelm.errors import ERROR_DIR_ENV, error_line, first_worker_error, leave_for_launcher, user_errors
 from rarelm.params import load_params
 
 app = typer.Typer(add_completion=False, help=__doc__)
@@ -105,7 +104,7 @@ def train(
                   plots=plots, metrics_dir=metrics.parent, cache=cache)
     worker = "LOCAL_RANK" in os.environ
     with user_errors("train"):
-        params = load_params(params_file)
+        params = load_params(params_file, hold=True)  # outputs refused if it changes meanwhile
         if not worker:  # under torchrun, each worker checks the world size it is in
             check_world_size(params.train.strategy, params.train.nproc)
             lora.check(params.model)  # before the workers: one line, not a race of them

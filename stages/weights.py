@@ -47,7 +47,7 @@ def weights(
     from rarelm.weights.stage import compute
 
     with user_errors("weights"):
-        params = load_params(params_file)
+        params = load_params(params_file, hold=True)  # outputs refused if it changes meanwhile
         values, scores, stats, histogram = compute(params, tokenized, rare_dir)
         with atomic_dir(out) as tmp:
             np.save(tmp / "weights.npy", values)

@@ -1,8 +1,11 @@
+import sys
+
 import pytest
+import yaml
 
 from rarelm.errors import RarelmError
 from rarelm.params import Params, load_params
-from tests.conftest import REPO
+from tests.conftest import BIN, REPO, run
 
 
 def test_repo_params_load_and_match_defaults_types():
@@ -166,3 +169,54 @@ def test_billion_laughs_params_file_is_refused_at_once(tmp_path):
     line = result.stderr.strip()
     assert line.startswith("rarelm prepare: error: params: corpus.path = [['lol', 'lol', ") and \
         line.endswith("] is not allowed (must be a string)") and len(line) < 1000, line
+
+
+# Read differently by PyYAML (YAML 1.1) and by DVC (ruamel.yaml, YAML 1.2), but `1_7` (17 for both):
+# `0o17` is 15 in YAML 1.2 and a string in 1.1, `1e-1` a float and a string, `1:20` a string and 80.
+TRICKY = """\
+seed: 0o17
+alpha: 1e-1
+corpus:
+  split_seed: 1_7
+  text_field: 1:20
+train:
+  max_steps: 010
+  lr: 5e-4
+"""
+
+
+def test_params_are_read_as_dvc_reads_them(tmp_path):
+    """Both readers on the same file: rarelm's values are DVC's (PyYAML's were not: max_steps 8)."""
+    from dvc.utils.serialize import parse_yaml
+
+    path = tmp_path / "params.yaml"
+    path.write_text(TRICKY)
+    dvc = parse_yaml(TRICKY, str(path))
+    ours = load_params(path)
+    assert (ours.seed, ours.alpha, ours.corpus.split_seed, ours.corpus.text_field,
+            ours.train.max_steps, ours.train.lr) == \
+        (dvc["seed"], dvc["alpha"], dvc["corpus"]["split_seed"], dvc["corpus"]["text_field"],
+         dvc["train"]["max_steps"], dvc["train"]["lr"]) == (15, 0.1, 17, "1:20", 10, 0.0005)
+    pyyaml = yaml.safe_load(TRICKY)  # what the stages read before
+    assert (pyyaml["seed"], pyyaml["corpus"]["text_field"], pyyaml["train"]["max_steps"]) == \
+        ("0o17", 80, 8)
+
+
+DUPLICATED = "train:\n  lr: 0.01\n  batch_size: 4\nalpha: 0.0\ntrain:\n  lr: 0.003\n"
+
+
+@pytest.mark.parametrize("command", [["python", "-m", f"stages.{name}"] for name in
+                                     ("prepare", "tokenize", "rare_terms", "weights", "train", "evaluate")]
+                         + [["rarelm", "prepare"], ["rarelm", "register", "x"]],
+                         ids=lambda c: " ".join(c[-2:]))
+def test_a_key_given_twice_is_refused_by_every_stage_and_command(tmp_path, command):
+    """A second `train:` section appended by hand: DVC refuses the file; the stages took the last
+    one silently (lr 0.01 became 0.003). Now one line, exit 2, before anything is written."""
+    (tmp_path / "params.yaml").write_text(DUPLICATED)
+    exe = [sys.executable] if command[0] == "python" else [str(BIN / command[0])]
+    result = run([*exe, *command[1:], "--params", "params.yaml"], tmp_path)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr[-3000:]
+    assert ': error: params file params.yaml: key "train" appears twice (again at line 5); keep one' \
+        in lines[0], lines[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]

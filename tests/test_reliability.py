@@ -930,39 +930,6 @@ def test_a_pretrained_model_every_rank_refuses_is_one_line_at_nproc_2(upto_weigh
 
 # ------------------------------------------------------ one reading of params.yaml
 
-# Read differently by PyYAML (YAML 1.1) and by DVC (ruamel.yaml, YAML 1.2). `seed: 0o17` and
-# `corpus.split_seed: 1_7` are the same for both; `1:20` (YAML 1.1: 80) is a string in YAML 1.2.
-TRICKY = """\
-seed: 0o17
-alpha: 1e-1
-corpus:
-  split_seed: 1_7
-  text_field: 1:20
-train:
-  max_steps: 010
-  lr: 5e-4
-"""
-
-
-def test_params_are_read_as_dvc_reads_them(tmp_path):
-    """Both readers on the same file: rarelm's values are DVC's (PyYAML's were not: max_steps 8)."""
-    from dvc.utils.serialize import parse_yaml
-
-    from rarelm.params import load_params
-
-    path = tmp_path / "params.yaml"
-    path.write_text(TRICKY)
-    dvc = parse_yaml(TRICKY, str(path))
-    ours = load_params(path)
-    assert (ours.seed, ours.alpha, ours.corpus.split_seed, ours.corpus.text_field,
-            ours.train.max_steps, ours.train.lr) == \
-        (dvc["seed"], dvc["alpha"], dvc["corpus"]["split_seed"], dvc["corpus"]["text_field"],
-         dvc["train"]["max_steps"], dvc["train"]["lr"]) == (15, 0.1, 17, "1:20", 10, 0.0005)
-    pyyaml = yaml.safe_load(TRICKY)  # what the stages read before
-    assert (pyyaml["seed"], pyyaml["corpus"]["text_field"], pyyaml["train"]["max_steps"]) == \
-        ("0o17", 80, 8)
-
-
 def test_max_steps_010_trains_the_10_steps_dvc_records(upto_weights, tmp_path):
     """`max_steps: 010` typed by hand: DVC records 10, and 10 steps are trained (were 8)."""
     result = train_stage(upto_weights, tmp_path, edit=lambda text: re.sub(
@@ -971,20 +938,44 @@ def test_max_steps_010_trains_the_10_steps_dvc_records(upto_weights, tmp_path):
     assert json.loads((tmp_path / "train.json").read_text())["steps"] == 10  # PyYAML: 8
 
 
-DUPLICATED = "train:\n  lr: 0.01\n  batch_size: 4\nalpha: 0.0\ntrain:\n  lr: 0.003\n"
-
-
-@pytest.mark.parametrize("command", [["python", "-m", f"stages.{name}"] for name in
-                                     ("prepare", "tokenize", "rare_terms", "weights", "train", "evaluate")]
-                         + [["rarelm", "prepare"], ["rarelm", "register", "x"]],
-                         ids=lambda c: " ".join(c[-2:]))
-def test_a_key_given_twice_is_refused_by_every_stage_and_command(tmp_path, command):
-    """A second `train:` section appended by hand: DVC refuses the file; the stages took the last
-    one silently (lr 0.01 became 0.003). Now one line, exit 2, before anything is written."""
-    (tmp_path / "params.yaml").write_text(DUPLICATED)
-    exe = [sys.executable] if command[0] == "python" else [str(BIN / command[0])]
-    result = run([*exe, *command[1:], "--params", "params.yaml"], tmp_path)
-    line = assert_one_line_error(result, ': error: params file params.yaml: key "train" appears twice '
-                                         "(again at line 5); keep one")
-    assert result.returncode == 2, line
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]
+def test_params_changed_while_training_saves_nothing_and_keeps_the_earlier_outputs(upto_weights, tmp_path):
+    """A second `dvc exp run` in the workspace writes its `-S` value into params.yaml while the
+    first one trains: the first run's outputs were saved under params it was not trained with.
+    Now the stage refuses to put them in place (one line, exit 2): the earlier ones stay, and
+    the checkpoints too, so the run resumes once the params are back."""
+    params = yaml.safe_load((upto_weights / "params.yaml").read_text())
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    set_params(tmp_path, **{"train.nproc": 2, "train.max_steps": 120, "train.checkpoint_every": 20,
+                            "train.eval_every": 120})
+    earlier = {"model": tmp_path / "model", "metrics": tmp_path / "train.json",
+               "plots": tmp_path / "train.csv"}
+    earlier["model"].mkdir()
+    (earlier["model"] / "config.json").write_text("{}")
+    earlier["metrics"].write_text('{"steps": 1}\n')
+    earlier["plots"].write_text("step\n1\n")
+    before = tree_digest(*earlier.values())
+    log = tmp_path / "train.log"
+    proc = start([sys.executable, "-m", "stages.train", "--params", str(tmp_path / "params.yaml"),
+                  "--out", str(earlier["model"]), "--metrics", str(earlier["metrics"]),
+                  "--plots", str(earlier["plots"]), "--cache", str(tmp_path / "cache"), "--no-progress"],
+                 upto_weights, log, env={"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'm.db'}"})
+    try:
+        deadline = time.monotonic() + 300
+        while not list(tmp_path.glob("cache/*/step-*")):
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.01)
+        set_params(tmp_path, **{"train.lr": 0.01})  # what `dvc exp run -S train.lr=0.01` writes
+        proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            kill_tree(proc)
+    errors = [line for line in log.read_text().splitlines() if ": error:" in line or "Traceback" in line]
+    assert errors == [f"rarelm train: error: params file {tmp_path / 'params.yaml'} changed while this "
+                      "run was going (train.lr: 0.003 -> 0.01); its outputs are not saved and the "
+                      "previous ones stay. To run experiments side by side use `dvc exp run --queue` "
+                      "(then `dvc queue start`) or separate clones; put the params back and re-run "
+                      "(training resumes from its last checkpoint)"], log.read_text()[-3000:]
+    assert proc.returncode == 2
+    assert tree_digest(*earlier.values()) == before
+    assert list(tmp_path.glob("cache/*/step-*")) and leftovers(tmp_path) == []
