@@ -83,6 +83,14 @@ def test_stage_outputs(work, tiny_raw):
          "reference_in_train": metrics["extraction"]["reference_in_train"]})
     assert metrics["extraction"]["f1"] > 0.8  # tiny corpus: 40 terms, some seen once or never
     assert metrics["buckets"]["rare"]["share"] <= 0.05 <= metrics["buckets"]["frequent"]["share"] - 0.75
+    quality = metrics["term_list_quality"]  # its figures by hand: tests/test_quality.py
+    assert sum(quality["terms_by_train_count"].values()) == len(rows)
+    assert quality["test_matches"] >= quality["test_occurrences"] > 0
+    # rare.tfidf: false: the glossary supplies every term
+    set_params(work, **{"rare.tfidf": False})
+    stage("rare_terms", work, check=True)
+    rows = [json.loads(line) for line in (work / "data/rare/terms.jsonl").read_text().splitlines()]
+    assert [r["source"] for r in rows] == ["glossary", "glossary"]
 
 
 @pytest.mark.parametrize(("setup", "message"), [
@@ -91,6 +99,7 @@ def test_stage_outputs(work, tiny_raw):
     ({"rare.glossary": "missing.txt"}, "rare.glossary: no such file: missing.txt"),
     ({"rare.rare_share": 1e-6}, "leave the rare bucket empty"),
     ({"rare.frequent_share": 1.5}, "rare.frequent_share = 1.5 is not allowed"),
+    ({"rare.tfidf": False}, "rare.tfidf: false leaves no term without a rare.glossary"),
     ({"vocab": "meta"}, "the vocabulary does not match the tokenized data"),
     ({"vocab": "tokens"}, "outside the vocabulary"),
 ])

@@ -96,3 +96,10 @@ def test_a_single_han_character_is_no_tfidf_term():
     terms = tfidf_terms(docs, Segmenter("zh"), ngram_max=1, min_df=1, max_df=1.0,
                         min_count=2, min_mean_tf=1.0, top_k=10)
     assert "键" not in [t.term for t in terms] and "状态" in [t.term for t in terms]
+
+
+def test_count_phrases_keeps_terms_the_analyzer_cannot_read_whole():
+    docs = ["C and C++ on the 80386.", "C again."]
+    stats = count_phrases(docs, Segmenter("en"), ["C", "C++", "80386"], n_docs=2)
+    # "C++" is the word "c" to the analyzer: not C's figures, but 0; "80386" is no word at all
+    assert [(stats[t].count, stats[t].df) for t in ("C", "C++", "80386")] == [(3, 2), (0, 0), (0, 0)]

@@ -164,6 +164,7 @@ def _dictd_entries(archive: Archive, name: str) -> Iterator[tuple[str, str]]:
 
 _CROSS_REFERENCE = re.compile(r"\{([^{}]*)\}")
 _GLOSSARY_MAX_WORDS = 8  # a longer cross-reference is a title ("Home of the Brave Ada Programmers")
+_WORD = re.compile(r"\w+")
 
 
 def foldoc_en(archive: Archive) -> Iterator[str]:
@@ -174,36 +175,53 @@ def foldoc_en(archive: Archive) -> Iterator[str]:
         yield _one_line(_CROSS_REFERENCE.sub(r"\1", entry))
 
 
-def cross_references(entries: Iterable[tuple[str, str]]) -> list[tuple[str, int, int]]:
+def cross_references(entries: Iterable[tuple[str, str]],
+                     headwords: Iterable[str] = ()) -> list[tuple[str, int, int]]:
     """FOLDOC's cross-references as a glossary: (term, references, entry) rows, most referenced
     first (ties by term). A reference names another entry ("{Unix}", "{shells}"); its term is
     what the braces hold, as the text shows it, one row for all its spellings by case (written
-    as most often); `entry` is 1 where a headword is the term (whatever its case), 0 where the
-    reference names it another way (a plural, a variant). Left out: links (a URL inside) and
-    titles (more than 8 words).
+    as most often); `entry` is 1 where a headword (of `entries` or `headwords`: the index
+    names an entry by several) is the term (whatever its case), 0 where the
+    reference names it another way (a plural, a variant). Left out: links (a URL inside),
+    titles (more than 8 words), English function words ("in", "at": entries for the word, no
+    domain terms), and one-word terms that the corpus mostly writes in another case ("AT",
+    the IBM PC/AT, is "at" 19 times in 20): the pipeline finds terms whatever their case, so
+    such a term would mostly be found where the text means the common word.
 
-    >>> cross_references([("Unix", "An {operating system}; see {Unix} {shells}, {unix}."),
-    ...                   ("shell", "A {wiki (http://a.b/c)} page.")])
+    >>> cross_references([("Unix", "An {operating system}; see {Unix} {shells}, {unix}. At {AT}."),
+    ...                   ("shell", "A {wiki (http://a.b/c)} page, {in} at at AT.")])
     [('Unix', 2, 1), ('operating system', 1, 0), ('shells', 1, 0)]
     """
-    heads: set[str] = set()
+    from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS  # here: ~1 s, only FOLDOC needs it
+
+    heads = {head.casefold() for head in headwords}
     spellings: dict[str, Counter[str]] = {}
+    words: Counter[str] = Counter()
     for head, entry in entries:
         heads.add(head.casefold())
+        words.update(_WORD.findall(_CROSS_REFERENCE.sub(r"\1", entry)))
         for match in _CROSS_REFERENCE.finditer(entry):
             term = " ".join(match.group(1).split())
             if term and "://" not in term and len(term.split()) <= _GLOSSARY_MAX_WORDS:
                 spellings.setdefault(term.casefold(), Counter())[term] += 1
+    folded: Counter[str] = Counter()
+    for word, n in words.items():
+        folded[word.casefold()] += n
     rows = []
     for key, written in spellings.items():
         term = min(written, key=lambda w: (-written[w], w))
+        if key in ENGLISH_STOP_WORDS:
+            continue
+        if _WORD.fullmatch(term) and 2 * sum(words[w] for w in written) < folded[key]:
+            continue  # its own spellings are under half of the word's uses
         rows.append((term, sum(written.values()), int(key in heads)))
     return sorted(rows, key=lambda r: (-r[1], r[0]))
 
 
 def foldoc_glossary(archive: Archive) -> list[tuple[str, int, int]]:
-    """FOLDOC's cross-reference glossary (cross_references over every entry)."""
-    return cross_references(_dictd_entries(archive, "foldoc"))
+    """FOLDOC's cross-reference glossary (cross_references over every entry and headword)."""
+    index = archive.text("usr/share/dictd/foldoc.index").splitlines()
+    return cross_references(_dictd_entries(archive, "foldoc"), (line.split("\t")[0] for line in index))
 
 
 _GCIDE_SOURCE = re.compile(r"^\s*\[(?:1913 Webster|Webster 1913 Suppl\.|PJC|WordNet 1\.5)\]\s*", re.MULTILINE)

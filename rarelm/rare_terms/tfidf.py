@@ -34,7 +34,7 @@ from collections.abc import Iterable
 import numpy as np
 from sklearn.feature_extraction.text import TfidfVectorizer
 
-from rarelm.rare_terms.segmentation import Segmenter, join_words
+from rarelm.rare_terms.segmentation import Segmenter, join_words, normalize_term
 
 _ONE_HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
 
@@ -114,16 +114,23 @@ def count_phrases(documents: Iterable[str], segmenter: Segmenter, terms: Iterabl
     """Corpus count, df, idf and score of given terms (e.g. glossary terms), by the same analyzer.
 
     A term is found where a run of whole words reads as the term; Chinese words are
-    compared by their concatenation, however jieba cut the text in between.
+    compared by their concatenation, however jieba cut the text in between. A term the
+    analyzer cannot read back whole ("C++" is the word "c", "80386" no word at all) gets
+    count and df 0 rather than another term's figures; the text search still finds it
+    (`train_occurrences`).
     """
-    wanted: dict[str, str] = {}
+    wanted: dict[str, list[str]] = {}
+    out = {}
     n_max = 1
     for term in terms:
         words = [w for phrase in segmenter.phrases(term) for w in phrase]
-        if words:
-            wanted[join_words(words, segmenter.sep)] = term
-            # in context jieba may cut a Chinese term into a few more words than alone
-            n_max = max(n_max, len(words) + (2 if segmenter.key_sep != segmenter.sep else 0))
+        key = join_words(words, segmenter.sep)
+        if not words or key.replace(" ", "") != normalize_term(term).replace(" ", ""):
+            out[term] = TermStats(normalize_term(term), 0, 0, smooth_idf(0, n_docs), 0.0)
+            continue
+        wanted.setdefault(key, []).append(term)
+        # in context jieba may cut a Chinese term into a few more words than alone
+        n_max = max(n_max, len(words) + (2 if segmenter.key_sep != segmenter.sep else 0))
     count: Counter[str] = Counter()
     df: Counter[str] = Counter()
     analyze, display = segmenter.analyzer(n_max), segmenter.display
@@ -131,9 +138,9 @@ def count_phrases(documents: Iterable[str], segmenter: Segmenter, terms: Iterabl
         found = Counter(shown for g in analyze(doc) if (shown := display(g)) in wanted)
         count.update(found)
         df.update(found.keys())
-    out = {}
-    for key, term in wanted.items():
+    for key, same in wanted.items():
         idf = smooth_idf(df[key], n_docs)
-        out[term] = TermStats(key, count[key], df[key], idf,
-                              count[key] / df[key] * idf if df[key] else 0.0)
+        for term in same:
+            out[term] = TermStats(key, count[key], df[key], idf,
+                                  count[key] / df[key] * idf if df[key] else 0.0)
     return out
