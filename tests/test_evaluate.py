@@ -525,6 +525,23 @@ def tiny_random_lm(arch: str):
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_term_scores_from_the_kept_logits_equal_the_full_pass(arch, monkeypatch):
+    """continuation_scores asks the model for the logits from the first scored position on only
+    (`logits_to_keep`); prompts of different lengths, right padded: the same NLL and ranks, bit for bit,
+    as from every position's logits."""
+    from rarelm.evaluate import scoring
+
+    model = tiny_random_lm(arch)
+    prompts, conts = [[3, 4, 5, 6, 7], [8, 9], [10, 11, 12]], [[13, 14], [15, 16, 17], [18]]
+    kept = scoring.continuation_scores(model, prompts, conts, pad_id=0)
+    monkeypatch.setattr(scoring, "_keeps_logits", lambda model: False)
+    full = scoring.continuation_scores(model, prompts, conts, pad_id=0)
+    for (a_nll, a_rank), (b_nll, b_rank) in zip(kept, full, strict=True):
+        assert np.array_equal(a_nll, b_nll) and np.array_equal(a_rank, b_rank)
+    assert [len(nll) for nll, _ in kept] == [2, 3, 1]
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
 def test_batched_generation_equals_one_at_a_time(arch):
     model = tiny_random_lm(arch)
     prompts = [[5, 6, 7, 8, 9], [1, 2], [3, 4, 5, 6, 7, 8, 9, 10], [11]]

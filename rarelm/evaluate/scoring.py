@@ -9,6 +9,8 @@ path of `eval.batch_size` 1).
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 import torch
 
@@ -45,17 +47,29 @@ def continuation_scores(model, prompts: list[list[int]], continuations: list[lis
     for row, seq in enumerate(seqs):
         ids[row, :len(seq)] = torch.as_tensor(seq)
         mask[row, :len(seq)] = 1
+    # logits only from the first scored position on (the prompts' own positions are not scored): the
+    # output layer and the softmax over the vocabulary were most of this pass, for 64-token prompts
+    # and 2-3 token terms (docs/evaluation.md, "Cost of the user-facing metrics")
+    keep = width - min(len(p) for p in prompts) + 1
+    extra = {"logits_to_keep": keep} if _keeps_logits(model) else {}
     with torch.no_grad():
-        logits = model(input_ids=ids.to(model.device), attention_mask=mask.to(model.device)).logits
+        logits = model(input_ids=ids.to(model.device), attention_mask=mask.to(model.device), **extra).logits
+    offset = width - logits.shape[1]  # 0 for a model that returns every position's logits
     logprobs = _log_softmax(logits, logit_bias).cpu()
     out = []
     for row, (prompt, cont) in enumerate(zip(prompts, continuations, strict=True)):
-        positions = torch.arange(len(prompt) - 1, len(prompt) - 1 + len(cont))
+        positions = torch.arange(len(prompt) - 1, len(prompt) - 1 + len(cont)) - offset
         scores = logprobs[row, positions]  # [len(cont), V]
         true = scores.gather(-1, torch.as_tensor(cont)[:, None])
         ranks = 1 + (scores > true).sum(-1)
         out.append(((-true[:, 0]).double().numpy(), ranks.numpy().astype(np.int64)))
     return out
+
+
+def _keeps_logits(model) -> bool:
+    """Whether the model's forward takes `logits_to_keep` (transformers' causal LMs: the last k positions'
+    logits only)."""
+    return "logits_to_keep" in inspect.signature(model.forward).parameters
 
 
 def _trie(candidates: list[list[int]]) -> tuple[dict[tuple, list[int]], dict[tuple, list[int]]]:
