@@ -43,6 +43,7 @@ class AdaptiveGradientGate(Remedy):
     """
 
     name, reshapes = "agg", False
+    needs_logits = True  # its gate sits in the output layer's own backward (`wrap`)
 
     def __init__(self, vocab_size: int, alpha: float, memory: int, device=None):
         self.alpha, self.memory = alpha, max(1, int(memory))

@@ -61,6 +61,10 @@ class FaceWeights(Remedy):
             return None
         return cls(context.counts, params.face_source, params.face_refresh, context.device)
 
+    @property
+    def needs_logits(self) -> bool:
+        return self.source == "predictions"  # the argmax of every row
+
     def on_batch(self, logits: torch.Tensor, y: torch.Tensor, x) -> None:
         with torch.no_grad():
             seen = y if self.source == "targets" else logits.detach().argmax(-1)

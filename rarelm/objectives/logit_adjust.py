@@ -46,3 +46,6 @@ class LogitAdjustment(Remedy):
 
     def adjust_logits(self, logits: torch.Tensor) -> torch.Tensor:
         return logits + self.log_prior
+
+    def logit_bias(self) -> torch.Tensor:
+        return self.log_prior

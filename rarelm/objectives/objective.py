@@ -18,6 +18,7 @@ from rarelm.objectives.agg import AdaptiveGradientGate
 from rarelm.objectives.face import FaceWeights
 from rarelm.objectives.focal import Focal
 from rarelm.objectives.frequent_unlikelihood import FrequentUnlikelihood
+from rarelm.objectives.hidden import HiddenStates
 from rarelm.objectives.kl_base import KlToBase
 from rarelm.objectives.logit_adjust import LogitAdjustment
 from rarelm.objectives.normalize import TargetCountNormalization
@@ -78,6 +79,11 @@ class Objective:
         self.remedies: list[Remedy] = [remedy for remedy in built if remedy is not None]
         self.reshaped = any(remedy.reshapes for remedy in self.remedies)
         self.uses_selection = any(remedy.uses_selection for remedy in self.remedies)
+        self.linear = all(remedy.linear for remedy in self.remedies)
+        biased = any(remedy.logit_bias() is not None for remedy in self.remedies)
+        # a penalty's chunked form reads the model's own log-sum-exp, which a bias would change
+        self.needs_logits = any(remedy.needs_logits for remedy in self.remedies) or (
+            biased and not self.linear)
 
     @classmethod
     def from_params(cls, params: LossParams, buckets, vocab_size: int, device, term_index=None,
@@ -102,10 +108,15 @@ class Objective:
         for remedy in self.remedies:
             remedy.prepare_model(model)
 
-    def __call__(self, logits: torch.Tensor, y: torch.Tensor, starts: np.ndarray,
+    def __call__(self, logits: torch.Tensor | HiddenStates, y: torch.Tensor, starts: np.ndarray,
                  x: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(loss, stats) as `rare_weighted_loss` returns them, for logits [B, T, V], targets [B, T]
-        and inputs x [B, T]."""
+        """(loss, stats) as `rare_weighted_loss` returns them, for logits [B, T, V] (or the
+        `HiddenStates` they come from: the chunked loss, `_chunked_loss`), targets [B, T] and
+        inputs x [B, T]."""
+        if isinstance(logits, HiddenStates):
+            if not self.needs_logits:
+                return self._chunked_loss(logits, y, starts, x)
+            logits = logits.logits()
         for remedy in self.remedies:
             remedy.on_batch(logits, y, x)
         if self.reshaped:
@@ -134,6 +145,45 @@ class Objective:
         # the logged sums are plain cross-entropy of the model's own logits
         plain = ce if adjusted is raw else F.cross_entropy(raw, targets, reduction="none")
         return loss, plain_stats(plain, self.is_rare[targets])
+
+    def _chunked_loss(self, scores: HiddenStates, y: torch.Tensor, starts: np.ndarray, x
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The loss of `_reshaped_loss` (and of `rare_weighted_loss`) from the hidden states,
+        chunk by chunk (rarelm/objectives/linear_ce.py): the weights first, since no remedy's
+        depend on the logits; a loss linear in the per-target CE as sum(coef * ce) with its
+        gradients made in the same pass, any other from the per-target CE and log-sum-exp."""
+        for remedy in self.remedies:
+            remedy.on_batch(scores, y, x)
+        targets = y.reshape(-1)
+        selected = self.selected(y, starts).reshape(-1) if self.uses_selection else None
+        weights = None
+        for remedy in self.remedies:
+            weights = remedy.target_weights(weights, targets, selected)
+        biases = [b for b in (remedy.logit_bias() for remedy in self.remedies) if b is not None]
+        bias = sum(biases[1:], biases[0]) if biases else None
+        coef = None
+        if self.linear:  # d loss / d ce_t: w_t / sum(w) (or the remedy's denominator), else 1 / N
+            coef = (torch.full((targets.numel(),), 1.0 / targets.numel(), device=targets.device)
+                    if weights is None else weights / self._denominator(weights))
+        ce, lse, plain, weighted = scores.cross_entropy(targets, bias, coef)
+        if self.linear:
+            return weighted, plain_stats(plain, self.is_rare[targets])
+        per_target = ce
+        for remedy in self.remedies:
+            per_target = remedy.transform(per_target)
+        loss = self._mean(per_target, weights)
+        for remedy in self.remedies:
+            penalty = remedy.hidden_penalty(scores, lse, targets, selected)
+            loss = loss if penalty is None else loss + penalty
+        return loss, plain_stats(plain, self.is_rare[targets])
+
+    def _denominator(self, weights: torch.Tensor) -> torch.Tensor:
+        """What sum(w l) is divided by: sum(w), or a remedy's (`loss.normalize`), as `_mean`."""
+        for remedy in self.remedies:
+            denominator = remedy.denominator(weights)
+            if denominator is not None:
+                return denominator
+        return weights.sum().clamp_min(1e-12)
 
     def _mean(self, per_target: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
         """sum(w l) / sum(w), or over the denominator a remedy sets (`loss.normalize`)."""

@@ -14,12 +14,17 @@ neutral default here, so a remedy writes only the hooks it needs:
     target_weights(w, targets, selected)   per-target weights [N] (None = all 1) times its own
     denominator(weights)   what sum(w_t * l_t) is divided by (None: sum(w_t), or N where w is None)
     penalty(z, targets, selected)          a scalar added to the weighted mean
+    logit_bias()           a float32 [V] added to every row of logits (adjust_logits' chunked form)
+    hidden_penalty(scores, lse, targets, selected)   penalty's chunked form, from `HiddenStates`
+                           (rarelm/objectives/hidden.py) and the rows' log-sum-exp [N]
     on_step_end(done, all_reduce)          after optimizer step `done`
     state() / load_state(state)            its checkpointed state (None = nothing to keep)
 
 `reshapes` says whether it changes the loss beyond `rare_weighted_loss` (when no
 remedy does, the objective is exactly that function); `uses_selection` whether it
-reads the selected targets (`loss.targets`).
+reads the selected targets (`loss.targets`); `needs_logits` whether it needs the full
+[N, V] logits (by default: where it adjusts logits or adds a penalty without the chunked
+form of that hook); the objective then makes them, else it never does.
 """
 
 from __future__ import annotations
@@ -62,6 +67,19 @@ class Remedy:
     def reads_counts(cls, params: LossParams) -> str:
         return ""
 
+    @property
+    def needs_logits(self) -> bool:
+        """Whether this remedy needs the full logits (its hooks have no chunked form)."""
+        return (_overrides(self, "adjust_logits") and not _overrides(self, "logit_bias")) or \
+            (_overrides(self, "penalty") and not _overrides(self, "hidden_penalty"))
+
+    @property
+    def linear(self) -> bool:
+        """Whether the loss stays a weighted sum of per-target cross-entropies with it: no
+        transform, no penalty (the chunked loss then computes its gradients in one pass)."""
+        return not (_overrides(self, "transform") or _overrides(self, "penalty")
+                    or _overrides(self, "hidden_penalty"))
+
     @classmethod
     def from_params(cls, params: LossParams, context: Context) -> Remedy | None:
         raise NotImplementedError
@@ -89,6 +107,13 @@ class Remedy:
                 selected: torch.Tensor | None) -> torch.Tensor | None:
         return None
 
+    def logit_bias(self) -> torch.Tensor | None:
+        return None
+
+    def hidden_penalty(self, scores, lse: torch.Tensor, targets: torch.Tensor,
+                       selected: torch.Tensor | None) -> torch.Tensor | None:
+        return None
+
     def on_step_end(self, done: int, all_reduce: Callable[[torch.Tensor], None]) -> None:
         pass
 
@@ -97,3 +122,8 @@ class Remedy:
 
     def load_state(self, state: dict) -> None:
         pass
+
+
+def _overrides(remedy: Remedy, hook: str) -> bool:
+    """Whether `remedy`'s class defines `hook` itself rather than the neutral default here."""
+    return getattr(type(remedy), hook) is not getattr(Remedy, hook)

@@ -55,9 +55,21 @@ def unlikelihood(logits: torch.Tensor, x: torch.Tensor, negatives: torch.Tensor)
     >>> round(unlikelihood(logits, x, context_negatives(x, y)).item(), 4)
     2.6593
     """
-    p = torch.softmax(logits.float(), dim=-1)
-    p_context = p.gather(2, x[:, None, :].expand(-1, x.size(1), -1))  # [B, j, i]: p_j(x_i)
-    return -(torch.log((1.0 - p_context).clamp_min(1e-5)) * negatives).sum()
+    z = logits.float()
+    # log p_j(x_i) from the T context columns and each row's log-sum-exp: no [B, T, V] softmax
+    at_context = z.gather(2, x[:, None, :].expand(-1, x.size(1), -1))  # [B, j, i]: z_j(x_i)
+    return context_penalty(at_context - torch.logsumexp(z, -1, keepdim=True), negatives)
+
+
+def context_penalty(log_p: torch.Tensor, negatives: torch.Tensor) -> torch.Tensor:
+    """sum over the negatives of -log(1 - p), from log p [B, T, T] (1 - p clamped at 1e-5, as the
+    authors' criterion does).
+
+    >>> log_p, negatives = torch.log(torch.tensor([[[0.5, 0.3]]])), torch.tensor([[[True, True]]])
+    >>> round(context_penalty(log_p, negatives).item(), 4)
+    1.0498
+    """
+    return -(torch.log((1.0 - log_p.exp()).clamp_min(1e-5)) * negatives).sum()
 
 
 class Unlikelihood(Remedy):
@@ -81,3 +93,8 @@ class Unlikelihood(Remedy):
     def penalty(self, logits, targets, selected):
         batched = logits.reshape(*self.x.shape, logits.size(-1))
         return self.weight * unlikelihood(batched, self.x, self.negatives) / targets.numel()
+
+    def hidden_penalty(self, scores, lse, targets, selected):
+        """The same from the hidden states: T logits per row (the context's), not V."""
+        log_p = scores.logits_at(self.x) - lse.reshape(*self.x.shape, 1)
+        return self.weight * context_penalty(log_p, self.negatives) / targets.numel()

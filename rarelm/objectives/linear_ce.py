@@ -1,0 +1,151 @@
+"""The output layer and its cross-entropy in chunks of tokens: never the whole [N, V] logits.
+
+    ce, lse, plain, weighted = linear_cross_entropy(hidden, weight, targets, coef=w / w.sum())
+
+At the sizes this project trains (width 128, 4,096-8,192 tokens) the output layer dominates
+a step, and most of its time is memory traffic over the [N, V] logits, their log-softmax and
+its gradient, each written and read back in full. As Cut Cross-Entropy (Wijmans et al. 2024)
+and Liger Kernel's fused linear cross-entropy do on GPUs, this computes the logits of
+`chunk` tokens at a time, which stay in the CPU's cache, and keeps per token only what the
+objectives need:
+
+    z_t        = hidden_t @ weight^T (+ bias)       the chunk's logits, in the compute dtype, then fp32
+    lse_t      = log sum_v exp(z_tv)                 (differentiable)
+    ce_t       = lse_t - z_t[y_t]                    (differentiable)
+    plain_t    = ce_t without the bias               (for the logged sums; no gradient)
+    weighted   = sum_t coef_t * ce_t                 (differentiable; 0 without coef)
+
+Gradients: d/dz_t = (g_ce_t + g_lse_t + g_w * coef_t) softmax(z_t) - (g_ce_t + g_w * coef_t) e_y,
+then grad_hidden = dz @ weight and grad_weight = dz^T @ hidden, chunk by chunk. Where the loss
+is linear in the per-token cross-entropy with weights known in advance (`coef`: plain or
+weighted mean), the forward computes these gradients for `weighted` while the chunk's softmax
+is at hand (Liger's way: one matmul fewer than recomputing), and backward only scales them;
+where another output gets a gradient (a transformed or penalised per-token loss) the backward
+recomputes each chunk's logits (Cut Cross-Entropy's way). Either way the result is today's
+`F.cross_entropy` on the full logits within float rounding (tests/test_linear_ce.py: fp32 and
+bf16).
+
+Worked example: hidden [[1, 0]], weight [[0, 0], [ln 3, 0]] (logits 0, ln 3: softmax 0.25, 0.75),
+target 0: ce = -log 0.25 = 1.386, lse = log 4 = 1.386.
+
+>>> h = torch.tensor([[1.0, 0.0]]); w = torch.tensor([[0.0, 0.0], [math.log(3), 0.0]])
+>>> ce, lse, plain, weighted = linear_cross_entropy(h, w, torch.tensor([0]), coef=torch.ones(1))
+>>> round(ce.item(), 4), round(lse.item(), 4), round(weighted.item(), 4)
+(1.3863, 1.3863, 1.3863)
+"""
+
+from __future__ import annotations
+
+import math  # noqa: F401 (the worked example above)
+
+import torch
+
+CHUNK_ELEMENTS = 2**19  # logits per chunk: 2 MB of fp32, about one core's L2 on this machine kind
+
+
+def chunk_rows(vocab: int) -> int:
+    """Tokens per chunk for a vocabulary of `vocab`: CHUNK_ELEMENTS logits, at least 16 rows.
+
+    >>> chunk_rows(4096), chunk_rows(8192), chunk_rows(200_000)
+    (128, 64, 16)
+    """
+    return max(16, CHUNK_ELEMENTS // vocab)
+
+
+def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                         bias: torch.Tensor | None = None, coef: torch.Tensor | None = None,
+                         chunk: int | None = None):
+    """(ce, lse, plain, weighted) for hidden [N, d], weight [V, d] (one compute dtype), targets
+    [N] (int64), `bias` [V] fp32 added to every row of logits (None: none) and `coef` [N] fp32,
+    the weights of `weighted` = sum(coef * ce) (None: weighted is 0 and carries no gradient).
+    ce, lse and plain are fp32 [N]; plain is ce without the bias (detached)."""
+    chunk = chunk or chunk_rows(weight.size(0))
+    return _LinearCrossEntropy.apply(hidden, weight, targets, bias, coef, chunk)
+
+
+def _chunk_logits(hidden, weight, bias, rows):
+    """The fp32 logits of tokens `rows`: the matmul in the inputs' dtype, as autocast runs lm_head."""
+    z = (hidden[rows] @ weight.t()).float()
+    return z if bias is None else z.add_(bias)
+
+
+def _softmax_and_lse(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """z turned into exp(z - max) in place; (row max, row sum of that, log of the sum)."""
+    top = z.amax(-1, keepdim=True)
+    z.sub_(top).exp_()
+    total = z.sum(-1)
+    return top.squeeze(1), total, total.log()
+
+
+def _accumulate(dz, hidden, weight, rows, grad_hidden, grad_weight) -> None:
+    """grad_hidden[rows] = dz @ weight and grad_weight += dz^T @ hidden[rows], the matmuls in the
+    compute dtype (as the lm_head's backward under autocast), the weight's sum in fp32."""
+    d = dz.to(weight.dtype)
+    if grad_hidden is not None:
+        grad_hidden[rows] = d @ weight
+    if grad_weight is not None:
+        grad_weight.add_(d.t() @ hidden[rows])
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, bias, coef, chunk):
+        n = hidden.size(0)
+        ce, lse = (torch.empty(n, device=hidden.device) for _ in range(2))
+        plain = torch.empty_like(ce)
+        needs = ctx.needs_input_grad
+        eager = coef is not None and (needs[0] or needs[1])
+        grad_hidden = torch.empty_like(hidden) if eager and needs[0] else None
+        grad_weight = torch.zeros(weight.shape, device=weight.device) if eager and needs[1] else None
+        for start in range(0, n, chunk):
+            rows = slice(start, start + chunk)
+            y = targets[rows, None]
+            z = _chunk_logits(hidden, weight, None, rows)
+            if bias is not None:
+                plain[rows] = torch.logsumexp(z, -1) - z.gather(1, y).squeeze(1)
+                z.add_(bias)
+            target_logit = z.gather(1, y).squeeze(1)
+            top, total, log_total = _softmax_and_lse(z)
+            lse[rows] = top + log_total
+            ce[rows] = log_total - (target_logit - top)
+            if eager:  # z is exp(z - max): coef * softmax - coef * onehot
+                c = coef[rows]
+                z.mul_((c / total)[:, None]).scatter_add_(1, y, -c[:, None])
+                _accumulate(z, hidden, weight, rows, grad_hidden, grad_weight)
+        if bias is None:
+            plain.copy_(ce)
+        weighted = (ce * coef).sum() if coef is not None else ce.new_zeros(())
+        ctx.set_materialize_grads(False)
+        ctx.mark_non_differentiable(plain)
+        ctx.save_for_backward(hidden, weight, targets, bias, coef, lse)
+        ctx.chunk, ctx.eager = chunk, (grad_hidden, grad_weight) if eager else None
+        return ce, lse, plain, weighted
+
+    @staticmethod
+    def backward(ctx, g_ce, g_lse, g_plain, g_weighted):
+        hidden, weight, targets, bias, coef, lse = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        if g_ce is None and g_lse is None:  # only `weighted` has a gradient
+            if g_weighted is None or ctx.eager is None:
+                return None, None, None, None, None, None
+            grad_hidden, grad_weight = ctx.eager
+            ctx.eager = None  # a second backward would need retain_graph: recompute then
+            return (grad_hidden * g_weighted.to(grad_hidden.dtype) if grad_hidden is not None else None,
+                    (grad_weight * g_weighted).to(weight.dtype) if grad_weight is not None else None,
+                    None, None, None, None)
+        zeros = torch.zeros_like(lse)
+        on_target = (g_ce if g_ce is not None else zeros)
+        if g_weighted is not None and coef is not None:
+            on_target = on_target + g_weighted * coef
+        on_softmax = on_target + (g_lse if g_lse is not None else zeros)
+        grad_hidden = torch.empty_like(hidden) if needs[0] else None
+        grad_weight = torch.zeros(weight.shape, device=weight.device) if needs[1] else None
+        for start in range(0, hidden.size(0), ctx.chunk):
+            rows = slice(start, start + ctx.chunk)
+            z = _chunk_logits(hidden, weight, bias, rows)
+            z.sub_(lse[rows, None]).exp_().mul_(on_softmax[rows, None])
+            z.scatter_add_(1, targets[rows, None], -on_target[rows, None])
+            _accumulate(z, hidden, weight, rows, grad_hidden, grad_weight)
+        return (grad_hidden, grad_weight.to(weight.dtype) if grad_weight is not None else None,
+                None, None, None, None)
