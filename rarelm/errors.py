@@ -30,7 +30,8 @@ class RarelmError(Exception):
 
 @contextlib.contextmanager
 def user_errors(stage: str) -> Iterator[None]:
-    """Print a RarelmError (or a full disk) as `rarelm <stage>: error: <message>`, exit 2."""
+    """Print a RarelmError, a full disk, an OS error the user can fix (no permission, a dangling
+    link, ...) or running out of memory as `rarelm <stage>: error: <message>`, exit 2."""
     import typer
 
     try:
@@ -55,11 +56,100 @@ def error_line(stage: str, exc: BaseException) -> str | None:
         message = " ".join(str(exc).split())  # always one line
         return f"rarelm {stage}: error: {message}"
     reason = disk_error(exc)
-    if reason is None:
+    if reason is not None:
+        where = f" {exc.filename}:" if getattr(exc, "filename", None) else ""
+        return (f"rarelm {stage}: error: cannot write outputs:{where} {reason} "
+                f"(disk full or file size limit); no half-written output is left")
+    message = os_error(exc) or memory_error(exc, stage)
+    return None if message is None else f"rarelm {stage}: error: {message}"
+
+
+# What to do about an OSError the user can fix, by errno ({path}: the file it names).
+OS_FIXES = {
+    errno.EACCES: "give your user access to it (ls -ld; chmod/chown) or use another folder",
+    errno.EPERM: "give your user access to it (ls -ld; lsattr for the immutable attribute)",
+    errno.ENOTDIR: "a part of the path is a file where a folder is needed: move that file aside",
+    errno.EISDIR: "a folder is where a file is needed: move the folder aside",
+    errno.ELOOP: "a symbolic link on the path points back into itself: fix or remove the link",
+    errno.ENOENT: "check the path (and run the stage that writes it first)",
+    errno.ENAMETOOLONG: "use a shorter path",
+    errno.EEXIST: "something other than a folder is where a folder is needed: move it aside",
+    errno.ENOMEM: "the machine is out of memory: free some, or use smaller batches",
+}
+
+
+def os_error(exc: BaseException) -> str | None:
+    """One line for an OSError a user can fix: the path, what is wrong, what to do; else None.
+
+    A link on the path whose target is missing (`.cache` -> a removed folder) is named as such,
+    whatever the errno (mkdir reports it as "File exists").
+
+    >>> os_error(IsADirectoryError(errno.EISDIR, "Is a directory", ".cache/train/.signing-key"))
+    '.cache/train/.signing-key: Is a directory (a folder is where a file is needed: move the folder aside)'
+    >>> os_error(ConnectionResetError(errno.ECONNRESET, "reset")) is None
+    True
+    """
+    if not isinstance(exc, OSError) or exc.errno is None:
         return None
-    where = f" {exc.filename}:" if getattr(exc, "filename", None) else ""
-    return (f"rarelm {stage}: error: cannot write outputs:{where} {reason} "
-            f"(disk full or file size limit); no half-written output is left")
+    path = exc.filename if isinstance(exc.filename, (str, bytes, os.PathLike)) else None
+    link = dangling_link(path) if path else None
+    if link is not None:
+        where = "" if os.fsdecode(path) == link else f"{os.fsdecode(path)}: "
+        return (f"{where}{link} is a symbolic link to {os.readlink(link)}, which does not exist: "
+                "create its target or remove the link")
+    if exc.errno not in OS_FIXES:
+        return None
+    where = f"{path}: " if path else ""
+    return f"{where}{os.strerror(exc.errno)} ({OS_FIXES[exc.errno]})"
+
+
+def dangling_link(path: str | os.PathLike) -> str | None:
+    """The first component of `path` that is a symbolic link to nothing, else None.
+
+    >>> import tempfile; d = Path(tempfile.mkdtemp()); (d / "cache").symlink_to(d / "gone")
+    >>> dangling_link(d / "cache" / "train") == str(d / "cache")
+    True
+    """
+    try:
+        parts = Path(os.fsdecode(path)).parts
+    except (TypeError, ValueError):
+        return None
+    for i in range(1, len(parts) + 1):
+        here = os.path.join(*parts[:i])
+        if os.path.islink(here) and not os.path.exists(here):
+            return here
+        if not os.path.lexists(here):
+            return None
+    return None
+
+
+# Where a stage's memory goes, to name in an out-of-memory line.
+MEMORY_KNOBS = {
+    "train": "lower train.batch_size (raise train.grad_accum to keep the batch) or model.block_size",
+    "evaluate": "lower eval.batch_size",
+    "compare": "lower --bootstrap",
+    "generate": "lower --max-new-tokens or the prompt's length",
+}
+_TORCH_OOM = re.compile(r"can't allocate memory|out of memory|CUDA out of memory", re.I)
+
+
+def memory_error(exc: BaseException, stage: str) -> str | None:
+    """One line for running out of memory (Python's MemoryError, torch's allocators), else None.
+
+    >>> print(memory_error(RuntimeError("[enforce fail at alloc_cpu.cpp:121] DefaultCPUAllocator: "
+    ...                                 "can't allocate memory: you tried to allocate 8 bytes."), "evaluate"))
+    out of memory (DefaultCPUAllocator: can't allocate memory); lower eval.batch_size
+    """
+    if isinstance(exc, MemoryError):
+        what = "MemoryError"
+    elif type(exc).__name__ == "OutOfMemoryError" or (
+            isinstance(exc, RuntimeError) and _TORCH_OOM.search(str(exc))):
+        text = " ".join(str(exc).split())
+        what = ("DefaultCPUAllocator: can't allocate memory" if "DefaultCPUAllocator" in text
+                else text[:120])
+    else:
+        return None
+    return f"out of memory ({what}); {MEMORY_KNOBS.get(stage, 'free memory or use smaller inputs')}"
 
 
 def say(line: str) -> None:

@@ -979,3 +979,103 @@ def test_params_changed_while_training_saves_nothing_and_keeps_the_earlier_outpu
     assert proc.returncode == 2
     assert tree_digest(*earlier.values()) == before
     assert list(tmp_path.glob("cache/*/step-*")) and leftovers(tmp_path) == []
+
+
+# ------------------------------------------------- OS errors: one line naming the path and the fix
+
+@contextlib.contextmanager
+def unwritable(folder: Path):
+    """A folder nobody can create files in: mode 0555 for a user, the immutable attribute for root
+    (whom file modes do not stop)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+    elif subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode != 0:
+        pytest.skip("root without chattr +i: no way to make a folder unwritable here")
+    try:
+        yield folder
+    finally:
+        if os.geteuid() != 0:
+            folder.chmod(0o755)
+        else:
+            subprocess.run(["chattr", "-i", str(folder)], check=True)
+
+
+def _prepare_os_error(tiny_raw: Path, tmp_path: Path, out: Path) -> subprocess.CompletedProcess:
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"corpus": {
+        "path": str(tiny_raw / "demo_en.txt.gz"), "reference_glossary": ""}}))
+    return stage("prepare", tmp_path, "--params", str(tmp_path / "params.yaml"), "--out", str(out),
+                 "--metrics", str(tmp_path / "prepare.json"))
+
+
+def test_an_unwritable_output_folder_is_one_line_naming_it(tiny_raw, tmp_path):
+    """Was: 45 lines of traceback from prepare (157 from the two ranks of train)."""
+    with unwritable(tmp_path / "data"):
+        result = _prepare_os_error(tiny_raw, tmp_path, tmp_path / "data" / "prepared")
+        assert list((tmp_path / "data").iterdir()) == []
+    why = "Operation not permitted" if os.geteuid() == 0 else "Permission denied"
+    assert_one_line_error(result, f"rarelm prepare: error: {tmp_path}/data/.prepared.tmp-", f": {why} (give "
+                          "your user access to it")
+    assert result.returncode == 2 and not (tmp_path / "prepare.json").exists()
+
+
+def test_an_output_under_a_file_or_a_dangling_link_is_one_line_naming_it(tiny_raw, tmp_path):
+    (tmp_path / "afile").write_text("x")
+    result = _prepare_os_error(tiny_raw, tmp_path, tmp_path / "afile" / "prepared")
+    assert_one_line_error(result, f"rarelm prepare: error: {tmp_path}/afile: File exists (something "
+                          "other than a folder is where a folder is needed: move it aside)")
+    assert result.returncode == 2 and (tmp_path / "afile").read_text() == "x"
+    (tmp_path / "data").symlink_to(tmp_path / "gone")
+    result = _prepare_os_error(tiny_raw, tmp_path, tmp_path / "data" / "prepared")
+    assert_one_line_error(result, f"rarelm prepare: error: {tmp_path}/data is a symbolic link to "
+                          f"{tmp_path}/gone, which does not exist: create its target or remove the link")
+    assert result.returncode == 2 and not (tmp_path / "gone").exists()
+    assert not (tmp_path / "prepare.json").exists()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder", "dangling-cache"])
+def test_a_signing_key_that_is_no_file_or_a_dangling_cache_is_one_line(upto_weights, tmp_path, kind):
+    """`.cache/train/.signing-key` a named pipe: training hung (the key was opened, blocking, before
+    it was checked); a folder: an IsADirectoryError traceback; `.cache` a dangling link: a 64-line
+    FileExistsError. Now one line from the launcher, before torchrun starts, nothing written."""
+    cache = tmp_path / "cache"
+    if kind == "dangling-cache":
+        tmp_path.joinpath("dot-cache").symlink_to(tmp_path / "gone")
+        cache = tmp_path / "dot-cache" / "train"
+    else:
+        cache.mkdir()
+        os.mkfifo(cache / ".signing-key") if kind == "fifo" else (cache / ".signing-key").mkdir()
+    params = yaml.safe_load((upto_weights / "params.yaml").read_text())
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    result = stage("train", upto_weights, "--params", str(tmp_path / "params.yaml"), "--cache", str(cache),
+                   "--out", str(tmp_path / "model"), "--metrics", str(tmp_path / "train.json"),
+                   "--plots", str(tmp_path / "train.csv"), "--no-progress", timeout=120,
+                   env={"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'm.db'}"})
+    expected = {"fifo": f"checkpoint key {cache}/.signing-key: is a named pipe (FIFO), not a file; remove it",
+                "folder": f"checkpoint key {cache}/.signing-key: is a folder, not a file; remove it",
+                "dangling-cache": f"{tmp_path}/dot-cache is a symbolic link to {tmp_path}/gone, which "
+                                  "does not exist: create its target or remove the link"}[kind]
+    assert_one_line_error(result, f"rarelm train: error: {expected}")
+    assert result.returncode == 2
+    assert not any((tmp_path / name).exists() for name in ("model", "train.json", "train.csv", "gone"))
+
+
+def test_out_of_memory_in_training_is_one_line_naming_the_batch_size(upto_weights, tmp_path):
+    """`train.batch_size: 100000` under a 4 GB address-space limit, two ranks: was 581 lines."""
+    params = yaml.safe_load((upto_weights / "params.yaml").read_text())
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    set_params(tmp_path, **{"train.batch_size": 100000, "train.nproc": 2})
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (4 * 2**30, 4 * 2**30))
+
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+           "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'm.db'}"}
+    result = subprocess.run(
+        [sys.executable, "-m", "stages.train", "--params", str(tmp_path / "params.yaml"),
+         "--cache", str(tmp_path / "cache"), "--out", str(tmp_path / "model"), "--metrics",
+         str(tmp_path / "train.json"), "--plots", str(tmp_path / "train.csv"), "--no-progress"],
+        cwd=upto_weights, env=env, capture_output=True, text=True, preexec_fn=limit, timeout=600)
+    assert_one_line_error(result, "rarelm train: error: out of memory (", "); lower train.batch_size")
+    assert result.returncode == 2
+    assert not any((tmp_path / name).exists() for name in ("model", "train.json", "train.csv"))

@@ -52,6 +52,7 @@ import hmac
 import json
 import os
 import shutil
+import stat
 import sys
 import warnings
 from pathlib import Path
@@ -102,13 +103,18 @@ def signing_key(root: str | Path) -> bytes:
     path.parent.mkdir(parents=True, exist_ok=True)
     if not path.exists() and not path.is_symlink():
         _create_key(path)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:  # O_NONBLOCK: a named pipe planted there opens at once (and is refused below), no hang
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as exc:
         raise RarelmError(f"checkpoint key {path}: cannot be read ({exc.strerror}); "
                           "remove it to start afresh") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):  # checked before any read (fdopen of a folder fails too)
+        os.close(fd)
+        raise RarelmError(
+            f"checkpoint key {path}: is a {_kind(info.st_mode)}, not a file; remove it (the "
+            "checkpoints beside it are then not resumed)")
     with os.fdopen(fd, "rb") as f:
-        info = os.fstat(f.fileno())
         secret = f.read(KEY_BYTES + 1)
     if info.st_uid != os.getuid() or info.st_mode & 0o077 or len(secret) != KEY_BYTES:
         raise RarelmError(
@@ -116,6 +122,13 @@ def signing_key(root: str | Path) -> bytes:
             f"(it is uid {info.st_uid}, mode {info.st_mode & 0o777:o}, {len(secret)} bytes); "
             f"remove it (the checkpoints beside it are then not resumed)")
     return secret
+
+
+def _kind(mode: int) -> str:
+    """What a file that is not a regular one is, in words: `_kind(stat.S_IFIFO)` -> "named pipe (FIFO)"."""
+    kinds = {stat.S_ISDIR: "folder", stat.S_ISFIFO: "named pipe (FIFO)", stat.S_ISSOCK: "socket",
+             stat.S_ISCHR: "character device", stat.S_ISBLK: "block device"}
+    return next((name for test, name in kinds.items() if test(mode)), "special file")
 
 
 def _create_key(path: Path) -> None:
