@@ -27,9 +27,11 @@ def prepared(tmp_path_factory, tiny_raw) -> Path:
     return root
 
 
-def _train(root: Path, tmp_path: Path, monkeypatch, name: str, **train_params):
-    """Train 8 steps on one process, validating every step with SCRIPT's losses; returns the metrics,
-    the weights at each validation and the saved model's weights."""
+def _train(root: Path, tmp_path: Path, monkeypatch, name: str, script=SCRIPT, crash_after: int = 0,
+           **train_params):
+    """Train 8 steps on one process, validating every step with `script`'s losses; returns the metrics,
+    the weights at each validation and the saved model's weights. `crash_after`: the first session
+    fails after that step, the second resumes from its last checkpoint (every 2 steps)."""
     from safetensors.torch import load_file
 
     from rarelm.train import loop
@@ -39,15 +41,29 @@ def _train(root: Path, tmp_path: Path, monkeypatch, name: str, **train_params):
         base.train, nproc=1, max_steps=8, eval_every=1, log_every=1, checkpoint_every=2, precision="fp32",
         **train_params))
     snapshots: dict[int, dict[str, torch.Tensor]] = {}
+    at = {"step": 0}  # the step being validated: one validation per step
 
     def scripted(model, *args):
-        step = len(snapshots) + 1
-        snapshots[step] = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        return SCRIPT[step - 1], float("nan")
+        at["step"] += 1
+        snapshots[at["step"]] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        return script[at["step"] - 1], float("nan")
 
     monkeypatch.setattr(loop, "validation_loss", scripted)
     paths = loop.Paths(model=tmp_path / name, metrics=tmp_path / f"{name}.json",
                        plots=tmp_path / f"{name}.csv", cache=tmp_path / f"cache-{name}")
+    if crash_after:
+        real_lr_at = loop.lr_at
+
+        def crash(step, tp):
+            if step == crash_after:
+                raise RuntimeError("killed")
+            return real_lr_at(step, tp)
+
+        monkeypatch.setattr(loop, "lr_at", crash)
+        with pytest.raises(RuntimeError, match="killed"):
+            loop.train(params, paths, progress=False)
+        monkeypatch.setattr(loop, "lr_at", real_lr_at)
+        at["step"] = crash_after // 2 * 2  # the resumed session starts at the last checkpoint
     metrics = loop.train(params, paths, progress=False)
     assert json.loads(paths.metrics.read_text()) == metrics
     return metrics, snapshots, load_file(tmp_path / name / "model.safetensors"), paths
@@ -81,3 +97,16 @@ def test_off_by_default_no_new_figures(prepared, tmp_path, monkeypatch):
     assert "best_val_step" not in metrics and metrics["steps"] == 8
     for key, tensor in saved.items():  # the last step's weights
         assert torch.equal(tensor, snapshots[8][key]), key
+
+
+def test_a_resumed_run_keeps_the_best_weights_from_before_the_crash(prepared, tmp_path, monkeypatch):
+    """The best validation (step 3) lies before the crash (after step 5) and the checkpoint it
+    resumes from (step 4): the resumed run saves step 3's weights, as the uninterrupted run does."""
+    script = [5.0, 4.0, 3.0, 3.5, 3.2, 3.3, 3.4, 3.6]
+    whole, snapshots, saved_whole, _ = _train(prepared, tmp_path, monkeypatch, "whole", script,
+                                              keep_best=True)
+    resumed, _, saved_resumed, _ = _train(prepared, tmp_path, monkeypatch, "resumed", script,
+                                          crash_after=5, keep_best=True)
+    assert (whole["best_val_step"], resumed["best_val_step"], resumed["saved_step"]) == (3, 3, 3)
+    for key, tensor in saved_whole.items():
+        assert torch.equal(tensor, snapshots[3][key]) and torch.equal(saved_resumed[key], tensor), key
