@@ -351,9 +351,14 @@ def test_ranking_guards_overall_perplexity_and_false_insertion(monkeypatch):
     for c in report["configurations"]:
         c["summary"]["false_insertion_start_mass"] = mass[c["label"]]
     by_mass = dataclasses.replace(plan, insertion_metric="false_insertion_start_mass")
-    assert hl.guard(by_mass) == {"ppl": 0.02, "false_insertion_start_mass": 0.10}
+    assert hl.guard(by_mass) == {"ppl": 0.02, "false_insertion_start_mass": 0.10, "ppl_general": 0.02}
     assert hl.ranking(Path("."), Path("."), by_mass, ["a", "b", "c", "d", "e"], [1]) == [
         ("d", -0.4), ("c", -0.2), ("e", -0.1)]
+    # with general text scored (eval.general_text) forgetting is guarded too: c's +5% is out
+    for c in report["configurations"]:
+        c["summary"]["ppl_general"] = 52.5 if c["label"] == "c" else 50.0
+    assert hl.ranking(Path("."), Path("."), by_mass, ["a", "b", "c", "d", "e"], [1]) == [
+        ("d", -0.4), ("e", -0.1)]
 
 
 # --------------------------------------------------------------------------- the real-text plans (issue 22)

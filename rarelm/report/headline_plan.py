@@ -46,6 +46,9 @@ class Plan:
     # ... and whose false-insertion figure is within this fraction (relative) of the baseline's
     insertion_tolerance: float = 0.10
     insertion_metric: str = "false_insertion_rate"  # which figure: one of INSERTION_METRICS
+    # ... and whose general-text perplexity (ppl_general: forgetting; only where the runs score
+    # eval.general_text) is within this fraction of the baseline's
+    general_tolerance: float = 0.02
     screen_split: str = "val"  # the split the choice is made on
     final_split: str = "test"  # the split the finalists are confirmed on
     prefix: str = PREFIX  # experiment names: <prefix><configuration>-s<seed>
@@ -75,6 +78,7 @@ class Plan:
                        ppl_tolerance=float(raw.get("ppl_tolerance", 0.02)),
                        insertion_tolerance=float(raw.get("insertion_tolerance", 0.10)),
                        insertion_metric=str(raw.get("insertion_metric", "false_insertion_rate")),
+                       general_tolerance=float(raw.get("general_tolerance", 0.02)),
                        screen_split=str(raw.get("screen_split", "val")),
                        final_split=str(raw.get("final_split", "test")),
                        prefix=str(raw.get("prefix", PREFIX)), section=str(raw.get("section", "headline")))
