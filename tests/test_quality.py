@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rarelm.rare_terms.quality import stratum, term_list_quality
+from rarelm.rare_terms.quality import fragment_filter, stratum, term_list_quality
 
 
 def test_inside_longer_words_and_strata_by_hand_english():
@@ -15,6 +15,8 @@ def test_inside_longer_words_and_strata_by_hand_english():
     assert (q["test_matches"], q["test_occurrences"], q["inside_longer_word"]) == (8, 5, 3)
     assert q["inside_longer_word_share"] == 0.375
     assert q["terms_by_train_count"] == {"0-1": 1, "2-15": 1, "16_up": 1}
+    # art: 2 of 3 inside, more than not; mi: 1 of 3; renal colic: 0
+    assert (q["terms_in_test"], q["terms_mostly_inside_longer_words"]) == (3, 1)
 
 
 def test_inside_longer_words_chinese():
@@ -28,3 +30,12 @@ def test_inside_longer_words_chinese():
 
 def test_strata_edges():
     assert [stratum(c) for c in (0, 1, 2, 15, 16, 10**6)] == ["0-1", "0-1", "2-15", "2-15", "16_up", "16_up"]
+
+
+def test_fragment_filter_by_hand():
+    docs = ["括号 圆括号 中括号 括号", "状态 态"]
+    # 括号: 4 matches, 2 inside (圆括号, 中括号 are jieba words): share 0.5
+    assert fragment_filter(docs, True, 0.25)("括号") and not fragment_filter(docs, True, 0.5)("括号")
+    assert not fragment_filter(docs, True, 0.25)("状态")  # 1 match, a word
+    assert fragment_filter(docs, True, 0.25)("态")  # 2 matches, 1 inside 状态: 0.5
+    assert not fragment_filter(docs, True, 0.25)("missing")  # no match: nothing to judge

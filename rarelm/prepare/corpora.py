@@ -183,12 +183,13 @@ def cross_references(entries: Iterable[tuple[str, str]],
     as most often); `entry` is 1 where a headword (of `entries` or `headwords`: the index
     names an entry by several) is the term (whatever its case), 0 where the
     reference names it another way (a plural, a variant). Left out: links (a URL inside),
-    titles (more than 8 words), English function words ("in", "at": entries for the word, no
-    domain terms), and one-word terms that the corpus mostly writes in another case ("AT",
+    titles (more than 8 words), single characters ("C", "e": found whatever their case as a
+    word, they are mostly variables, initials and "e.g."), English function words ("in",
+    "at": entries for the word, no domain terms), and one-word terms that the corpus mostly writes in another case ("AT",
     the IBM PC/AT, is "at" 19 times in 20): the pipeline finds terms whatever their case, so
     such a term would mostly be found where the text means the common word.
 
-    >>> cross_references([("Unix", "An {operating system}; see {Unix} {shells}, {unix}. At {AT}."),
+    >>> cross_references([("Unix", "An {operating system}; see {Unix} {shells}, {unix}. At {AT} {C}."),
     ...                   ("shell", "A {wiki (http://a.b/c)} page, {in} at at AT.")])
     [('Unix', 2, 1), ('operating system', 1, 0), ('shells', 1, 0)]
     """
@@ -210,7 +211,7 @@ def cross_references(entries: Iterable[tuple[str, str]],
     rows = []
     for key, written in spellings.items():
         term = min(written, key=lambda w: (-written[w], w))
-        if key in ENGLISH_STOP_WORDS:
+        if len(key) == 1 or key in ENGLISH_STOP_WORDS:
             continue
         if _WORD.fullmatch(term) and 2 * sum(words[w] for w in written) < folded[key]:
             continue  # its own spellings are under half of the word's uses

@@ -11,15 +11,21 @@ Two figures a reader can check a term list by:
   more times (`train_occurrences`, the search `evaluate` uses): the strata the
   evaluation reports separately.
 
+The share counts matches, so short terms weigh most ("ti" is in every "-tion"); the number of
+terms whose test matches sit inside longer words more often than not tells how many terms
+that is (`terms_mostly_inside_longer_words`, of `terms_in_test`, the terms with a match).
+
     >>> rows = [{"term": "art", "train_occurrences": 1}, {"term": "start", "train_occurrences": 20}]
     >>> q = term_list_quality(rows, ["start art. arts"], han_words=False)
     >>> q["test_matches"], q["test_occurrences"], q["inside_longer_word"], q["inside_longer_word_share"]
     (4, 2, 2, 0.5)
-    >>> q["terms_by_train_count"]
-    {'0-1': 1, '2-15': 0, '16_up': 1}
+    >>> q["terms_by_train_count"], q["terms_mostly_inside_longer_words"], q["terms_in_test"]
+    ({'0-1': 1, '2-15': 0, '16_up': 1}, 1, 2)
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from rarelm.rare_terms.term_search import FoldedText
 
@@ -44,17 +50,46 @@ def term_list_quality(rows: list[dict], test_documents: list[str], han_words: bo
     its glossary terms, kept whole).
     """
     text = FoldedText("\n".join(test_documents))
-    matches = occurrences = 0
+    matches = occurrences = mostly_inside = in_test = 0
     for row in rows:
         term = row.get("display", row["term"])
         if "\n" in term:
             continue
-        matches += len(text.find(term, words=False))
-        occurrences += len(text.find(term, han_words, glossary))
+        term_matches = len(text.find(term, words=False))
+        term_occurrences = len(text.find(term, han_words, glossary))
+        matches += term_matches
+        occurrences += term_occurrences
+        in_test += term_matches > 0
+        mostly_inside += term_matches - term_occurrences > term_occurrences
     strata = dict.fromkeys(STRATA, 0)
     for row in rows:
         strata[stratum(row["train_occurrences"])] += 1
     inside = matches - occurrences
     return {"test_matches": matches, "test_occurrences": occurrences, "inside_longer_word": inside,
             "inside_longer_word_share": round(inside / matches, 6) if matches else 0.0,
+            "terms_in_test": in_test, "terms_mostly_inside_longer_words": mostly_inside,
             "terms_by_train_count": strata}
+
+
+def fragment_filter(documents: list[str], han_words: bool, max_inside_share: float,
+                    glossary: tuple[str, ...] = ()) -> Callable[[str], bool]:
+    """A test of a candidate term: True (a fragment) where more than `max_inside_share` of its
+    string's matches in `documents` sit inside longer words ("arg" in "argument", 括号 in 圆括号).
+    TF-IDF counts a candidate where the segmentation reads it as a word, so a word that is
+    mostly a piece of longer ones still scores; the search would then find it rarely and the
+    quality figure above would count it (rare.max_inside_share; 1 turns the test off).
+
+    >>> is_fragment = fragment_filter(["arg argument arguments", "key keys key"], False, 0.25)
+    >>> is_fragment("arg"), is_fragment("key")   # arg: 2 of 3 matches inside; key: 1 of 3
+    (True, True)
+    >>> fragment_filter(["key keys key"], False, 0.5)("key")
+    False
+    """
+    text = FoldedText("\n".join(documents))
+
+    def is_fragment(term: str) -> bool:
+        matches = len(text.find(term, words=False))
+        inside = matches - len(text.find(term, han_words, glossary)) if matches else 0
+        return inside > max_inside_share * matches
+
+    return is_fragment

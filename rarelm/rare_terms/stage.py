@@ -17,7 +17,7 @@ from rarelm.files import read_json, write_json
 from rarelm.prepare.corpus import read_split
 from rarelm.rare_terms.buckets import bucket_tokens, count_tokens
 from rarelm.rare_terms.glossary import extraction_scores, read_glossary, read_reference
-from rarelm.rare_terms.quality import term_list_quality
+from rarelm.rare_terms.quality import fragment_filter, term_list_quality
 from rarelm.rare_terms.segmentation import Segmenter, normalize_term
 from rarelm.rare_terms.term_index import (
     build_term_index,
@@ -60,9 +60,14 @@ def rare_terms(params, reference_glossary: str, prepared_dir: Path, tokenized_di
     # stratum of evaluate); every term's count stays the train split's (add_occurrences)
     held_out = [d for split in ("val", "test") for d in read_split(prepared_dir, split)] \
         if params.tfidf_all_splits else []
+    # Chinese terms match on jieba's word boundaries, never inside a longer word (term_search)
+    han_words = language == "zh"
+    fragment = None if params.max_inside_share >= 1 else \
+        fragment_filter(documents, han_words, params.max_inside_share, tuple(glossary))
     # rare.tfidf: false: the glossary supplies the terms (a corpus with its own: foldoc_en)
     extracted = tfidf_terms(documents + held_out, segmenter, params.ngram_max, params.min_df, params.max_df,
-                            params.min_count, params.min_mean_tf, params.top_k) if params.tfidf else []
+                            params.min_count, params.min_mean_tf, params.top_k,
+                            fragment) if params.tfidf else []
     table = term_table(count_phrases(documents, segmenter, glossary, len(documents)), extracted)
 
     metrics = {"language": language, "documents": len(documents),
@@ -75,8 +80,6 @@ def rare_terms(params, reference_glossary: str, prepared_dir: Path, tokenized_di
         # recall cannot exceed this: reference terms that occur in the training documents at all
         metrics["extraction"]["reference_in_train"] = sum(st.df > 0 for st in in_train.values())
 
-    # Chinese terms match on jieba's word boundaries, never inside a longer word (term_search)
-    han_words = language == "zh"
     index = add_occurrences(table, tokenizer, prepared_dir, data, han_words)
     metrics["term_occurrences"] = int(len(index))
     metrics["terms_found_in_train"] = sum(row["train_occurrences"] > 0 for row in table)

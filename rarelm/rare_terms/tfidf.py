@@ -29,7 +29,7 @@ import dataclasses
 import math
 import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 from sklearn.feature_extraction.text import TfidfVectorizer
@@ -73,8 +73,10 @@ def _next_shorter_candidate(words: list[str], side: int, by_name: dict[str, int]
 
 
 def tfidf_terms(documents: list[str], segmenter: Segmenter, ngram_max: int, min_df: int,
-                max_df: float, min_count: int, min_mean_tf: float, top_k: int) -> list[TermStats]:
-    """The `top_k` TF-IDF terms of `documents`, best first (scoring in the module docstring)."""
+                max_df: float, min_count: int, min_mean_tf: float, top_k: int,
+                fragment: Callable[[str], bool] | None = None) -> list[TermStats]:
+    """The `top_k` TF-IDF terms of `documents`, best first (scoring in the module docstring),
+    skipping those that `fragment` calls a piece of longer words (rare_terms/quality.py)."""
     n_docs = len(documents)
     # On a handful of documents max_df * N can fall below min_df, which scikit-learn refuses;
     # min_df wins then.
@@ -105,8 +107,14 @@ def tfidf_terms(documents: list[str], segmenter: Segmenter, ngram_max: int, min_
     keep = ~(covered == count).any(axis=0) & (count >= min_count) & (count >= min_mean_tf * df)
     keep &= np.array([_ONE_HAN.fullmatch(term) is None for term in shown], dtype=bool)
     order = sorted(np.flatnonzero(keep).tolist(), key=lambda i: (-score[i], shown[i]))
+    chosen: list[int] = []
+    for i in order:  # best first, so the check runs on about top_k candidates only
+        if len(chosen) == top_k:
+            break
+        if fragment is None or not fragment(shown[i]):
+            chosen.append(i)
     return [TermStats(shown[i], int(count[i]), int(df[i]), float(idf[i]), float(score[i]))
-            for i in order[:top_k]]
+            for i in chosen]
 
 
 def count_phrases(documents: Iterable[str], segmenter: Segmenter, terms: Iterable[str],
