@@ -35,6 +35,7 @@ def user_errors(stage: str) -> Iterator[None]:
     import typer
 
     try:
+        check_arguments(sys.argv[1:])
         yield
     except Exception as exc:
         line = error_line(stage, exc)
@@ -42,6 +43,25 @@ def user_errors(stage: str) -> Iterator[None]:
             raise
         say(line)
         raise typer.Exit(EXIT_USER_ERROR) from None
+
+
+def check_arguments(argv: list[str]) -> None:
+    """Refuse a command-line argument that is not valid UTF-8 (Python keeps its bytes as lone
+    surrogates, which fail later, deep inside a tokenizer or a file name).
+
+    >>> check_arguments(["generate", "caf\\udcc3"])
+    Traceback (most recent call last):
+    rarelm.errors.RarelmError: argument 2 (b'caf\\xc3') is not valid UTF-8 (byte 0xc3 at offset 3); ...
+    """
+    for number, arg in enumerate(argv, 1):
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raw = arg.encode("utf-8", "surrogateescape")
+            offset = len(arg[:exc.start].encode("utf-8", "surrogateescape"))
+            shown = repr(raw) if len(raw) <= 80 else repr(raw[:77]) + "..."
+            raise RarelmError(f"argument {number} ({shown}) is not valid UTF-8 (byte 0x{raw[offset]:02x} "
+                              f"at offset {offset}); pass text in UTF-8") from None
 
 
 def error_line(stage: str, exc: BaseException) -> str | None:

@@ -13,6 +13,7 @@ byte); the name says which:
 from __future__ import annotations
 
 import math
+import unicodedata
 from typing import Any
 
 
@@ -67,3 +68,16 @@ def four_digits(value: float | None) -> str:
     ('1.235', '1.235e+06', 'n/a')
     """
     return "n/a" if value is None else f"{value:.4g}"
+
+
+def printable(text: str) -> str:
+    """`text` with control characters shown as escapes (newline and tab kept): echoed to a terminal,
+    it cannot clear the screen, move the cursor or set the window title. Invalid UTF-8 from the
+    command line (lone surrogates) is shown as escapes too.
+
+    >>> print(printable("dose\\x1b[2J 5\\tmg\\x07\\n"))
+    dose\\x1b[2J 5	mg\\x07
+    <BLANKLINE>
+    """
+    return "".join(ch if ch in "\n\t" or unicodedata.category(ch) not in ("Cc", "Cs")
+                   else ch.encode("unicode_escape", "backslashreplace").decode("ascii") for ch in text)

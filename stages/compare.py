@@ -30,6 +30,25 @@ from rarelm.paths import PARAMS
 app = typer.Typer(add_completion=False, help=__doc__)
 
 
+MAX_BOOTSTRAP = 100_000  # resamples: each holds a difference per metric; 10^8 ran out of memory
+
+
+def _check_options(bootstrap: int, seed: int, out: Path | None) -> None:
+    """One line for an option out of bounds, or an --out that is not a folder.
+
+    >>> _check_options(100_000_000, 0, None)
+    Traceback (most recent call last):
+    rarelm.errors.RarelmError: --bootstrap = 100000000 is not allowed (must be in 1..100000)
+    """
+    if not 1 <= bootstrap <= MAX_BOOTSTRAP:
+        raise RarelmError(f"--bootstrap = {bootstrap} is not allowed (must be in 1..{MAX_BOOTSTRAP})")
+    if not 0 <= seed <= 2**32 - 1:
+        raise RarelmError(f"--seed = {seed} is not allowed (must be in 0..4294967295)")
+    if out is not None and (out.exists() or out.is_symlink()) and not out.is_dir():
+        raise RarelmError(f"--out {out} is not a folder; give a folder (made if missing): the report "
+                          "is index.html, report.md and report.json in it")
+
+
 @app.command()
 def compare(
     runs: list[str] = typer.Argument(None, help="runs to compare: DVC experiment, git revision, "
@@ -55,6 +74,7 @@ def compare(
 ) -> None:
     """Compare RUNs with the --baseline: metrics per configuration, differences, 95% intervals."""
     with user_errors("compare"):
+        _check_options(bootstrap, seed, out)  # before the runs are read (that takes a while)
         # on use: numpy would slow every `rarelm` command's start-up
         from rarelm.report.compare import compare as compare_runs
         from rarelm.report.git_runs import experiments_of_head

@@ -109,14 +109,35 @@ def test_folder_without_tokenizer(tmp_path, model_dir):
 
 @pytest.mark.parametrize("args,message", [
     (["--model", "no/such/folder"], "rarelm generate: error: no/such/folder: no such model folder"),
-    (["--temperature", "0"], "rarelm generate: error: --temperature = 0.0 is not allowed (must be > 0)"),
+    (["--temperature", "0"], "rarelm generate: error: --temperature = 0.0 is not allowed (must be in "
+                             "[0.001, 1000]; --greedy takes the likeliest token)"),
     (["--top-p", "1.5"], "--top-p = 1.5 is not allowed (must be in (0, 1])"),
+    # issue 43: were tracebacks of 108 and 84 lines
+    (["--temperature", "1e-45"], "rarelm generate: error: --temperature = 1e-45 is not allowed"),
+    (["--seed", "99999999999999999999"], "--seed = 99999999999999999999 is not allowed (must be in "
+                                         "0..4294967295)"),
+    (["--max-tokens", "10000000"], "--max-tokens = 10000000 is not allowed (must be in 1..1000000)"),
+    (["--logit-adjust", "inf"], "--logit-adjust = inf is not allowed (must be in [0, 100] (0 = off))"),
+    (["--top-k", "-1"], "--top-k = -1 is not allowed (must be in 0..10000000 (0 = off))"),
 ])
 def test_bad_input_is_one_line(model_dir, args, message):
     model_args = [] if "--model" in args else ["--model", str(model_dir)]
     result = run(["rarelm", "generate", "hello", *model_args, *args], model_dir)
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.count("\n") == 1 and message in result.stderr
+
+
+def test_a_prompt_of_invalid_utf8_is_one_line_and_control_characters_are_echoed_escaped(model_dir):
+    """Issue 43: `rarelm generate $'\\xff'` was 62 lines of traceback; an escape sequence in a
+    prompt was echoed raw, so it drove the terminal (here: clear the screen)."""
+    result = run(["rarelm", "generate", "caf\udcff", "--model", str(model_dir)], model_dir)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == ("rarelm generate: error: argument 2 (b'caf\\xff') is not valid UTF-8 "
+                             "(byte 0xff at offset 3); pass text in UTF-8\n")
+    result = run(["rarelm", "generate", "the\x1b[2J patient\x07", "--model", str(model_dir),
+                  "--greedy", "--max-tokens", "3"], model_dir)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("the\\x1b[2J patient\\x07") and "\x1b" not in result.stdout
 
 
 # ---------------------------------------------------------------- post-hoc logit adjustment

@@ -1079,3 +1079,22 @@ def test_out_of_memory_in_training_is_one_line_naming_the_batch_size(upto_weight
     assert_one_line_error(result, "rarelm train: error: out of memory (", "); lower train.batch_size")
     assert result.returncode == 2
     assert not any((tmp_path / name).exists() for name in ("model", "train.json", "train.csv"))
+
+
+# ------------------------------------------------------------------ numeric CLI options bounded
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--bootstrap", "100000000"], "--bootstrap = 100000000 is not allowed (must be in 1..100000)"),
+    (["--bootstrap", "0"], "--bootstrap = 0 is not allowed (must be in 1..100000)"),
+    (["--seed", "99999999999999999999"], "--seed = 99999999999999999999 is not allowed (must be in "
+                                         "0..4294967295)"),
+    (["--out", "report.html"], "--out report.html is not a folder; give a folder (made if missing)"),
+], ids=["bootstrap-huge", "bootstrap-0", "seed", "out-a-file"])
+def test_compare_options_out_of_bounds_are_one_line_before_any_work(tmp_path, args, message):
+    """Was: a 44-line MemoryError for 10^8 resamples, 58 lines for --out an existing file."""
+    (tmp_path / "report.html").write_text("mine")
+    result = run([str(BIN / "rarelm"), "compare", "exp-a", "--baseline", "HEAD", *args], tmp_path)
+    assert_one_line_error(result, f"rarelm compare: error: {message}")
+    assert result.returncode == 2 and result.stdout == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.html"]
+    assert (tmp_path / "report.html").read_text() == "mine"

@@ -34,6 +34,7 @@ from rarelm.errors import RarelmError
 from rarelm.evaluate.decoding import context_length, generate_raw, logit_adjustment, logit_bias_processor
 from rarelm.evaluate.model_folder import load_causal_lm, load_model_tokenizer
 from rarelm.files import load_array
+from rarelm.fmt import printable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,11 +50,16 @@ class Sampling:
     logit_adjust: float = 0.0  # tau of post-hoc logit adjustment; 0 = off
 
     def __post_init__(self) -> None:
-        checks = [("--max-tokens", self.max_tokens, self.max_tokens >= 1, ">= 1"),
-                  ("--temperature", self.temperature, self.temperature > 0, "> 0"),
-                  ("--top-k", self.top_k, self.top_k >= 0, ">= 0 (0 = off)"),
+        # Upper bounds too: a temperature of 1e-45 made every logit infinite (a 108-line traceback),
+        # a seed past 64 bits an OverflowError in torch.
+        checks = [("--max-tokens", self.max_tokens, 1 <= self.max_tokens <= 1_000_000, "in 1..1000000"),
+                  ("--temperature", self.temperature, 1e-3 <= self.temperature <= 1e3,
+                   "in [0.001, 1000]; --greedy takes the likeliest token"),
+                  ("--top-k", self.top_k, 0 <= self.top_k <= 10_000_000, "in 0..10000000 (0 = off)"),
                   ("--top-p", self.top_p, 0 < self.top_p <= 1, "in (0, 1]"),
-                  ("--logit-adjust", self.logit_adjust, self.logit_adjust >= 0, ">= 0 (0 = off)")]
+                  ("--seed", self.seed, 0 <= self.seed <= 2**32 - 1, "in 0..4294967295"),
+                  ("--logit-adjust", self.logit_adjust, 0 <= self.logit_adjust <= 100,
+                   "in [0, 100] (0 = off)")]
         for name, value, ok, allowed in checks:
             if not ok:
                 raise RarelmError(f"{name} = {value} is not allowed (must be {allowed})")
@@ -139,12 +145,31 @@ def fit_context(ids, max_tokens: int, limit: int | None, err: TextIO | None = No
 
 
 def run(model_dir: str | Path, prompt: str, sampling: Sampling, device: str = "auto",
-        out: TextIO = sys.stdout, counts: str | Path = f"{paths.RARE}/counts.npy") -> list[int]:
+        out: TextIO = sys.stdout, counts: str | Path = f"{paths.RARE}/counts.npy", knn=None,
+        datastore: str | Path = paths.DATASTORE, err: TextIO | None = None) -> list[int]:
     """What the CLI does: load the folder (and the counts, with --logit-adjust), echo the prompt,
-    stream the continuation."""
+    stream the continuation.
+
+    `knn` (params.knn, or None): with kNN-LM or the cache on, the datastore folder is opened and
+    mixed into every step's distribution (rarelm/knn/hook.py), and one line on `err` says so.
+    """
+    from rarelm.knn.datastore import Datastore  # on use: only with knn on
+    from rarelm.knn.hook import active, attached, describe
+
     model = load_causal_lm(model_dir, device)
     tokenizer = load_model_tokenizer(model_dir)
     prior = load_log_prior(counts, tokenizer) if sampling.logit_adjust else None
-    out.write(prompt)
+    on = knn is not None and active(knn)
+    store = Datastore.open(datastore, str(model.device)) if on and knn.weight > 0 else None
+    if on:
+        print(f"rarelm generate: mixing in {describe(knn, store)}", file=err or sys.stderr, flush=True)
+    out.write(printable(prompt))  # a pasted escape sequence must not drive the terminal
     out.flush()
-    return generate(model, tokenizer, prompt, sampling, out, prior)
+    with attached(model, store, knn if on else _Off(), tokenizer.eos_token_id):
+        return generate(model, tokenizer, prompt, sampling, out, prior)
+
+
+class _Off:
+    """knn params that attach nothing."""
+
+    enabled, weight, cache_weight, cache_window = False, 0.0, 0.0, 0
