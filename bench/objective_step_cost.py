@@ -1,15 +1,19 @@
-"""CPU seconds of one full training step of the base model, plain CE against `loss.kl_base` and
-`loss.unlikelihood` (the remedies that cost more than the output layer's loss).
+"""CPU seconds of one full training step of the base model, plain CE against `loss.kl_base`,
+`loss.unlikelihood` and `loss.logit_adjust_tau` (the remedies that cost more than the output
+layer's loss).
 
-    python bench/objective_step_cost.py [--model base/model] [--reps 5]
+    python bench/objective_step_cost.py [--model base/model] [--reps 5] [--full-logits]
 
 One step = forward of base/model on 16 windows of 128 random token ids, the objective, backward
-and an AdamW step, in fp32 on one thread, the three objectives interleaved (their order reversed
-every other repeat), the first repeat left out as warm-up; each figure is the median of the
-process's CPU time (time.process_time), which other load on a shared machine does not inflate as
-it does wall time. The KL's extra forward of the frozen base is in its step. Prints one dict of
-seconds and one of ratios to plain. The compute-matched `finetune-longer` of
-realtext/headline_*.yaml takes its step count from the KL's ratio.
+and an AdamW step, in fp32 on one thread, as the train step runs it (rarelm.train.output: the
+loss chunked over tokens from the hidden states where the objective allows it, the full logits
+for the KL, or for every objective with `--full-logits`, the path before the chunked loss), the
+objectives interleaved (their order reversed every other repeat), the first repeat left out as
+warm-up; each figure is the median of the process's CPU time (time.process_time), which other
+load on a shared machine does not inflate as it does wall time. The KL's extra forward of the
+frozen base is in its step. Prints one dict of seconds and one of ratios to plain. The
+compute-matched `finetune-longer` of realtext/headline_*.yaml takes its step count from the
+KL's ratio.
 """
 
 import sys
@@ -30,21 +34,28 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="base/model")
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--full-logits", action="store_true",
+                        help="every objective on the full logits (the path before the chunked loss)")
     args = parser.parse_args()
     from transformers import AutoModelForCausalLM
 
     from rarelm.objectives.objective import Objective
     from rarelm.params import LossParams
+    from rarelm.train.output import OutputLayer, output_layer
 
     torch.manual_seed(0)
     torch.set_num_threads(1)
     model = AutoModelForCausalLM.from_pretrained(args.model, local_files_only=True).float()
     vocab = model.get_output_embeddings().weight.shape[0]
     buckets = np.zeros(vocab, dtype=np.int64)
-    objectives = {name: Objective.from_params(LossParams(**loss), buckets, vocab, "cpu")
+    counts = np.random.default_rng(0).integers(0, 1000, vocab)  # logit adjustment's prior
+    objectives = {name: Objective.from_params(LossParams(**loss), buckets, vocab, "cpu", counts=counts)
                   for name, loss in (("plain", {}), ("kl_base", {"kl_base": 1.0}),
-                                     ("unlikelihood", {"unlikelihood": 1.0}))}
-    objectives["kl_base"].prepare_model(model)  # the frozen copy: the model as loaded
+                                     ("unlikelihood", {"unlikelihood": 1.0}),
+                                     ("logit_adjust", {"logit_adjust_tau": 1.0}))}
+    objectives["kl_base"].prepare_model(model)  # the frozen copy: the model as loaded, unpatched
+    chunked = output_layer(model, chunked=not args.full_logits)  # as rarelm.train.setup.build
+    outputs = {name: OutputLayer() if obj.needs_logits else chunked for name, obj in objectives.items()}
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.0)  # lr 0: every step the same model
     ids = torch.randint(0, vocab, (16, 129))
     x, y, starts = ids[:, :-1], ids[:, 1:], np.zeros(16, dtype=np.int64)
@@ -52,7 +63,9 @@ def main() -> None:
     for rep in range(args.reps):
         for name in (list(objectives) if rep % 2 else list(objectives)[::-1]):
             t0 = time.process_time()
-            loss, _ = objectives[name](model(input_ids=x, use_cache=False).logits, y, starts, x)
+            with outputs[name].hidden_states():
+                scores = outputs[name].scores(model(input_ids=x, use_cache=False).logits)
+            loss, _ = objectives[name](scores, y, starts, x)
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)

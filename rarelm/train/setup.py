@@ -32,6 +32,7 @@ from rarelm.train.dist import Dist
 from rarelm.train.inputs import Inputs, Paths, checkpoint_key, load_inputs
 from rarelm.train.model import build_model, provenance
 from rarelm.train.optim import configure_optimizer
+from rarelm.train.output import output_layer
 from rarelm.train.precision import (
     Precision,
     cached_probe,
@@ -67,6 +68,7 @@ class Trainer:
     raw_model: Any = None  # the model underneath, which is saved and checkpointed
     is_rare: Any = None  # bool [vocab]: the rare bucket
     objective: Any = None
+    output: Any = None  # what the step hands the objective: logits or hidden states (output.py)
     optimizer: Any = None
     scaler: Any = None
     stream: SampleStream | None = None
@@ -158,6 +160,9 @@ def build(t: Trainer) -> None:
     t.objective = Objective.from_params(params.loss, inputs.buckets, len(t.is_rare), t.device,
                                         inputs.term_index, inputs.counts, steps_per_epoch)
     t.objective.prepare_model(t.raw_model)  # AGG: gate the output layer's gradient
+    # the loss from the hidden states chunk by chunk, where the objective and the model allow it
+    t.output = output_layer(t.raw_model, chunked=not t.objective.needs_logits
+                            and tp.strategy != "fsdp")
     # DDP wraps the model; FSDP2 shards it in place (so raw_model is sharded too), before
     # the optimizer is built on its parameters: AdamW's state then exists per shard only.
     t.model = sharding.wrap(model, tp.strategy, dist, t.precision.dtype)

@@ -5,7 +5,9 @@ Gradient accumulation: DDP and FSDP reduce gradients over the ranks only on the 
 micro-step (`sharding.gradient_sync`); each micro-step's loss is divided by
 `grad_accum`, so 4 micro-batches of 2 windows give the gradient of one batch of 8.
 Mixed precision: the forward under autocast (bf16 / fp16), the loss in fp32, and under
-fp16 a GradScaler that skips steps whose gradients overflowed.
+fp16 a GradScaler that skips steps whose gradients overflowed. The output layer: where the
+model and objective allow it, the forward stops at the last hidden states and the objective
+computes the loss chunk by chunk from them and the output matrix (rarelm.train.output).
 """
 
 from __future__ import annotations
@@ -23,9 +25,9 @@ def forward_backward_step(t: Trainer, starts: np.ndarray, last: bool):
     """Forward and backward of the windows at `starts`; (loss, objective stats)."""
     x, y = to_batch(t.inputs.train_samples, starts, t.params.model.block_size, t.device)
     with sharding.gradient_sync(t.model, last):
-        with t.precision.autocast():
-            logits = t.model(input_ids=x, use_cache=False).logits
-        loss, stats = t.objective(logits, y, starts, x)
+        with t.precision.autocast(), t.output.hidden_states():  # rarelm.train.output
+            scores = t.output.scores(t.model(input_ids=x, use_cache=False).logits, t.precision.dtype)
+        loss, stats = t.objective(scores, y, starts, x)
         t.scaler.scale(loss / t.tp.grad_accum).backward()
     return loss, stats
 
