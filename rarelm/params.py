@@ -248,6 +248,30 @@ class EvalParams:
 
 
 @dataclasses.dataclass(frozen=True)
+class KnnParams:
+    """kNN-LM and the continuous cache at decode time (rarelm/knn/, docs/knn.md); off by default.
+
+    p = (1 - weight - cache_weight) p_LM + weight p_kNN + cache_weight p_cache. Choose weight and the
+    temperatures on val, never on test.
+    """
+
+    enabled: bool = False  # build the datastore and mix; false = the model as trained, bit for bit
+    k: int = param(16, ge=1, le=4096)  # nearest datastore entries that vote
+    weight: float = param(0.25, ge=0.0, le=1.0)  # lambda of kNN-LM; 0 = no kNN part
+    temperature: float = param(1.0, gt=0.0, le=1e6)  # of exp(-squared L2 distance / T)
+    cache_window: int = param(0, ge=0, le=100_000)  # earlier positions of the document; 0 = no cache
+    cache_weight: float = param(0.0, ge=0.0, le=1.0)  # lambda of the continuous cache
+    cache_temperature: float = param(1.0, gt=0.0, le=1e6)  # of exp(h_t . h_i / T)
+    max_entries: int = param(0, ge=0)  # datastore entries from the train split's start; 0 = all
+    key_dtype: Literal["float16", "float32"] = "float16"  # stored keys (float16: half the disk)
+
+    def __post_init__(self) -> None:
+        if self.weight + self.cache_weight > 1.0:
+            raise RarelmError(f"params: knn.weight + knn.cache_weight = {self.weight + self.cache_weight:g} "
+                              "is not allowed (must be <= 1)")
+
+
+@dataclasses.dataclass(frozen=True)
 class TrackingParams:
     """MLflow tracking; the store is MLFLOW_TRACKING_URI or sqlite:///<repo>/mlflow.db."""
 
@@ -282,6 +306,7 @@ class Params:
     model: ModelParams = dataclasses.field(default_factory=ModelParams)
     train: TrainParams = dataclasses.field(default_factory=TrainParams)
     eval: EvalParams = dataclasses.field(default_factory=EvalParams)
+    knn: KnnParams = dataclasses.field(default_factory=KnnParams)
     tracking: TrackingParams = dataclasses.field(default_factory=TrackingParams)
 
     def __post_init__(self) -> None:

@@ -15,6 +15,7 @@ TOKENIZED = "data/tokenized"
 RARE = "data/rare"
 WEIGHTS = "data/weights"
 MODEL = "models/model"
+DATASTORE = "data/datastore"  # kNN-LM keys and values (an empty marker with knn.enabled false)
 METRICS = "metrics"
 PLOTS = "plots"
 TRAIN_CACHE = ".cache/train"  # checkpoints, outside DVC's outputs (DVC deletes those before a run)
@@ -39,5 +40,6 @@ OUTPUTS = {
     "rare_terms": (RARE, RARE_TERMS_METRICS),
     "weights": (WEIGHTS, WEIGHTS_METRICS, WEIGHTS_PLOT),
     "train": (MODEL, TRAIN_PLOT, TRAIN_METRICS),
+    "datastore": (DATASTORE,),
     "evaluate": (EVAL_OCCURRENCES, EVAL_METRICS, EVAL_BUCKETS_PLOT, EVAL_BANDS_PLOT),
 }

@@ -44,6 +44,7 @@ def evaluate(
     prepared: Path = typer.Option(paths.PREPARED, help="the prepare stage's folder (documents' text)"),
     tokenized: Path = typer.Option(paths.TOKENIZED, help="the tokenize stage's folder"),
     rare: Path = typer.Option(paths.RARE, help="the rare_terms stage's folder"),
+    datastore: Path = typer.Option(paths.DATASTORE, help="the datastore stage's folder (kNN-LM)"),
     metrics: Path = typer.Option(paths.EVAL_METRICS, help="metrics file"),
     occurrences: Path = typer.Option(paths.EVAL_OCCURRENCES, help="per-occurrence results (JSON lines)"),
     plots: Path = typer.Option(paths.PLOTS, help="folder for the plot CSVs"),
@@ -68,15 +69,20 @@ def evaluate(
         tokenizer = load_tokenizer(data.tokenizer_dir, data.vocab_size)
         model = _load(model_dir, data, params.eval.device, params.eval.threads)
 
-        # the forgetting guard, general text the base never trained on; first: a bad path fails at once
-        general = _general(params, model, tokenizer, data, prior) if params.eval.general_text else {}
-        out, results = _evaluate(params, model, tokenizer, data, buckets, terms, prepared, prior)
+        # kNN-LM + cache mixed into every next-token distribution below (rarelm/knn/hook.py); off: nothing
+        with _knn(params, model, datastore, data.eot_id):
+            # the forgetting guard, general text the base never trained on; first: a bad path fails at once
+            general = _general(params, model, tokenizer, data, prior) if params.eval.general_text else {}
+            out, results = _evaluate(params, model, tokenizer, data, buckets, terms, prepared, prior)
         out.update(general)
         # before any output is written: a store that cannot log is the error (tracking.required)
         run = open_run(model_dir / "mlflow_run.json", "evaluate", params)
         try:
             # the training run's params are fixed at training time: the tau behind these metrics goes too
-            log_eval_metrics(run, {**out, "logit_adjust_tau": tau}, inputs=[prepared, tokenized, rare])
+            mixed = {f"knn_{k}": v for k, v in vars(params.knn).items() if isinstance(v, (int, float))} \
+                if params.knn.enabled else {}  # the kNN settings behind these metrics; off: as before
+            log_eval_metrics(run, {**out, "logit_adjust_tau": tau, **mixed},
+                             inputs=[prepared, tokenized, rare])
         except BaseException:
             run.finish("FAILED")
             raise
@@ -144,6 +150,21 @@ def _general(params, model, tokenizer, data, prior) -> dict:
     bias = logit_adjustment(model, prior, params.eval.logit_adjust_tau)
     return general_metrics(model, tokenizer, params.eval.general_text, data.eot_id, data.vocab_size, block,
                            params.eval.batch_size, bias)
+
+
+def _knn(params, model, datastore: Path, eot_id: int):
+    """The block in which kNN-LM and the cache are mixed in, as params.knn says (one stderr line if on)."""
+    import contextlib
+    import sys
+
+    from rarelm.knn.datastore import Datastore
+    from rarelm.knn.hook import active, attached, describe
+
+    if not active(params.knn):
+        return contextlib.nullcontext()
+    store = Datastore.open(datastore, str(model.device)) if params.knn.weight > 0 else None
+    print(f"evaluate: mixing in {describe(params.knn, store)}", file=sys.stderr, flush=True)
+    return attached(model, store, params.knn, eot_id)
 
 
 def _load(model_dir: Path, data, device: str, threads: int):

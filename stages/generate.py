@@ -13,6 +13,7 @@ import typer
 
 from rarelm import paths
 from rarelm.errors import RarelmError, user_errors
+from rarelm.params import load_params
 
 app = typer.Typer(add_completion=False, help=__doc__)
 
@@ -32,6 +33,9 @@ def generate(
                                        help="logit adjustment: logits - TAU * log(train prior); 0 = off"),
     counts: Path = typer.Option(f"{paths.RARE}/counts.npy", help="train token counts for --logit-adjust "
                                 "(the rare_terms stage's, same tokenizer as the model)"),
+    params_file: Path = typer.Option(paths.PARAMS, "--params", help="params.yaml whose knn section says "
+                                     "whether to mix in kNN-LM and the cache (no such file: off)"),
+    datastore: Path = typer.Option(paths.DATASTORE, help="the datastore stage's folder (with knn.enabled)"),
 ) -> None:
     """Continue PROMPT with a model folder, greedy or sampled, printing tokens as they come."""
     with user_errors("generate"):
@@ -41,7 +45,8 @@ def generate(
             raise RarelmError(f"--device = {device} is not allowed (must be one of auto, cpu, cuda)")
         sampling = Sampling(max_tokens=max_tokens, greedy=greedy, temperature=temperature,
                             top_k=top_k, top_p=top_p, seed=seed, logit_adjust=logit_adjust)
-        run(model_dir, prompt, sampling, device, counts=counts)
+        knn = load_params(params_file).knn if params_file.is_file() else None
+        run(model_dir, prompt, sampling, device, counts=counts, knn=knn, datastore=datastore)
 
 
 if __name__ == "__main__":

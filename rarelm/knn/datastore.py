@@ -1,0 +1,148 @@
+"""The kNN-LM datastore: (final hidden state at position t, token t+1) over the train split.
+
+The `datastore` stage writes, in data/datastore/:
+
+    keys.npy     float16 or float32 [entries, hidden], memory-mapped (np.load(mmap_mode="r"))
+    values.npy   int32 [entries]: the token that followed each key
+    meta.json    entries, hidden, key dtype, block size, the model folder's weight hash
+
+or, with knn.enabled false, meta.json alone with `"enabled": false` (DVC needs an output).
+
+The train split is cut into the same non-overlapping windows as evaluate's scoring
+(every token after the first is a target once), `batch_size` windows per forward; keys are
+written straight into the preallocated memory-mapped arrays, so memory is one batch's
+hidden states whatever the split's size. `max_entries` > 0 keeps the first that many
+targets.
+
+Search is exact: squared L2 distances ||q||^2 - 2 q.k + ||k||^2 against `CHUNK` keys at a
+time (one matmul), a running top-k merged per chunk. Its cost is entries x hidden
+multiply-adds per query (docs/knn.md, bench/knn.py):
+
+    store = Datastore.open("data/datastore")
+    distances, values = store.search(queries, k=8)     # [n, 8] each, nearest first
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from rarelm.errors import RarelmError
+from rarelm.files import read_json
+
+CHUNK = 65536  # keys per matmul: 64k x 256 float32 = 64 MB, bounded whatever the store's size
+
+
+def final_hidden(model, input_ids: torch.Tensor) -> torch.Tensor:
+    """The hidden states the output layer reads (after the final norm): [batch, positions, hidden].
+
+    The lm_head's own input, caught by a hook, so it is the same vector for any architecture
+    (GPT-2's ln_f output, Llama's norm output) as the query that rarelm.knn.hook sees.
+    """
+    seen = []
+    handle = model.get_output_embeddings().register_forward_pre_hook(lambda _m, args: seen.append(args[0]))
+    try:
+        with torch.no_grad():
+            model(input_ids=input_ids, use_cache=False)
+    finally:
+        handle.remove()
+    return seen[-1]
+
+
+def build(model, tokens: np.ndarray, block_size: int, batch_size: int, out: Path, key_dtype: str = "float16",
+          max_entries: int = 0, progress: Callable[[int], None] | None = None) -> dict:
+    """Write keys.npy, values.npy and meta.json into the folder `out`; returns meta.
+
+    Targets 1..n-1 of `tokens` in windows of `block_size` (the last one shorter), capped at
+    `max_entries` (0 = all); `progress(n)` after each batch with the entries written.
+    """
+    n = max(len(tokens) - 1, 0)
+    if max_entries:
+        n = min(n, max_entries)
+    hidden = _hidden_size(model)
+    keys = np.lib.format.open_memmap(out / "keys.npy", mode="w+", dtype=np.dtype(key_dtype),
+                                     shape=(n, hidden))
+    values = np.lib.format.open_memmap(out / "values.npy", mode="w+", dtype=np.int32, shape=(n,))
+    starts = np.arange(0, n, block_size)
+    for b in range(0, len(starts), batch_size):
+        batch = starts[b:b + batch_size]
+        lengths = np.minimum(block_size, n - batch)  # only the last window is shorter
+        for length in np.unique(lengths):
+            first = batch[lengths == length]
+            rows = np.stack([tokens[s:s + length + 1] for s in first]).astype(np.int64)
+            states = final_hidden(model, torch.as_tensor(rows[:, :-1], device=model.device))
+            states = states.float().cpu().numpy().astype(key_dtype)
+            for row, s in enumerate(first):
+                keys[s:s + length] = states[row]
+                values[s:s + length] = rows[row, 1:]
+        if progress:
+            progress(int(lengths.sum()))
+    keys.flush()
+    values.flush()
+    del keys, values
+    return {"enabled": True, "entries": int(n), "hidden": hidden, "key_dtype": key_dtype,
+            "block_size": int(block_size)}
+
+
+def _hidden_size(model) -> int:
+    layer = model.get_output_embeddings()
+    return int(layer.weight.shape[1])
+
+
+@dataclasses.dataclass
+class Datastore:
+    """An opened datastore: memory-mapped keys and values, searched exactly in `CHUNK`s."""
+
+    keys: np.ndarray  # [entries, hidden] float16/float32, memory-mapped
+    values: torch.Tensor  # [entries] int64
+    device: str = "cpu"
+
+    @classmethod
+    def open(cls, folder: str | Path, device: str = "cpu") -> Datastore:
+        folder = Path(folder)
+        try:
+            meta = read_json(folder / "meta.json")
+        except FileNotFoundError:
+            raise RarelmError(f"{folder}: no meta.json; run the datastore stage first "
+                              "(dvc repro datastore)") from None
+        if not meta.get("enabled"):
+            raise RarelmError(f"{folder}: the datastore was built with knn.enabled false (an empty "
+                              "marker); re-run the datastore stage with knn.enabled true")
+        keys = np.load(folder / "keys.npy", mmap_mode="r")
+        values = np.load(folder / "values.npy")
+        if keys.shape != (meta["entries"], meta["hidden"]) or values.shape != (meta["entries"],):
+            raise RarelmError(f"{folder}: keys {keys.shape} / values {values.shape} do not match meta.json "
+                              f"({meta['entries']} entries of {meta['hidden']}); re-run the datastore stage")
+        return cls(keys, torch.as_tensor(values.astype(np.int64)), device)
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    @property
+    def hidden(self) -> int:
+        return int(self.keys.shape[1])
+
+    def search(self, queries: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(squared L2 distances, values) of each query's k nearest keys, [n, min(k, entries)] each,
+        nearest first; ties keep the earlier entry."""
+        queries = queries.float().reshape(-1, queries.shape[-1])
+        k = min(k, len(self))
+        best_d = torch.empty((len(queries), 0), device=queries.device)
+        best_i = torch.empty((len(queries), 0), dtype=torch.long, device=queries.device)
+        q_norm = (queries * queries).sum(-1, keepdim=True)
+        for start in range(0, len(self), CHUNK):
+            chunk = torch.as_tensor(np.asarray(self.keys[start:start + CHUNK], dtype=np.float32),
+                                    device=queries.device)
+            d = q_norm - 2 * queries @ chunk.T + (chunk * chunk).sum(-1)[None]
+            d = d.clamp_min(0)  # rounding can take ||q - k||^2 a hair below 0
+            top = d.topk(min(k, d.shape[1]), dim=-1, largest=False, sorted=True)
+            cand_d = torch.cat([best_d, top.values], 1)
+            cand_i = torch.cat([best_i, top.indices + start], 1)
+            # stable sort: an equal distance keeps the earlier chunk's (the earlier entry's) place
+            order = cand_d.argsort(dim=-1, stable=True)[:, :k]
+            best_d, best_i = cand_d.gather(1, order), cand_i.gather(1, order)
+        return best_d, self.values.to(queries.device)[best_i]

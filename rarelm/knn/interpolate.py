@@ -1,0 +1,98 @@
+"""The next-token distribution of kNN-LM and of a continuous cache, and their mix with the model's.
+
+kNN-LM (Khandelwal et al., "Generalization through Memorization", ICLR 2020): the query q is
+the model's final hidden state at the current position; its k nearest keys in the datastore
+(squared L2 distance d) vote for the token that followed them,
+
+    p_kNN(w) = sum over neighbours j with value w of exp(-d(q, k_j) / T) / Z.
+
+Continuous cache (Grave et al., "Improving Neural Language Models with a Continuous Cache",
+ICLR 2017): the same over the current document's own last `cache_window` positions i, scored
+by a dot product,
+
+    p_cache(w) = sum over i with token_{i+1} = w of exp(h_t . h_i / T_cache) / Z.
+
+The mix is in probability space, computed as a log-sum-exp of log-probabilities:
+
+    p(w) = (1 - lam_knn - lam_cache) p_LM(w) + lam_knn p_kNN(w) + lam_cache p_cache(w).
+
+Where a part has nothing to say (an empty datastore; the first position of a document, with
+no history) its weight goes to the model, so every row still sums to 1.
+
+Worked example (tests/test_knn.py): a vocabulary of 3, p_LM = (0.5, 0.3, 0.2), three neighbours
+at squared distances (0, ln 2, ln 2) with values (1, 1, 2) and T = 1: weights (1, 1/2, 1/2) / 2,
+so p_kNN = (0, 0.75, 0.25); with lam_knn = 0.5 and no cache, p = (0.25, 0.525, 0.225).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def vote_log_probs(scores: torch.Tensor, values: torch.Tensor, vocab: int,
+                   valid: torch.Tensor | None = None) -> torch.Tensor:
+    """log of softmax(scores) summed per value token: [..., vocab] float32 (-inf where no vote).
+
+    `scores` [..., n] (already divided by the temperature), `values` [..., n] token ids,
+    `valid` [..., n] bool (False = not a candidate). A row with no valid candidate comes out
+    all -inf; the caller gives its weight to the model (`mix`).
+
+    >>> vote_log_probs(torch.tensor([[0.0, 0.0]]), torch.tensor([[2, 2]]), 3).exp().tolist()
+    [[0.0, 0.0, 1.0]]
+    """
+    scores = scores.float()
+    if scores.shape[-1] == 0:  # no candidate at all
+        return torch.full((*scores.shape[:-1], vocab), -math.inf, device=scores.device)
+    if valid is not None:
+        scores = scores.masked_fill(~valid, -math.inf)
+    top = scores.amax(-1, keepdim=True)
+    weights = torch.exp(scores - torch.where(torch.isfinite(top), top, torch.zeros_like(top)))
+    total = weights.sum(-1, keepdim=True)
+    weights = torch.where(total > 0, weights / total.clamp_min(torch.finfo(weights.dtype).tiny),
+                          torch.zeros_like(weights))
+    probs = torch.zeros((*scores.shape[:-1], vocab), dtype=torch.float32, device=scores.device)
+    probs.scatter_add_(-1, values.long(), weights)
+    return probs.log()
+
+
+def knn_log_probs(distances: torch.Tensor, values: torch.Tensor, vocab: int, temperature: float,
+                  valid: torch.Tensor | None = None) -> torch.Tensor:
+    """p_kNN as log-probabilities [n, vocab] from the k nearest neighbours' squared L2 distances and
+    values ([n, k] each)."""
+    return vote_log_probs(-distances / temperature, values, vocab, valid)
+
+
+def cache_log_probs(queries: torch.Tensor, history: torch.Tensor, next_tokens: torch.Tensor,
+                    visible: torch.Tensor, vocab: int, temperature: float) -> torch.Tensor:
+    """p_cache as log-probabilities [..., vocab]: `queries` [..., d], the history's hidden states
+    [..., L, d], the token that followed each [..., L], which of them each query may see [..., L]."""
+    scores = torch.einsum("...d,...ld->...l", queries.float(), history.float()) / temperature
+    return vote_log_probs(scores, next_tokens, vocab, visible)
+
+
+def mix(lm_log_probs: torch.Tensor, lam_knn: float = 0.0, knn: torch.Tensor | None = None,
+        lam_cache: float = 0.0, cache: torch.Tensor | None = None) -> torch.Tensor:
+    """log p of the interpolation (module docstring), rows [..., vocab], float32.
+
+    `lm_log_probs` must be normalised log-probabilities. A part that is None, or a row of it that
+    is all -inf (nothing to vote with), hands its weight to the model. With both weights 0 the
+    model's log-probabilities come back unchanged, the same tensor.
+    """
+    if (lam_knn == 0 or knn is None) and (lam_cache == 0 or cache is None):
+        return lm_log_probs
+    lm = lm_log_probs.float()
+    shape = lm.shape[:-1] + (1,)
+    parts, weights = [], []
+    for lam, part in ((lam_knn, knn), (lam_cache, cache)):
+        if lam == 0 or part is None:
+            continue
+        has = torch.isfinite(part.amax(-1, keepdim=True))  # the part voted in this row
+        weights.append(torch.where(has, torch.full(shape, lam, device=lm.device),
+                                   torch.zeros(shape, device=lm.device)))
+        parts.append(part)
+    lm_weight = 1.0 - sum(weights)
+    terms = [lm + lm_weight.log()] + [p + w.log() for p, w in zip(parts, weights, strict=True)]
+    # -inf + log 0 stays -inf; a row where a part did not vote adds exp(-inf) = 0 of it
+    return torch.logsumexp(torch.stack(terms), dim=0)

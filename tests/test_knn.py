@@ -1,0 +1,246 @@
+"""kNN-LM + continuous cache (rarelm/knn/): hand-computed distributions, the neutral setting bit for
+bit, the hook against a by-hand computation on a tiny model, and the datastore stage."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from rarelm.knn.datastore import Datastore, final_hidden
+from rarelm.knn.hook import attached
+from rarelm.knn.interpolate import cache_log_probs, knn_log_probs, mix, vote_log_probs
+from tests.conftest import REPO, run
+
+P_LM = torch.tensor([[0.5, 0.3, 0.2]]).log()
+
+
+def knn_params(**kw):
+    base = dict(enabled=True, k=16, weight=0.0, temperature=1.0, cache_window=0, cache_weight=0.0,
+                cache_temperature=1.0)
+    return SimpleNamespace(**{**base, **kw})
+
+
+def three_entries() -> Datastore:
+    """Keys on a line at sqrt(0), sqrt(ln 2), sqrt(ln 4): squared distances to 0 are 0, ln 2, ln 4."""
+    keys = np.array([[0.0, 0.0], [math.sqrt(math.log(2)), 0.0], [0.0, math.sqrt(math.log(4))]], np.float32)
+    return Datastore(keys, torch.tensor([1, 1, 2]))
+
+
+def test_three_entry_datastore_by_hand():
+    store = three_entries()
+    distances, values = store.search(torch.zeros(1, 2), k=3)
+    assert values.tolist() == [[1, 1, 2]]
+    assert distances[0].tolist() == pytest.approx([0.0, math.log(2), math.log(4)], abs=1e-6)
+    # weights 1, 1/2, 1/4 -> 4/7, 2/7, 1/7; token 1 gets 6/7, token 2 gets 1/7
+    knn = knn_log_probs(distances, values, 3, temperature=1.0)
+    assert knn.exp()[0].tolist() == pytest.approx([0.0, 6 / 7, 1 / 7], abs=1e-6)
+    # lambda 0.5: 0.5 * (0.5, 0.3, 0.2) + 0.5 * (0, 6/7, 1/7) = (0.25, 0.578571, 0.171429)
+    mixed = mix(P_LM, 0.5, knn).exp()[0]
+    assert mixed.tolist() == pytest.approx([0.25, 0.15 + 3 / 7, 0.1 + 1 / 14], abs=1e-6)
+    assert float(mixed.sum()) == pytest.approx(1.0, abs=1e-6)
+    # k = 2: the two nearest (weights 2/3, 1/3) both say token 1
+    d2, v2 = store.search(torch.zeros(1, 2), k=2)
+    assert knn_log_probs(d2, v2, 3, 1.0).exp()[0].tolist() == pytest.approx([0.0, 1.0, 0.0], abs=1e-6)
+    # temperature 2 halves the exponents: weights 1, 2^-1/2, 1/2
+    w = np.array([1, 2 ** -0.5, 0.5]) / (1 + 2 ** -0.5 + 0.5)
+    assert knn_log_probs(distances, values, 3, 2.0).exp()[0].tolist() == \
+        pytest.approx([0.0, w[0] + w[1], w[2]], abs=1e-6)
+
+
+def test_search_is_exact_across_chunks(monkeypatch):
+    import rarelm.knn.datastore as ds
+
+    monkeypatch.setattr(ds, "CHUNK", 7)  # many chunks and a running top-k merge
+    gen = torch.Generator().manual_seed(0)
+    keys = torch.randn(50, 4, generator=gen)
+    queries = torch.randn(5, 4, generator=gen)
+    store = Datastore(keys.numpy(), torch.arange(50))
+    distances, values = store.search(queries, k=6)
+    full = torch.cdist(queries, keys) ** 2
+    assert values.tolist() == full.topk(6, largest=False).indices.tolist()
+    assert torch.allclose(distances, full.topk(6, largest=False).values, atol=1e-5)
+
+
+def test_cache_on_a_three_token_history_by_hand():
+    history = torch.tensor([[[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]])
+    query = torch.tensor([[math.log(2), 0.0]])
+    # scores ln 2, 0, ln 2 -> weights 2/5, 1/5, 2/5 on next tokens 2, 0, 2: p_cache = (1/5, 0, 4/5)
+    every = torch.ones(1, 3, dtype=torch.bool)
+    cache = cache_log_probs(query, history, torch.tensor([[2, 0, 2]]), every, 3, 1.0)
+    assert cache.exp()[0].tolist() == pytest.approx([0.2, 0.0, 0.8], abs=1e-6)
+    assert mix(P_LM, 0.0, None, 0.5, cache).exp()[0].tolist() == pytest.approx([0.35, 0.15, 0.5], abs=1e-6)
+    # the last history entry hidden (another document): weights 2/3, 1/3 on tokens 2, 0
+    visible = torch.tensor([[True, True, False]])
+    cache = cache_log_probs(query, history, torch.tensor([[2, 0, 2]]), visible, 3, 1.0)
+    assert cache.exp()[0].tolist() == pytest.approx([1 / 3, 0.0, 2 / 3], abs=1e-6)
+    # both parts: (1 - 0.25 - 0.5) p_LM + 0.25 p_kNN + 0.5 p_cache
+    knn = torch.tensor([[0.0, 1.0, 0.0]]).log()
+    both = mix(P_LM, 0.25, knn, 0.5, cache).exp()[0]
+    assert both.tolist() == pytest.approx([0.125 + 1 / 6, 0.075 + 0.25, 0.05 + 1 / 3], abs=1e-6)
+
+
+def test_no_history_gives_its_weight_to_the_model():
+    none = torch.zeros(1, 2, dtype=torch.bool)
+    nothing = vote_log_probs(torch.zeros(1, 2), torch.tensor([[0, 1]]), 3, none)
+    assert torch.isinf(nothing).all()
+    assert torch.equal(mix(P_LM, 0.0, None, 0.5, nothing), P_LM)
+
+
+def test_neutral_weights_return_the_model_log_probs_unchanged():
+    knn = torch.tensor([[0.0, 1.0, 0.0]]).log()
+    assert mix(P_LM, 0.0, knn, 0.0, knn) is P_LM
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=20, n_positions=32, n_embd=8, n_layer=1, n_head=2,
+                                       bos_token_id=0, eos_token_id=0)).eval()
+    tokens = torch.randint(1, 20, (200,), generator=torch.Generator().manual_seed(1))
+    tokens[[40, 90, 150]] = 0  # documents end with the end-of-text token 0
+    return model, tokens.numpy().astype(np.uint16)
+
+
+def test_off_and_neutral_settings_are_the_model_bit_for_bit(tiny):
+    from rarelm.evaluate.token_scoring import score_tokens
+
+    model, tokens = tiny
+    buckets = np.zeros(20, dtype=np.int64)
+    plain = score_tokens(model, tokens, buckets, 16, 4)
+    ids = torch.as_tensor(tokens[None, :32].astype(np.int64))
+    with torch.no_grad():
+        logits = model(ids).logits
+    store = Datastore(np.ones((3, 8), np.float32), torch.tensor([1, 2, 3]))
+    for knn in (knn_params(enabled=False, weight=0.5, cache_window=4, cache_weight=0.3),
+                knn_params(weight=0.0, cache_weight=0.0, cache_window=8)):
+        with attached(model, store, knn, 0) as state:
+            assert state is None
+            stats = score_tokens(model, tokens, buckets, 16, 4)
+            with torch.no_grad():
+                assert torch.equal(model(ids).logits, logits)
+        for field in ("tokens", "nll", "top1", "top5"):
+            assert np.array_equal(getattr(stats, field), getattr(plain, field))
+
+
+def by_hand(model, ids: list[int], store, knn, eot: int) -> torch.Tensor:
+    """log p of the mix at every position of one sequence, from the formulas, no hook."""
+    x = torch.tensor([ids])
+    hidden = final_hidden(model, x)[0]
+    with torch.no_grad():
+        lm = torch.log_softmax(model(x).logits[0].float(), -1)
+    out = []
+    for t in range(len(ids)):
+        d, v = store.search(hidden[t:t + 1], knn.k)
+        knn_part = knn_log_probs(d, v, lm.shape[-1], knn.temperature)
+        first = max(0, t - knn.cache_window)
+        # same document: no end-of-text token at positions i .. t - 1
+        seen = [i for i in range(first, t) if eot not in ids[i:t]]
+        following = torch.tensor([[ids[i + 1] for i in seen]])
+        visible = torch.ones(1, len(seen), dtype=torch.bool)
+        cache = cache_log_probs(hidden[t:t + 1], hidden[seen][None], following, visible, lm.shape[-1],
+                                knn.cache_temperature)
+        out.append(mix(lm[t:t + 1], knn.weight, knn_part, knn.cache_weight, cache)[0])
+    return torch.stack(out)
+
+
+def test_the_hook_mixes_what_the_formulas_say(tiny):
+    from rarelm.evaluate.scoring import continuation_scores
+
+    model, tokens = tiny
+    gen = torch.Generator().manual_seed(2)
+    store = Datastore(torch.randn(30, 8, generator=gen).numpy(), torch.randint(0, 20, (30,), generator=gen))
+    knn = knn_params(k=4, weight=0.3, temperature=5.0, cache_window=5, cache_weight=0.2,
+                     cache_temperature=2.0)
+    ids = [int(t) for t in tokens[30:52]]  # holds the end-of-text token at 40
+    expected = by_hand(model, ids, store, knn, 0)
+    with attached(model, store, knn, 0):
+        with torch.no_grad():
+            got = model(torch.tensor([ids])).logits[0]
+        assert torch.allclose(got, expected, atol=1e-5)
+        # the scoring path (right padding, logits of the scored positions only) reads the same numbers
+        (nll, _), = continuation_scores(model, [ids[:10]], [ids[10:]], pad_id=0)
+    true = expected[9:-1].gather(-1, torch.tensor(ids[10:])[:, None])[:, 0]
+    assert np.allclose(nll, -true.double().numpy(), atol=1e-5)
+
+
+def test_generation_with_the_kv_cache_matches_full_forwards(tiny):
+    from rarelm.evaluate.decoding import greedy_continue
+
+    model, tokens = tiny
+    gen = torch.Generator().manual_seed(3)
+    store = Datastore(torch.randn(30, 8, generator=gen).numpy(), torch.randint(0, 20, (30,), generator=gen))
+    knn = knn_params(k=4, weight=0.4, temperature=5.0, cache_window=6, cache_weight=0.4,
+                     cache_temperature=0.5)
+    prompts = [[int(t) for t in tokens[100:108]], [int(t) for t in tokens[120:125]]]
+    with attached(model, store, knn, 0):
+        fast = greedy_continue(model, prompts, 6, pad_id=0).tolist()
+    for prompt, row in zip(prompts, fast, strict=True):
+        seq = list(prompt)
+        for _ in range(6):  # the slow way: the whole sequence each step, mixed by hand
+            seq.append(int(by_hand(model, seq, store, knn, 0)[-1].argmax()))
+        assert row == seq[len(prompt):]
+
+
+def tiny_folders(tmp_path, tiny):
+    model, tokens = tiny
+    model.save_pretrained(tmp_path / "model")
+    tok = tmp_path / "tokenized"
+    tok.mkdir()
+    tokens.tofile(tok / "train.tokens")
+    (tok / "meta.json").write_text(json.dumps({"vocab_size": 20, "eot_id": 0, "dtype": "uint16",
+                                               "splits": {"train": {"tokens": len(tokens)}}}))
+    return tmp_path / "model", tok
+
+
+@pytest.mark.parametrize("enabled", [False, True])
+def test_datastore_stage(tmp_path, tiny, enabled):
+    model, tokens = tiny
+    model_dir, tok = tiny_folders(tmp_path, tiny)
+    (tmp_path / "params.yaml").write_text(
+        f"knn:\n  enabled: {str(enabled).lower()}\n  max_entries: 150\n  key_dtype: float32\n"
+        "eval:\n  block_size: 16\n  batch_size: 3\n  device: cpu\n")
+    out = tmp_path / "datastore"
+    result = run([sys.executable, "-m", "stages.datastore", "--params", str(tmp_path / "params.yaml"),
+                  "--model", str(model_dir), "--tokenized", str(tok), "--out", str(out)],
+                 tmp_path.parent, env={"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)})
+    assert result.returncode == 0, result.stderr
+    meta = json.loads((out / "meta.json").read_text())
+    if not enabled:
+        assert meta == {"enabled": False} and sorted(p.name for p in out.iterdir()) == ["meta.json"]
+        return
+    assert meta == {"enabled": True, "entries": 150, "hidden": 8, "key_dtype": "float32", "block_size": 16}
+    store = Datastore.open(out)
+    assert store.values.tolist() == tokens[1:151].tolist()
+    # entry 20 is position 4 of the second 16-token window (tokens 16..32)
+    window = torch.as_tensor(tokens[None, 16:32].astype(np.int64))
+    assert np.allclose(store.keys[20], final_hidden(model, window)[0, 4].numpy(), atol=1e-6)
+
+
+
+def test_closed_set_scoring_sees_the_prompt_history_either_way(tiny):
+    """The tree layout and the row-per-prefix layout of candidate scoring give the same sums with the
+    cache on: each candidate token sees the prompt's history, not its own earlier tokens."""
+    from rarelm.evaluate.scoring import candidates_nll, tree_candidates_nll
+
+    model, tokens = tiny
+    store = Datastore(np.random.default_rng(4).standard_normal((30, 8)).astype(np.float32),
+                      torch.as_tensor(np.random.default_rng(5).integers(0, 20, 30)))
+    knn = knn_params(k=4, weight=0.3, temperature=5.0, cache_window=6, cache_weight=0.4,
+                     cache_temperature=0.5)
+    prompt = [int(t) for t in tokens[60:70]]
+    candidates = [[3, 4, 5], [3, 4], [7], [7, 8, 9, 10]]
+    with attached(model, store, knn, 0):
+        rows = candidates_nll(model, prompt, candidates)
+        tree = tree_candidates_nll(model, prompt, candidates)
+    assert np.allclose(rows, tree, atol=1e-4)
+    # the first token's NLL is the mixed distribution after the whole prompt, cache included
+    first = by_hand(model, prompt, store, knn, 0)[-1]
+    assert rows[2] == pytest.approx(-float(first[7]), abs=1e-5)
