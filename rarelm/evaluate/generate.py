@@ -145,12 +145,31 @@ def fit_context(ids, max_tokens: int, limit: int | None, err: TextIO | None = No
 
 
 def run(model_dir: str | Path, prompt: str, sampling: Sampling, device: str = "auto",
-        out: TextIO = sys.stdout, counts: str | Path = f"{paths.RARE}/counts.npy") -> list[int]:
+        out: TextIO = sys.stdout, counts: str | Path = f"{paths.RARE}/counts.npy", knn=None,
+        datastore: str | Path = paths.DATASTORE, err: TextIO | None = None) -> list[int]:
     """What the CLI does: load the folder (and the counts, with --logit-adjust), echo the prompt,
-    stream the continuation."""
+    stream the continuation.
+
+    `knn` (params.knn, or None): with kNN-LM or the cache on, the datastore folder is opened and
+    mixed into every step's distribution (rarelm/knn/hook.py), and one line on `err` says so.
+    """
+    from rarelm.knn.datastore import Datastore  # on use: only with knn on
+    from rarelm.knn.hook import active, attached, describe
+
     model = load_causal_lm(model_dir, device)
     tokenizer = load_model_tokenizer(model_dir)
     prior = load_log_prior(counts, tokenizer) if sampling.logit_adjust else None
+    on = knn is not None and active(knn)
+    store = Datastore.open(datastore, str(model.device)) if on and knn.weight > 0 else None
+    if on:
+        print(f"rarelm generate: mixing in {describe(knn, store)}", file=err or sys.stderr, flush=True)
     out.write(printable(prompt))  # a pasted escape sequence must not drive the terminal
     out.flush()
-    return generate(model, tokenizer, prompt, sampling, out, prior)
+    with attached(model, store, knn if on else _Off(), tokenizer.eos_token_id):
+        return generate(model, tokenizer, prompt, sampling, out, prior)
+
+
+class _Off:
+    """knn params that attach nothing."""
+
+    enabled, weight, cache_weight, cache_window = False, 0.0, 0.0, 0
