@@ -105,6 +105,13 @@ SLOW_FIXTURES = {
 SLOW_TESTS = {
     "tests/test_train.py::test_gpu_check_falls_back_to_cpu_without_a_gpu",  # five short trainings
     "tests/test_release.py::test_release_tags_the_model_that_dvc_artifacts_get_downloads",  # DVC remote
+    # the longest of the rest (40-70 s each in the fast lane at load ~10, 2026-12-03): a whole
+    # evaluate stage, MLflow registry round trips, three processes creating one store
+    "tests/test_evaluate.py::test_stage_writes_metrics_plots_and_logs_into_the_training_run",
+    "tests/test_evaluate.py::test_stage_with_logit_adjustment_scores_the_adjusted_model",
+    "tests/test_compare.py::test_cli_registers_the_winner_and_leaves_the_champion",
+    "tests/test_compare.py::test_cli_compares_mlflow_runs_by_id",
+    "tests/test_tracking.py::test_three_writers_on_a_fresh_store_all_log",
 }
 
 
