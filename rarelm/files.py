@@ -26,6 +26,20 @@ from typing import Any
 from rarelm.fmt import csv_cell
 
 
+def kind_of(mode: int) -> str:
+    """What a file of st_mode `mode` is, in words, for an error line.
+
+    >>> import stat; kind_of(stat.S_IFIFO), kind_of(stat.S_IFDIR)
+    ('named pipe (FIFO)', 'folder')
+    """
+    import stat
+
+    kinds = {stat.S_ISREG: "file", stat.S_ISDIR: "folder", stat.S_ISFIFO: "named pipe (FIFO)",
+             stat.S_ISSOCK: "socket", stat.S_ISCHR: "character device", stat.S_ISBLK: "block device",
+             stat.S_ISLNK: "symbolic link"}
+    return next((name for test, name in kinds.items() if test(mode)), "special file")
+
+
 def check_held_params() -> None:
     """rarelm.params.check_held_params (imported here on use: params does not import files)."""
     from rarelm.params import check_held_params as check

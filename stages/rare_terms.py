@@ -23,6 +23,7 @@ data/rare/ and metrics/rare_terms.json:
 The rules (buckets, scoring, thresholds) are in rarelm/rare_terms/.
 """
 
+import sys
 from pathlib import Path
 
 import typer
@@ -33,6 +34,38 @@ from rarelm.files import atomic_dir, write_json
 from rarelm.params import load_params
 
 app = typer.Typer(add_completion=False, help=__doc__)
+
+
+def glossary_notice(glossary: str, terms: Path) -> str | None:
+    """How many of the glossary's terms terms.jsonl does not keep as terms of their own, and why
+    (one line), else None. A term written twice, or the same as another but for case and spacing,
+    is one term: the stage compares terms in that form (rarelm/rare_terms/segmentation.py
+    `normalize_term`). Was: 13 terms listed, 7 written, and no word about it."""
+    import json
+
+    from rarelm.rare_terms.segmentation import normalize_term
+
+    if not glossary:
+        return None
+    lines = Path(glossary).read_text(encoding="utf-8-sig").splitlines()
+    if lines and "\t" in lines[0] and lines[0].split("\t")[0].strip().lower() == "term":
+        lines = [line.split("\t")[0] for line in lines[1:]]  # a TSV: its term column, as read_glossary
+    listed = [line.strip() for line in lines if line.strip()]
+    kept = sum(json.loads(line).get("source") == "glossary"
+               for line in terms.read_text(encoding="utf-8").splitlines() if line.strip())
+    if kept >= len(listed):
+        return None
+    seen: dict[str, str] = {}
+    pair = None
+    for term in listed:
+        key = normalize_term(term)
+        if key in seen and pair is None:
+            pair = (term, seen[key])
+        seen.setdefault(key, term)
+    example = f" (e.g. {pair[0]!r} is {pair[1]!r})" if pair else ""
+    return (f"rare.glossary {glossary} lists {len(listed)} terms, {kept} kept: {len(listed) - kept} "
+            f"repeat another one, the same but for case or spacing{example}; terms are compared in "
+            "lower case with single spaces, and the last spelling is kept")
 
 
 @app.command()
@@ -53,7 +86,10 @@ def rare_terms(
         with atomic_dir(out) as tmp:
             result = stage.rare_terms(params.rare, params.corpus.reference_glossary, prepared,
                                       tokenized, tmp)
+            notice = glossary_notice(params.rare.glossary, tmp / "terms.jsonl")
         write_json(metrics, result)
+    if notice:
+        print(f"rarelm rare_terms: warning: {notice}", file=sys.stderr, flush=True)
     b = result["buckets"]
     shares = ", ".join(f"{n} {b[n]['tokens']} ({b[n]['share']:.1%})" for n in BUCKET_NAMES)
     scored = ""

@@ -1098,3 +1098,67 @@ def test_compare_options_out_of_bounds_are_one_line_before_any_work(tmp_path, ar
     assert result.returncode == 2 and result.stdout == ""
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report.html"]
     assert (tmp_path / "report.html").read_text() == "mine"
+
+
+# ------------------------------------------------------------------------------ smaller items
+
+def test_a_corpus_path_that_is_a_named_pipe_is_called_one(tmp_path):
+    """Was: "folder ... holds no .txt, .jsonl, .csv or .parquet file"."""
+    os.mkfifo(tmp_path / "corpus.txt")
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"corpus": {"path": str(tmp_path / "corpus.txt"),
+                                                                     "reference_glossary": ""}}))
+    result = stage("prepare", tmp_path, "--params", "params.yaml", "--out", "prepared",
+                   "--metrics", "prepare.json", timeout=60)
+    assert_one_line_error(result, f"rarelm prepare: error: corpus.path: {tmp_path}/corpus.txt is a "
+                          "named pipe (FIFO), not a file or folder; point it at the corpus file")
+    assert result.returncode == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt", "params.yaml"]
+
+
+def test_a_tokenizer_folder_of_only_config_json_is_called_so(upto_weights, tmp_path):
+    """Was: "tokenize: the train split encodes to no tokens" (transformers builds a tokenizer of an
+    empty vocabulary from a config.json alone)."""
+    tiny_pretrained(upto_weights, tmp_path / "pretrained")
+    for name in ("tokenizer.json", "tokenizer_config.json", "model.safetensors", "generation_config.json"):
+        (tmp_path / "pretrained" / name).unlink(missing_ok=True)
+    params = yaml.safe_load((upto_weights / "params.yaml").read_text())
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    set_params(tmp_path, **{"tokenizer.name_or_path": str(tmp_path / "pretrained")})
+    result = stage("tokenize", upto_weights, "--params", str(tmp_path / "params.yaml"),
+                   "--out", str(tmp_path / "tokenized"), "--metrics", str(tmp_path / "tokenize.json"))
+    assert_one_line_error(result, f"rarelm tokenize: error: tokenizer.name_or_path: {tmp_path}/pretrained "
+                          "holds no tokenizer files, only config.json (its vocabulary is empty)")
+    assert result.returncode == 2
+    assert not (tmp_path / "tokenized").exists() and not (tmp_path / "tokenize.json").exists()
+
+
+GLOSSARY = ["idiopathic pneumomyositis", "Idiopathic Pneumomyositis", "nodular adrenonecrosis",
+            "NODULAR ADRENONECROSIS", "diffuse angioectasia", "zzz never seen term", "another unseen one",
+            "granulomatous glomeruloectasia", "granulomatous  glomeruloectasia", "heparin", "Heparin",
+            "warfarin", " ".join(["longterm"] * 40)]
+
+
+def test_glossary_terms_merged_are_counted_in_one_line_and_one_too_long_is_named(upto_weights, tmp_path):
+    """13 glossary terms, 9 kept as their own (case and spacing repeats): one warning line says so
+    (was: nothing); a term of 80 tokens, more than evaluate can test with model.block_size 32, is
+    refused by `weights` in one line naming it (was: by evaluate, after training, unnamed)."""
+    (tmp_path / "glossary.txt").write_text("\n".join(GLOSSARY) + "\n")
+    params = yaml.safe_load((upto_weights / "params.yaml").read_text())
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    set_params(tmp_path, **{"rare.glossary": str(tmp_path / "glossary.txt")})
+    result = stage("rare_terms", upto_weights, "--params", str(tmp_path / "params.yaml"),
+                   "--out", str(tmp_path / "rare"), "--metrics", str(tmp_path / "rare.json"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stderr == (f"rarelm rare_terms: warning: rare.glossary {tmp_path}/glossary.txt lists 13 "
+                             "terms, 9 kept: 4 repeat another one, the same but for case or spacing (e.g. "
+                             "'Idiopathic Pneumomyositis' is 'idiopathic pneumomyositis'); terms are "
+                             "compared in lower case with single spaces, and the last spelling is kept\n")
+    rows = [json.loads(line) for line in (tmp_path / "rare/terms.jsonl").read_text().splitlines()]
+    assert sum(row["source"] == "glossary" for row in rows) == 9
+    result = stage("weights", upto_weights, "--params", str(tmp_path / "params.yaml"), "--rare",
+                   str(tmp_path / "rare"), "--out", str(tmp_path / "weights"), "--metrics",
+                   str(tmp_path / "weights.json"), "--plot", str(tmp_path / "weights.csv"))
+    assert_one_line_error(result, "rarelm weights: error: rare.glossary: the term 'longterm longterm ",
+                          "evaluate tests terms of at most 13 tokens with model.block_size = 32")
+    assert result.returncode == 2
+    assert not any((tmp_path / name).exists() for name in ("weights", "weights.json", "weights.csv"))

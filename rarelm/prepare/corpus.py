@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import IO
 
 from rarelm.errors import RarelmError
+from rarelm.files import kind_of
 from rarelm.params import CorpusParams
 
 FORMATS = ("txt", "jsonl", "csv", "parquet")
@@ -98,6 +99,9 @@ def corpus_files(params: CorpusParams) -> list[Path]:
     if root.is_file():
         format_of(root, params.format)
         return [root]
+    if not root.is_dir():  # a named pipe would block the read, or be called an empty folder
+        raise RarelmError(f"corpus.path: {root} is a {kind_of(root.stat().st_mode)}, not a file or "
+                          "folder; point it at the corpus file (a .gz for a compressed one)")
     files = []
     for path in sorted(p for p in root.rglob("*") if p.is_file() and not p.name.startswith(".")):
         try:

@@ -84,6 +84,11 @@ def load_pretrained(name_or_path: str, out_dir: Path):
         raise RarelmError(f"{key}: {name_or_path} is not a loadable tokenizer ({exc})") from None
     if not getattr(hf, "is_fast", False):
         raise RarelmError(f"{key}: {name_or_path} has no fast (tokenizers) tokenizer")
+    if len(hf) <= len(set(hf.all_special_ids)):  # transformers builds an empty one from config.json
+        files = ", ".join(sorted(p.name for p in pretrained.path.iterdir())[:8]) or "nothing"
+        raise RarelmError(f"{key}: {name_or_path} holds no tokenizer files, only {files} (its "
+                          "vocabulary is empty); give the folder with tokenizer.json (or vocab.json "
+                          "+ merges.txt)")
     eot_id = hf.eos_token_id if hf.eos_token_id is not None else hf.sep_token_id
     if eot_id is None:
         raise RarelmError(f"{key}: {name_or_path} defines no end-of-text (eos or sep) token")

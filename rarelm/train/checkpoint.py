@@ -64,7 +64,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from rarelm.errors import RarelmError, disk_error
-from rarelm.files import sha256_file
+from rarelm.files import kind_of, sha256_file
 
 MANIFEST = "manifest.json"
 STATE = "state.pt"
@@ -112,7 +112,7 @@ def signing_key(root: str | Path) -> bytes:
     if not stat.S_ISREG(info.st_mode):  # checked before any read (fdopen of a folder fails too)
         os.close(fd)
         raise RarelmError(
-            f"checkpoint key {path}: is a {_kind(info.st_mode)}, not a file; remove it (the "
+            f"checkpoint key {path}: is a {kind_of(info.st_mode)}, not a file; remove it (the "
             "checkpoints beside it are then not resumed)")
     with os.fdopen(fd, "rb") as f:
         secret = f.read(KEY_BYTES + 1)
@@ -122,13 +122,6 @@ def signing_key(root: str | Path) -> bytes:
             f"(it is uid {info.st_uid}, mode {info.st_mode & 0o777:o}, {len(secret)} bytes); "
             f"remove it (the checkpoints beside it are then not resumed)")
     return secret
-
-
-def _kind(mode: int) -> str:
-    """What a file that is not a regular one is, in words: `_kind(stat.S_IFIFO)` -> "named pipe (FIFO)"."""
-    kinds = {stat.S_ISDIR: "folder", stat.S_ISFIFO: "named pipe (FIFO)", stat.S_ISSOCK: "socket",
-             stat.S_ISCHR: "character device", stat.S_ISBLK: "block device"}
-    return next((name for test, name in kinds.items() if test(mode)), "special file")
 
 
 def _create_key(path: Path) -> None:
