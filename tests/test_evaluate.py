@@ -793,6 +793,28 @@ def test_stage_writes_metrics_plots_and_logs_into_the_training_run(workspace, tm
     assert term_metrics(test_rows, m["n_terms"], m["n_term_occurrences"]).items() <= m.items()
 
 
+def test_stage_scores_the_general_text_as_ppl_general(workspace, tmp_path):
+    """eval.general_text: the file's documents, each followed by the end-of-text token, scored as
+    ppl is scored (checked against torch's cross_entropy window by window)."""
+    from rarelm.artifacts.tokenized import TokenizedData, load_tokenizer
+    from rarelm.evaluate.general_text import token_stream
+
+    ws = tmp_path / "ws"
+    shutil.copytree(workspace, ws)
+    documents = ["The acute phase of a bilateral condition was noted.", "A second, unrelated document."]
+    (ws / "general.txt").write_text("\n".join(documents) + "\n", encoding="utf-8")
+    set_params(ws, **{"eval.general_text": "general.txt"})
+    result = stage("evaluate", ws)
+    assert result.returncode == 0, result.stderr
+    metrics = json.loads((ws / "metrics/eval.json").read_text())
+    data = TokenizedData.open(ws / "data/tokenized")
+    tokens = token_stream(load_tokenizer(data.tokenizer_dir, data.vocab_size), documents, data.eot_id)
+    ppl, n = _hf_ppl(ws / "models/model", tokens, 64)  # eval.block_size 0: the model's context of 64
+    assert metrics["n_general_tokens"] == n == len(tokens) - 1
+    assert metrics["ppl_general"] == pytest.approx(ppl, rel=1e-5)
+    assert "general-text ppl" in result.stdout
+
+
 def test_stage_with_logit_adjustment_scores_the_adjusted_model(workspace, tmp_path):
     """eval.logit_adjust_tau > 0 reads data/rare/counts.npy; perplexity is that of logits - tau log pi."""
     from rarelm.artifacts.tokenized import TokenizedData
@@ -849,6 +871,7 @@ def test_unreachable_store_is_one_warning_line_or_one_error_if_required(tmp_path
     ("no_prepared", "data/prepared/test.jsonl: no such file; run the prepare stage first"),
     ("short_prepared", "the prepared split has 1 documents but the tokenized one"),
     ("other_text", "the tokenizer does not reproduce document 0 of the tokenized split"),
+    ("no_general", "params: eval.general_text = 'data/general/none.txt': no such file"),
 ])
 def test_bad_inputs_are_one_line_errors_without_output(workspace, tmp_path, breakage, message):
     ws = tmp_path / "ws"
@@ -866,6 +889,8 @@ def test_bad_inputs_are_one_line_errors_without_output(workspace, tmp_path, brea
         words = [w.strip(".,:") for w in first.split()]
         lines[0] = json.dumps({"text": f"{words[0]} {words[1]} " + first}) + "\n"
         prepared.write_text("".join(lines), encoding="utf-8")
+    elif breakage == "no_general":
+        set_params(ws, **{"eval.general_text": "data/general/none.txt"})
     else:
         (ws / "data/rare" / ("terms.jsonl" if breakage == "no_terms" else "buckets.npy")).unlink()
     result = stage("evaluate", ws)
