@@ -244,3 +244,23 @@ def test_closed_set_scoring_sees_the_prompt_history_either_way(tiny):
     # the first token's NLL is the mixed distribution after the whole prompt, cache included
     first = by_hand(model, prompt, store, knn, 0)[-1]
     assert rows[2] == pytest.approx(-float(first[7]), abs=1e-5)
+
+
+@pytest.mark.parametrize("lams", [(0.3, 0.2), (0.5, 0.5), (0.0, 0.4)])
+def test_mixing_by_votes_is_the_dense_mix(lams):
+    """mix_votes (what the hook runs: only voted tokens recomputed) against mix on dense parts,
+    rows without cache votes included, and weights summing to 1 (the model's share 0)."""
+    from rarelm.knn.interpolate import mix_votes, vote_weights
+
+    gen = torch.Generator().manual_seed(6)
+    lm = torch.log_softmax(3 * torch.randn(5, 11, generator=gen), -1)
+    knn_ids = torch.randint(0, 11, (5, 4), generator=gen)
+    cache_ids = torch.randint(0, 11, (5, 3), generator=gen)
+    knn_scores, cache_scores = torch.randn(5, 4, generator=gen), torch.randn(5, 3, generator=gen)
+    visible = torch.tensor([[True, True, False]] * 3 + [[False, False, False]] * 2)
+    dense = mix(lm, lams[0], vote_log_probs(knn_scores, knn_ids, 11), lams[1],
+                vote_log_probs(cache_scores, cache_ids, 11, visible))
+    sparse = mix_votes(lm, [(lams[0], knn_ids, vote_weights(knn_scores)),
+                            (lams[1], cache_ids, vote_weights(cache_scores, visible))])
+    assert torch.allclose(sparse.exp(), dense.exp(), atol=1e-6)
+    assert torch.allclose(sparse.exp().sum(-1), torch.ones(5), atol=1e-5)

@@ -30,7 +30,7 @@ from collections.abc import Iterator
 
 import torch
 
-from rarelm.knn.interpolate import cache_log_probs, knn_log_probs, mix
+from rarelm.knn.interpolate import mix_votes, vote_weights
 
 
 @dataclasses.dataclass
@@ -100,16 +100,18 @@ class Interpolation:
     def after_head(self, _module, args, logits):
         queries = args[0]  # [B, T', d]: the positions scored (logits_to_keep may drop earlier ones)
         lm = torch.log_softmax(logits.float(), dim=-1)
-        vocab = lm.shape[-1]
-        knn_part = cache_part = None
+        votes = []
         if self.uses_knn:
             distances, values = self.store.search(queries.reshape(-1, queries.shape[-1]), self.knn.k)
-            knn_part = knn_log_probs(distances, values, vocab, self.knn.temperature).reshape(lm.shape)
+            shape = lm.shape[:-1] + (values.shape[-1],)
+            votes.append((self.knn.weight, values.reshape(shape),
+                          vote_weights(-distances / self.knn.temperature).reshape(shape)))
         if self.uses_cache and self.current is not None:
-            cache_part = self._cache(queries, vocab)
-        return mix(lm, self.knn.weight, knn_part, self.knn.cache_weight, cache_part)
+            votes.append((self.knn.cache_weight, *self._cache(queries)))
+        return mix_votes(lm, votes)
 
-    def _cache(self, queries: torch.Tensor, vocab: int) -> torch.Tensor:
+    def _cache(self, queries: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cache's votes at the scored positions: (next token ids, weights), [B, T', history] each."""
         c = self.current
         total, scored = c.ids.shape[1], queries.shape[1]
         positions = torch.arange(total - scored, total, device=c.ids.device)  # the scored positions
@@ -125,9 +127,8 @@ class Interpolation:
         before = torch.cat([torch.zeros_like(seen[:, :1]), seen[:, :-1]], 1)  # at positions < i
         same_doc = before[:, None, :] == before[:, at][:, :, None]
         visible = earlier[None] & same_doc & c.mask[:, None, :] & c.mask[:, positions][:, :, None]
-        return cache_log_probs(queries, c.hidden[:, None].expand(-1, scored, -1, -1),
-                               next_ids[:, None].expand(-1, scored, -1), visible, vocab,
-                               self.knn.cache_temperature)
+        scores = torch.einsum("btd,bld->btl", queries.float(), c.hidden.float()) / self.knn.cache_temperature
+        return next_ids[:, None].expand(-1, scored, -1), vote_weights(scores, visible)
 
 
 def _join(a: _History | None, b: _History) -> _History:

@@ -31,6 +31,50 @@ import math
 import torch
 
 
+def vote_weights(scores: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """softmax(scores) over the valid candidates [..., n] float32; a row with none is all 0.
+
+    >>> vote_weights(torch.tensor([[0.0, 0.0, 5.0]]), torch.tensor([[True, True, False]])).tolist()
+    [[0.5, 0.5, 0.0]]
+    """
+    scores = scores.float()
+    if scores.shape[-1] == 0:
+        return scores
+    if valid is not None:
+        scores = scores.masked_fill(~valid, -math.inf)
+    top = scores.amax(-1, keepdim=True)
+    weights = torch.exp(scores - torch.where(torch.isfinite(top), top, torch.zeros_like(top)))
+    total = weights.sum(-1, keepdim=True)
+    return torch.where(total > 0, weights / total.clamp_min(torch.finfo(weights.dtype).tiny),
+                       torch.zeros_like(weights))
+
+
+def mix_votes(lm_log_probs: torch.Tensor,
+              votes: list[tuple[float, torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """`mix` with each part given as its votes: (lambda, token ids [..., n], vote_weights [..., n]).
+
+    The same distribution as `mix` on the dense parts (tests/test_knn.py), at the cost of one pass
+    over the vocabulary instead of several: only the k + window voted tokens of a row differ from
+    the model's (weighted) log-probability, so only they are recomputed. What evaluate and
+    `rarelm generate` run (rarelm.knn.hook).
+    """
+    votes = [(lam, ids, w) for lam, ids, w in votes if lam > 0 and ids.shape[-1] > 0]
+    if not votes:
+        return lm_log_probs
+    lm = lm_log_probs.float()
+    extra = torch.zeros_like(lm)
+    lm_weight = torch.ones(lm.shape[:-1] + (1,), device=lm.device)
+    for lam, ids, w in votes:
+        share = lam * (w.sum(-1, keepdim=True) > 0)  # a part with no vote in a row gives its lambda back
+        lm_weight = lm_weight - share
+        extra.scatter_add_(-1, ids.long(), share * w)
+    ids = torch.cat([v[1].long() for v in votes], -1)
+    log_weight = lm_weight.log()
+    out = lm + log_weight
+    at = torch.logaddexp(lm.gather(-1, ids) + log_weight, extra.gather(-1, ids).log())
+    return out.scatter_(-1, ids, at)
+
+
 def vote_log_probs(scores: torch.Tensor, values: torch.Tensor, vocab: int,
                    valid: torch.Tensor | None = None) -> torch.Tensor:
     """log of softmax(scores) summed per value token: [..., vocab] float32 (-inf where no vote).
@@ -42,16 +86,7 @@ def vote_log_probs(scores: torch.Tensor, values: torch.Tensor, vocab: int,
     >>> vote_log_probs(torch.tensor([[0.0, 0.0]]), torch.tensor([[2, 2]]), 3).exp().tolist()
     [[0.0, 0.0, 1.0]]
     """
-    scores = scores.float()
-    if scores.shape[-1] == 0:  # no candidate at all
-        return torch.full((*scores.shape[:-1], vocab), -math.inf, device=scores.device)
-    if valid is not None:
-        scores = scores.masked_fill(~valid, -math.inf)
-    top = scores.amax(-1, keepdim=True)
-    weights = torch.exp(scores - torch.where(torch.isfinite(top), top, torch.zeros_like(top)))
-    total = weights.sum(-1, keepdim=True)
-    weights = torch.where(total > 0, weights / total.clamp_min(torch.finfo(weights.dtype).tiny),
-                          torch.zeros_like(weights))
+    weights = vote_weights(scores, valid)
     probs = torch.zeros((*scores.shape[:-1], vocab), dtype=torch.float32, device=scores.device)
     probs.scatter_add_(-1, values.long(), weights)
     return probs.log()

@@ -1,0 +1,122 @@
+"""Cost of kNN-LM (rarelm/knn/): datastore write and exact search per million entries, and with a
+model, the datastore build rate and teacher-forced scoring with the mix against without.
+
+Synthetic part: `--entries` random float16 keys of `--hidden` dimensions written as the datastore
+stage writes them (memory-mapped .npy, in chunks), then `--queries` queries searched exactly for
+their `--k` nearest (rarelm.knn.datastore.Datastore.search: chunked matmul + running top-k).
+Model part (`--model`): `--tokens` random token ids run through the model as the stage does
+(build: final hidden states -> keys), then score_tokens on the same ids with and without the mix
+(kNN over that store at `--k`, plus a cache of `--cache-window`), one thread as eval.threads.
+
+    python bench/knn.py --entries 1000000 --hidden 128 --queries 2048
+    python bench/knn.py --entries 1000000 --hidden 128 --queries 2048 --model base/model --tokens 20000
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path[0] = str(Path(__file__).resolve().parents[1])  # bench/tokenize.py would shadow tokenize
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import platform  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from types import SimpleNamespace  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+
+def synthetic(folder: Path, entries: int, hidden: int, queries: int, k: int) -> dict:
+    rng = np.random.default_rng(0)
+    started = time.perf_counter()
+    keys = np.lib.format.open_memmap(folder / "keys.npy", mode="w+", dtype=np.float16,
+                                     shape=(entries, hidden))
+    for s in range(0, entries, 65536):
+        keys[s:s + 65536] = rng.standard_normal((min(65536, entries - s), hidden), dtype=np.float32)
+    keys.flush()
+    del keys
+    np.save(folder / "values.npy", rng.integers(0, 8000, entries).astype(np.int32))
+    write_s = time.perf_counter() - started
+    from rarelm.knn.datastore import Datastore
+
+    store = Datastore(np.load(folder / "keys.npy", mmap_mode="r"),
+                      torch.as_tensor(np.load(folder / "values.npy")))
+    q = torch.as_tensor(rng.standard_normal((queries, hidden), dtype=np.float32))
+    store.search(q[:8], k)  # warm the page cache and torch
+    started = time.perf_counter()
+    store.search(q, k)
+    search_s = time.perf_counter() - started
+    million = entries / 1e6
+    return {"entries": entries, "hidden": hidden, "queries": queries, "k": k,
+            "disk_mb": round(sum((folder / f).stat().st_size for f in ("keys.npy", "values.npy")) / 2**20, 1),
+            "write_s": round(write_s, 2), "write_s_per_1m": round(write_s / million, 2),
+            "search_s": round(search_s, 2),
+            "search_ms_per_query_per_1m": round(1e3 * search_s / queries / million, 3)}
+
+
+def with_model(folder: Path, model_dir: Path, tokens: int, k: int, cache_window: int) -> dict:
+    from rarelm.evaluate.decoding import context_length
+    from rarelm.evaluate.model_folder import load_causal_lm
+    from rarelm.evaluate.token_scoring import score_tokens
+    from rarelm.knn.datastore import Datastore, build
+    from rarelm.knn.hook import attached
+
+    model = load_causal_lm(model_dir, "cpu")
+    vocab, block = model.config.vocab_size, context_length(model) or 128
+    ids = np.random.default_rng(1).integers(1, vocab, tokens).astype(np.uint16)
+    started = time.perf_counter()
+    meta = build(model, ids, block, 32, folder, "float16")
+    (folder / "meta.json").write_text(json.dumps(meta))
+    build_s = time.perf_counter() - started
+    store = Datastore.open(folder)
+    buckets = np.zeros(vocab, dtype=np.int64)
+    started = time.perf_counter()
+    score_tokens(model, ids, buckets, block, 32)
+    plain_s = time.perf_counter() - started
+    knn = SimpleNamespace(enabled=True, k=k, weight=0.25, temperature=1.0, cache_window=cache_window,
+                          cache_weight=0.1 if cache_window else 0.0, cache_temperature=1.0)
+    with attached(model, store, knn, 0):
+        started = time.perf_counter()
+        score_tokens(model, ids, buckets, block, 32)
+        mixed_s = time.perf_counter() - started
+    return {"model": str(model_dir), "hidden": meta["hidden"], "tokens": tokens,
+            "store_entries": meta["entries"],
+            "build_s": round(build_s, 2), "build_tokens_per_s": round(tokens / build_s),
+            "score_plain_s": round(plain_s, 2), "score_mixed_s": round(mixed_s, 2),
+            "mixed_over_plain": round(mixed_s / plain_s, 2), "k": k, "cache_window": cache_window}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--entries", type=int, default=1_000_000)
+    parser.add_argument("--hidden", type=int, default=128)
+    parser.add_argument("--queries", type=int, default=2048)
+    parser.add_argument("--k", type=int, default=16)
+    parser.add_argument("--model", type=Path, default=None)
+    parser.add_argument("--tokens", type=int, default=20_000)
+    parser.add_argument("--cache-window", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (eval.threads' default: 1)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    out = {"cpu": platform.processor() or platform.machine(), "threads": args.threads,
+           "load_1min": round(os.getloadavg()[0], 2),
+           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.entries:
+            out["synthetic"] = synthetic(Path(tmp), args.entries, args.hidden, args.queries, args.k)
+        if args.model:
+            folder = Path(tmp) / "model_store"
+            folder.mkdir()
+            out["model"] = with_model(folder, args.model, args.tokens, args.k, args.cache_window)
+    out["load_1min_after"] = round(os.getloadavg()[0], 2)
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
