@@ -43,8 +43,8 @@ def _launch(nproc: int, max_restarts: int, argv: list[str]) -> int:
     # store: they can read the previous attempt's gloo addresses and hang or fail to connect
     # (pytorch/pytorch#135712). A store of their own per attempt avoids it.
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-    # The workers print their own one-line errors; the launcher's logging would add a
-    # traceback-sized report for the same failure.
+    # The workers' one-line errors are printed below (or by a worker, for a traceback); the
+    # launcher's logging would add a traceback-sized report for the same failure.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     args = get_args_parser().parse_args(
         ["--standalone", "--nproc-per-node", str(nproc), "--max-restarts", str(max_restarts),
