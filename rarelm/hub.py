@@ -12,6 +12,10 @@ commit hash; without one, `main`). It is looked up in the local cache only, the 
 huggingface_hub uses (HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub, read
 when called), as with HF_HUB_OFFLINE=1: nothing is downloaded at run time. An existing
 folder wins over a hub id spelt the same; a string that is neither is one RarelmError.
+A relative folder missing here is looked for under `DVC_ROOT`: a queued or `--temp` DVC
+experiment runs in a copy of the workspace that holds only what git or DVC track, and an
+untracked model folder (smollm2/model, git-ignored: docs/smollm2.md) stays in the workspace,
+which DVC names in DVC_ROOT even inside the copy; it is still recorded as spelt.
 The resolved commit is what a run records, and a new commit is a new training run.
 """
 
@@ -35,10 +39,11 @@ class Pretrained:
     path: Path
     hub_id: str = ""  # "" for a local folder
     commit: str = ""  # the snapshot's commit hash ("" for a local folder)
+    spelt: str = ""   # a folder found under DVC_ROOT: the relative name params gave (what is recorded)
 
     def __str__(self) -> str:
-        """`org/name@<commit>` (a spelling that pins it) or the folder."""
-        return f"{self.hub_id}@{self.commit}" if self.hub_id else str(self.path)
+        """`org/name@<commit>` (a spelling that pins it) or the folder (as params spell it)."""
+        return f"{self.hub_id}@{self.commit}" if self.hub_id else (self.spelt or str(self.path))
 
 
 def cache_dir() -> Path:
@@ -72,6 +77,9 @@ def resolve(name_or_path: str, key: str) -> Pretrained:
     path = Path(name_or_path)
     if path.is_dir():
         return Pretrained(path)
+    root = os.environ.get("DVC_ROOT")
+    if root and not path.is_absolute() and (Path(root) / path).is_dir():  # an experiment's copy
+        return Pretrained(Path(root) / path, spelt=name_or_path)
     parsed = parse_hub_id(name_or_path)
     if parsed is None:
         raise RarelmError(f"{key}: no such folder: {name_or_path} (a local folder, or a hub id "

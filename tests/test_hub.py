@@ -212,3 +212,22 @@ def test_stage_cli_missing_hub_id_is_one_line_exit_2(cache, prepared, tmp_path):
     assert_user_error(result, "rarelm-test/absent", tmp_path, "tokenized", "tokenize.json",
                       stage="tokenize")
     assert str(cache) in result.stderr and "hf download rarelm-test/absent --revision v2" in result.stderr
+
+
+def test_a_relative_folder_missing_here_is_found_under_dvc_root(tmp_path, monkeypatch):
+    """A queued or --temp experiment's copy of the workspace lacks an untracked model folder
+    (smollm2/model): it is taken from DVC_ROOT, the workspace, and still recorded as spelt."""
+    workspace, copy = tmp_path / "workspace", tmp_path / "copy"
+    (workspace / "smollm2" / "model").mkdir(parents=True)
+    copy.mkdir()
+    monkeypatch.chdir(copy)
+    monkeypatch.delenv("DVC_ROOT", raising=False)
+    with pytest.raises(RarelmError, match="no such folder: smollm2/model"):
+        hub.resolve("smollm2/model", "model.name_or_path")
+    monkeypatch.setenv("DVC_ROOT", str(workspace))
+    source = hub.resolve("smollm2/model", "model.name_or_path")
+    assert source.path == workspace / "smollm2" / "model" and str(source) == "smollm2/model"
+    (copy / "smollm2" / "model").mkdir(parents=True)  # a folder here wins
+    assert hub.resolve("smollm2/model", "model.name_or_path") == hub.Pretrained(Path("smollm2/model"))
+    with pytest.raises(RarelmError, match="no such folder"):  # only relative names are looked up there
+        hub.resolve(str(tmp_path / "elsewhere" / "model"), "model.name_or_path")
