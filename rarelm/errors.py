@@ -101,8 +101,8 @@ OS_FIXES = {
 def os_error(exc: BaseException) -> str | None:
     """One line for an OSError a user can fix: the path, what is wrong, what to do; else None.
 
-    A link on the path whose target is missing (`.cache` -> a removed folder) is named as such,
-    whatever the errno (mkdir reports it as "File exists").
+    A link on the path whose target is missing (`.cache` -> a removed folder) or that is in a
+    loop is named as such, whatever the errno (mkdir reports either as "File exists").
 
     >>> os_error(IsADirectoryError(errno.EISDIR, "Is a directory", ".cache/train/.signing-key"))
     '.cache/train/.signing-key: Is a directory (a folder is where a file is needed: move the folder aside)'
@@ -112,9 +112,13 @@ def os_error(exc: BaseException) -> str | None:
     if not isinstance(exc, OSError) or exc.errno is None:
         return None
     path = exc.filename if isinstance(exc.filename, (str, bytes, os.PathLike)) else None
-    link = dangling_link(path) if path else None
-    if link is not None:
+    found = bad_link(path) if path else None
+    if found is not None:
+        link, loop = found
         where = "" if os.fsdecode(path) == link else f"{os.fsdecode(path)}: "
+        if loop:
+            return (f"{where}{link} is a symbolic link that leads back to itself (a loop): fix or "
+                    "remove the link")
         return (f"{where}{link} is a symbolic link to {os.readlink(link)}, which does not exist: "
                 "create its target or remove the link")
     if exc.errno not in OS_FIXES:
@@ -123,11 +127,12 @@ def os_error(exc: BaseException) -> str | None:
     return f"{where}{os.strerror(exc.errno)} ({OS_FIXES[exc.errno]})"
 
 
-def dangling_link(path: str | os.PathLike) -> str | None:
-    """The first component of `path` that is a symbolic link to nothing, else None.
+def bad_link(path: str | os.PathLike) -> tuple[str, bool] | None:
+    """The first component of `path` that is a symbolic link to nothing (False) or in a loop
+    (True), else None.
 
     >>> import tempfile; d = Path(tempfile.mkdtemp()); (d / "cache").symlink_to(d / "gone")
-    >>> dangling_link(d / "cache" / "train") == str(d / "cache")
+    >>> bad_link(d / "cache" / "train") == (str(d / "cache"), False)
     True
     """
     try:
@@ -136,10 +141,14 @@ def dangling_link(path: str | os.PathLike) -> str | None:
         return None
     for i in range(1, len(parts) + 1):
         here = os.path.join(*parts[:i])
-        if os.path.islink(here) and not os.path.exists(here):
-            return here
         if not os.path.lexists(here):
             return None
+        if os.path.islink(here):
+            try:
+                os.stat(here)
+            except OSError as exc:  # ENOENT: its target is gone; ELOOP: links in a loop
+                if exc.errno in (errno.ENOENT, errno.ELOOP):
+                    return here, exc.errno == errno.ELOOP
     return None
 
 

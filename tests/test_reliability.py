@@ -1030,6 +1030,13 @@ def test_an_output_under_a_file_or_a_dangling_link_is_one_line_naming_it(tiny_ra
     assert_one_line_error(result, f"rarelm prepare: error: {tmp_path}/data is a symbolic link to "
                           f"{tmp_path}/gone, which does not exist: create its target or remove the link")
     assert result.returncode == 2 and not (tmp_path / "gone").exists()
+    result = _prepare_os_error(tiny_raw, tmp_path, tmp_path / "afile" / "data" / "prepared")
+    assert_one_line_error(result, f"rarelm prepare: error: {tmp_path}/afile/data: Not a directory (a part "
+                          "of the path is a file where a folder is needed: move that file aside)")
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    result = _prepare_os_error(tiny_raw, tmp_path, tmp_path / "loop" / "prepared")
+    assert_one_line_error(result, f"rarelm prepare: error: {tmp_path}/loop is a symbolic link that leads "
+                          "back to itself (a loop): fix or remove the link")
     assert not (tmp_path / "prepare.json").exists()
 
 
