@@ -281,6 +281,44 @@ def test_smollm2_pins_the_wheel_and_its_pipeline_stays_out_of_the_main_one():
     assert "dvc repro smollm2/dvc.yaml" in (REPO / "Makefile").read_text()
 
 
+def test_results_plan_names_smollm2_and_each_configuration_validates(tmp_path):
+    """smollm2/foldoc_en.yaml (the results-page rows): a fixed comparison whose every
+    configuration, applied to params.yaml, is a valid params file naming smollm2/model."""
+    import copy
+
+    from rarelm.params import load_params
+    from rarelm.report.headline_plan import Plan
+
+    plan = Plan.load(REPO / "smollm2/foldoc_en.yaml")
+    assert plan.fixed and list(plan.configurations) == ["as-is", "finetune", "term-loss-normalized"]
+    assert {d["of"] for d in plan.decode.values()} == {"as-is", "finetune"}
+    base = yaml.safe_load((REPO / "params.yaml").read_text())
+    for name, overrides in plan.configurations.items():
+        params = copy.deepcopy(base)
+        for item in plan.common + overrides:
+            key, value = item.split("=", 1)
+            *parents, leaf = key.split(".")
+            node = params
+            for part in parents:
+                node = node[part]
+            assert leaf in node, key
+            node[leaf] = yaml.safe_load(value)
+        (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+        loaded = load_params(tmp_path / "params.yaml")
+        assert loaded.model.name_or_path == loaded.tokenizer.name_or_path == "smollm2/model", name
+        assert loaded.model.block_size == loaded.eval.block_size == 1024, name
+
+
+def test_gpu_script_says_in_one_line_that_it_needs_cuda():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is here: the script would run for real")
+    result = run(["bash", "bench/gpu_smollm2.sh"], REPO, env={"PYTHON": sys.executable})
+    assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+        "gpu_smollm2: no CUDA device here; this script is for a GPU (the CPU figures: docs/smollm2.md)"]
+
+
 # --------------------------------------------------------------------------- the pipeline on a Llama
 
 def test_lora_targets_llama_projections(converted):
