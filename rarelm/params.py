@@ -99,9 +99,9 @@ class RareParams:
     max_documents: int = param(10_000, ge=1)  # TF-IDF on at most this many (evenly spread) documents
     glossary: str = ""  # optional user glossary, one term per line (UTF-8); always kept
     tfidf: bool = True  # also extract TF-IDF terms; false: the glossary's terms only (needs glossary)
-    # a TF-IDF candidate whose string sits inside longer words in more than this share of its
-    # matches in the TF-IDF documents is a fragment ("arg" of "argument", 括号 of 圆括号): skipped;
-    # 1 = off (rarelm/rare_terms/quality.py)
+    # Chinese corpora: a TF-IDF candidate whose string sits inside longer words in more than this
+    # share of its matches in the TF-IDF documents is a fragment ("arg" of "argument", 括号 of
+    # 圆括号): skipped; 1 = off (rarelm/rare_terms/quality.py; English keeps "api" beside "APIs")
     max_inside_share: float = param(0.25, ge=0.0, le=1.0)
     chunk_tokens: int = param(4_000_000, ge=1024)  # tokens counted per chunk (bounds memory)
     # TF-IDF also sees the val and test documents (train counts stay train-only), so terms that the

@@ -62,7 +62,9 @@ def rare_terms(params, reference_glossary: str, prepared_dir: Path, tokenized_di
         if params.tfidf_all_splits else []
     # Chinese terms match on jieba's word boundaries, never inside a longer word (term_search)
     han_words = language == "zh"
-    fragment = None if params.max_inside_share >= 1 else \
+    # a Chinese candidate mostly inside longer words is a fragment (English words are whole by
+    # their spaces, and a plural would make "api" a piece of "APIs")
+    fragment = None if not han_words or params.max_inside_share >= 1 else \
         fragment_filter(documents, han_words, params.max_inside_share, tuple(glossary))
     # rare.tfidf: false: the glossary supplies the terms (a corpus with its own: foldoc_en)
     extracted = tfidf_terms(documents + held_out, segmenter, params.ngram_max, params.min_df, params.max_df,
