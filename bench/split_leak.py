@@ -64,7 +64,8 @@ def leak(run: Path, groups: dict[str, str]) -> dict:
         per_split[split] = groups_of_matches(docs, [groups[d] for d in docs], rows, glossary)
     test_terms = [t for t, g in enumerate(per_split["test"]) if g]
     unseen = [t for t in test_terms if not per_split["train"][t]]
-    same_page_only = [t for t in test_terms if per_split["train"][t] and per_split["train"][t] <= per_split["test"][t]]
+    train, test = per_split["train"], per_split["test"]
+    same_page_only = [t for t in test_terms if train[t] and train[t] <= test[t]]
     return {"run": str(run), "terms": len(rows), "test_terms": len(test_terms),
             "test_terms_unseen_in_train": len(unseen),
             "test_terms_in_train_only_in_their_test_groups": len(same_page_only),

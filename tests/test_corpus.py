@@ -319,8 +319,8 @@ def test_group_column_in_csv_and_parquet(tmp_path):
     rows = [("one a", "p1"), ("one b", "p1"), ("two a", 2), ("solo", None)]
     with open(tmp_path / "c.csv", "w", encoding="utf-8", newline="") as f:
         f.write("text,book\n" + "".join(f"{t},{'' if g is None else g}\n" for t, g in rows))
-    pq.write_table(pa.table({"text": [t for t, _ in rows], "book": [None if g is None else str(g) for _, g in rows]}),
-                   tmp_path / "c.parquet")
+    books = [None if g is None else str(g) for _, g in rows]
+    pq.write_table(pa.table({"text": [t for t, _ in rows], "book": books}), tmp_path / "c.parquet")
     expected = [("one a", "p1"), ("one b", "p1"), ("two a", "2"), ("solo", None)]
     for name in ("c.csv", "c.parquet"):
         assert list(corpus.iter_grouped(params(tmp_path / name, group_field="book"))) == expected

@@ -185,9 +185,10 @@ def cross_references(entries: Iterable[tuple[str, str]],
     reference names it another way (a plural, a variant). Left out: links (a URL inside),
     titles (more than 8 words), single characters ("C", "e": found whatever their case as a
     word, they are mostly variables, initials and "e.g."), English function words ("in",
-    "at": entries for the word, no domain terms), and one-word terms that the corpus mostly writes in another case ("AT",
-    the IBM PC/AT, is "at" 19 times in 20): the pipeline finds terms whatever their case, so
-    such a term would mostly be found where the text means the common word.
+    "at": entries for the word, no domain terms), and one-word terms that the corpus mostly
+    writes in another case ("AT", the IBM PC/AT, is "at" 19 times in 20): the pipeline finds
+    terms whatever their case, so such a term would mostly be found where the text means the
+    common word.
 
     >>> cross_references([("Unix", "An {operating system}; see {Unix} {shells}, {unix}. At {AT} {C}."),
     ...                   ("shell", "A {wiki (http://a.b/c)} page, {in} at at AT.")])

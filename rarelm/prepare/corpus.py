@@ -243,7 +243,8 @@ def _iter_csv(path: Path, params: CorpusParams) -> Iterator[tuple[str, str | Non
                     f"{path}: no column {field!r} (columns: {', '.join(reader.fieldnames)}; "
                     f"set corpus.{key})")
         for row in reader:
-            yield row[params.text_field] or "", (row[params.group_field] or None) if params.group_field else None
+            group = (row[params.group_field] or None) if params.group_field else None
+            yield row[params.text_field] or "", group
     except csv.Error as exc:  # a field over the limit
         raise RarelmError(f"{path}: line {reader.line_num}: {exc} (corpus.max_line_bytes = "
                           f"{params.max_line_bytes})") from None
@@ -258,7 +259,7 @@ def _iter_parquet(path: Path, params: CorpusParams) -> Iterator[tuple[str, str |
     except Exception as exc:  # pyarrow raises several types for a file that is not parquet
         raise RarelmError(f"{path}: not a readable parquet file ({exc})") from None
     columns = [params.text_field] + ([params.group_field] if params.group_field else [])
-    for field, key in zip(columns, ("text_field", "group_field")):
+    for field, key in zip(columns, ("text_field", "group_field")[:len(columns)], strict=True):
         if field not in table.schema_arrow.names:
             raise RarelmError(
                 f"{path}: no column {field!r} (columns: "
