@@ -16,6 +16,7 @@ from rarelm.knn.datastore import Datastore, final_hidden
 from rarelm.knn.hook import attached
 from rarelm.knn.interpolate import cache_log_probs, knn_log_probs, mix, vote_log_probs
 from tests.conftest import REPO, run
+from tests.test_evaluate import workspace  # noqa: F401  (the tiny evaluate workspace, a fixture)
 
 P_LM = torch.tensor([[0.5, 0.3, 0.2]]).log()
 
@@ -264,3 +265,43 @@ def test_mixing_by_votes_is_the_dense_mix(lams):
                             (lams[1], cache_ids, vote_weights(cache_scores, visible))])
     assert torch.allclose(sparse.exp(), dense.exp(), atol=1e-6)
     assert torch.allclose(sparse.exp().sum(-1), torch.ones(5), atol=1e-5)
+
+
+@pytest.mark.slow
+def test_evaluate_stage_mixes_the_datastore_in(workspace, tmp_path):  # noqa: F811
+    """datastore then evaluate on the tiny workspace of tests/test_evaluate.py: one stderr line names
+    the mix, and the val metrics move (a random model's val perplexity falls with the train split's
+    memory); with knn off the same files give the plain metrics and no stderr."""
+    import shutil
+
+    import mlflow
+
+    from tests.conftest import set_params, stage
+
+    ws = tmp_path / "ws"
+    shutil.copytree(workspace, ws)
+    client = mlflow.MlflowClient(f"sqlite:///{ws / 'mlflow.db'}")
+    run_id = client.create_run(client.create_experiment("rarelm")).info.run_id
+    (ws / "models/model/mlflow_run.json").write_text(json.dumps(
+        {"run_id": run_id, "tracking_uri": "sqlite:///mlflow.db", "experiment": "rarelm"}))
+    env = {"OMP_NUM_THREADS": "1"}
+    set_params(ws, **{"eval.splits": ["val"], "eval.closed_set": False})
+    assert stage("datastore", ws, env=env).stdout.startswith("datastore: knn.enabled is false")
+    off = stage("evaluate", ws, env=env)
+    assert off.returncode == 0 and off.stderr == "", off.stderr
+    plain = json.loads((ws / "metrics/eval.json").read_text())
+
+    set_params(ws, **{"knn.enabled": True, "knn.weight": 0.3, "knn.k": 8, "knn.temperature": 10.0,
+                      "knn.cache_window": 16, "knn.cache_weight": 0.2})
+    built = stage("datastore", ws, env=env)
+    assert built.returncode == 0, built.stderr
+    entries = json.loads((ws / "data/datastore/meta.json").read_text())["entries"]
+    on = stage("evaluate", ws, env=env)
+    assert on.returncode == 0, on.stderr
+    assert on.stderr.strip() == (f"evaluate: mixing in kNN-LM over {entries:,} datastore entries (k 8, "
+                                 "lambda 0.3, T 10) + continuous cache (window 16, lambda 0.2, T 1)")
+    mixed = json.loads((ws / "metrics/eval.json").read_text())
+    assert mixed["n_eval_tokens"] == plain["n_eval_tokens"]
+    assert mixed["ppl"] < plain["ppl"]
+    assert mixed["term_nll_per_char"] != plain["term_nll_per_char"]
+

@@ -149,7 +149,8 @@ class Datastore:
         return distances, self.values.to(queries.device)[best_i]
 
     def _chunk(self, start: int, device) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(self.keys[start:start + CHUNK])).to(device).float()
+        # a copy of the slice: torch warns on a read-only memory map, and float() copies again anyway
+        return torch.from_numpy(np.array(self.keys[start:start + CHUNK])).to(device).float()
 
     def _key_norms(self, device) -> torch.Tensor:
         """||key||^2 of every entry, float32, computed once per opened store (4 bytes an entry)."""
