@@ -3,6 +3,8 @@ occurrences mapped to tokens and the round-robin cap, is tested in test_evaluate
 
 from __future__ import annotations
 
+import numpy as np
+
 from rarelm.rare_terms import term_search
 from rarelm.rare_terms.term_search import find_in_text, word_boundaries
 
@@ -35,3 +37,19 @@ def test_word_boundaries_are_jieba_dictionary_words():
     assert term_search.FoldedText("一二一二三一二").find("一二", han_words=True) == [(0, 2), (5, 7)]
     # every match of the string, boundaries ignored (the quality metric's denominator)
     assert term_search.FoldedText("一二一二三一二").find("一二", words=False) == [(0, 2), (2, 4), (5, 7)]
+
+
+def test_occurrences_of_a_chinese_corpus_term_follow_its_han_words_flag():
+    from rarelm.artifacts.terms import Term
+    from rarelm.tokenize.tokenization import EOT, train_bpe
+
+    docs = ["进程状态 态", "态"]
+    tok = train_bpe(iter(docs * 20), vocab_size=300, min_frequency=2)
+    eot = tok.token_to_id(EOT)
+    ids = [tok.encode(d, add_special_tokens=False).ids + [eot] for d in docs]
+    tokens = np.array(ids[0] + ids[1])
+    offsets = np.array([0, len(ids[0]), len(ids[0]) + len(ids[1])])
+    (found,) = term_search.find_occurrences(tok, docs, tokens, offsets, [Term("态", 1, han_words=True)])
+    assert [(o.doc, o.char_start, o.mention) for o in found] == [(0, 5, "first"), (1, 0, "first")]
+    (found,) = term_search.find_occurrences(tok, docs, tokens, offsets, [Term("态", 1)])
+    assert [(o.doc, o.char_start) for o in found] == [(0, 3), (0, 5), (1, 0)]
