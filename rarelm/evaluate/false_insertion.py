@@ -21,8 +21,9 @@ def count_terms(texts: list[str], terms: list[term_search.Term]) -> int:
     >>> count_terms(["the acute MI was", "acute MIs; acute MI"], [term_search.Term("acute MI", 3)])
     2
     """
-    joined = "\n".join(texts)
-    return sum(len(term_search.find_in_text(joined, t.text)) for t in terms if "\n" not in t.text)
+    text = term_search.FoldedText("\n".join(texts))  # folded once for all terms
+    glossary = term_search.glossary_of(terms)  # Chinese terms: jieba's words, glossary terms whole
+    return sum(len(text.find(t.text, t.han_words, glossary)) for t in terms if "\n" not in t.text)
 
 
 def term_start_mask(per_term: list[list[term_search.Occurrence]], n_tokens: int) -> np.ndarray:
