@@ -87,7 +87,11 @@ def restore_best(t) -> None:
                           "remove the run's checkpoints and train again")
     with torch.no_grad():
         for name, tensor in t.raw_model.state_dict().items():
-            _local(tensor).copy_(saved["weights"][name])
+            mine, kept = _local(tensor), saved["weights"].get(name)
+            if kept is None or kept.shape != mine.shape:  # e.g. resumed with another number of processes
+                raise RarelmError(f"{path}: the best validation's weights do not fit this run's model "
+                                  f"({name}); remove the run's checkpoints and train again")
+            mine.copy_(kept)
 
 
 def metrics(t) -> dict:
