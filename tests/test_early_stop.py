@@ -76,6 +76,7 @@ def test_early_stop_keeps_the_best_validation_step(prepared, tmp_path, monkeypat
     assert (metrics["steps"], metrics["best_val_step"], metrics["best_val_ce"]) == (5, 3, 3.0)
     assert (metrics["stopped_early"], metrics["saved_step"]) == (True, 3)
     assert metrics["tokens"] == 5 * 4 * 32 and metrics["epochs"] > 0
+    assert metrics["saved_epochs"] == pytest.approx(metrics["epochs"] * 3 / 5, abs=1e-3)
     val = {int(r["step"]): float(r["val_ce"]) for r in csv.DictReader(paths.plots.open()) if r["val_ce"]}
     assert min(val, key=val.get) == metrics["best_val_step"]  # the chosen step is the best validation's
     for key, tensor in saved.items():  # the saved model is step 3's weights, not step 5's

@@ -100,10 +100,13 @@ def metrics(t) -> dict:
     if not (tp.early_stop_patience or tp.keep_best):
         return {}
     best = Best(**t.state.best)
+    saved = best.step if tp.keep_best and best.step is not None else last_step(t)
+    epoch_tokens = len(t.inputs.train_samples) * t.params.model.block_size
     return {"best_val_step": best.step, "best_val_ce": best.val_ce,
             "best_val_ppl": math.exp(best.val_ce) if best.val_ce is not None else None,
-            "stopped_early": best.stopped_at is not None, "saved_step": best.step if tp.keep_best and
-            best.step is not None else last_step(t)}
+            "stopped_early": best.stopped_at is not None, "saved_step": saved,
+            # passes over the train windows up to the saved weights (at this run's tokens per step)
+            "saved_epochs": round(saved * t.tokens_per_step / epoch_tokens, 3)}
 
 
 def _local(tensor):
