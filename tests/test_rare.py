@@ -263,3 +263,21 @@ def test_surface_and_display_forms():
     assert display_form("real programmers", Counter({"Real Programmers": 3, "real programmers": 1})) \
         == "Real Programmers"
     assert display_form("pki", Counter()) == "pki"  # never in train: as extracted
+
+
+def test_tfidf_over_all_splits_finds_terms_unseen_in_train_and_keeps_train_counts(work):
+    """rare.tfidf_all_splits: TF-IDF also reads the val and test documents, so terms that train holds
+    once or never can be extracted (evaluate's "seen 0-1" stratum); a term's count stays train's."""
+    def terms() -> dict[str, int]:
+        stage("rare_terms", work, check=True)
+        rows = [json.loads(line) for line in (work / "data/rare/terms.jsonl").read_text().splitlines()]
+        return {r["term"]: r["train_occurrences"] for r in rows if r["source"] == "tfidf"}
+
+    train_only = terms()
+    set_params(work, **{"rare.tfidf_all_splits": True})
+    every_split = terms()
+    held_out = "\n".join(d for s in ("val", "test") for d in read_split(work / "data/prepared", s)).lower()
+    new = {t: n for t, n in every_split.items() if t not in train_only}
+    assert any(n <= 1 for n in new.values()), new
+    assert all(t.lower() in held_out for t, n in new.items() if n == 0)  # found in val/test only
+    assert all(every_split[t] == n for t, n in train_only.items() if t in every_split)
