@@ -6,6 +6,7 @@
     step.py        train_step -> forward_backward_step (gradient accumulation, clipping)
     batches.py     the sample stream and batches of windows;  sampler.py  the weighted sampler
     meter.py       curve rows;  validate.py  val losses;  report.py  progress bar, MLflow rows
+    early_stop.py  stop on validation loss (train.early_stop_patience), keep the best weights
     state.py       RunState, RNG states, resume;  checkpoint.py  signed sharded checkpoints
     saving.py      models/model, metrics/train.json, plots/train.csv
     inputs.py      the stage's paths and inputs, the checkpoint key
