@@ -14,8 +14,10 @@ metrics/eval.json), four measurements, each with the counts behind it:
    robin over terms); prompt = up to `eval.context_tokens` tokens before the first
    token covering the term; greedy decoding until the text covers lead + term as
    written there. One row per occurrence (metrics/eval_occurrences.jsonl);
-   `term_metrics` turns the rows into `term_exact_match`, `term_nll_per_char`,
-   `term_token_acc`, `term_choice_acc`, their variants and `em50_train_count`.
+   `term_metrics` turns the rows into `term_exact_match`, `term_nll_per_char`, `term_ppl`
+   (term perplexity), `term_completion_match` (the rest of the term written once its first
+   token is given), `term_token_acc`, `term_choice_acc`, their variants (by mention, by
+   train-count band and stratum: seen 0-1, 2-15, 16+ times) and `em50_train_count`.
 3. Diversity (`diversity`): `eval.diversity_prompts` prompts spread evenly over
    the split, each continued by `eval.diversity_tokens` tokens sampled at
    temperature 1, against the human text that followed.
@@ -26,6 +28,9 @@ metrics/eval.json), four measurements, each with the counts behind it:
 With `eval.logit_adjust_tau` > 0 all four measure the post-hoc logit-adjusted
 model, `logits - tau * log pi` (pi: the train unigram prior), the model a user
 would deploy (`decoding.logit_adjustment`; `logit_bias` None = the model as trained).
+
+With `eval.general_text`, general text held out from the base model's pretraining is scored
+once as `ppl_general`, the forgetting guard (`general_text`; data/general/).
 
 The other modules: `model_folder` (load a Hugging Face causal LM folder),
 `decoding` (batched greedy and sampled continuations), `scoring` (teacher-forced
