@@ -1,14 +1,17 @@
 """Cost of kNN-LM (rarelm/knn/): datastore write and exact search per million entries, and with a
 model, the datastore build rate and teacher-forced scoring with the mix against without.
 
-Synthetic part: `--entries` random float16 keys of `--hidden` dimensions written as the datastore
-stage writes them (memory-mapped .npy, in chunks), then `--queries` queries searched exactly for
-their `--k` nearest (rarelm.knn.datastore.Datastore.search: chunked matmul + running top-k).
+Synthetic part: `--entries` clustered float16 keys of `--hidden` dimensions written as the
+datastore stage writes them (memory-mapped .npy, in chunks), then `--queries` queries searched
+exactly for their `--k` nearest (rarelm.knn.datastore.Datastore.search: chunked matmul + running
+top-k); where faiss-cpu is importable (not a dependency), also its exact IndexFlatL2 and an
+IndexIVFFlat with its recall against the exact neighbours: the exact-vs-index crossover.
 Model part (`--model`): `--tokens` random token ids run through the model as the stage does
 (build: final hidden states -> keys), then score_tokens on the same ids with and without the mix
 (kNN over that store at `--k`, plus a cache of `--cache-window`), one thread as eval.threads.
 
     python bench/knn.py --entries 1000000 --hidden 128 --queries 2048
+    PYTHONPATH=/tmp/faiss_pkg python bench/knn.py --entries 100000   # pip install --target /tmp/faiss_pkg
     python bench/knn.py --entries 1000000 --hidden 128 --queries 2048 --model base/model --tokens 20000
 """
 
@@ -32,31 +35,74 @@ import torch  # noqa: E402
 
 
 def synthetic(folder: Path, entries: int, hidden: int, queries: int, k: int) -> dict:
+    """Write a store of clustered keys (4,096 centres + unit noise: hidden states are not uniform
+    noise, and an IVF index is only worth measuring on data with structure), search it exactly;
+    with faiss importable, also faiss's exact IndexFlatL2 and an IndexIVFFlat (recall against exact)."""
     rng = np.random.default_rng(0)
+    centres = rng.standard_normal((4096, hidden), dtype=np.float32) * 3
     started = time.perf_counter()
     keys = np.lib.format.open_memmap(folder / "keys.npy", mode="w+", dtype=np.float16,
                                      shape=(entries, hidden))
     for s in range(0, entries, 65536):
-        keys[s:s + 65536] = rng.standard_normal((min(65536, entries - s), hidden), dtype=np.float32)
+        rows = min(65536, entries - s)
+        keys[s:s + rows] = centres[rng.integers(0, 4096, rows)] + rng.standard_normal((rows, hidden),
+                                                                                      dtype=np.float32)
     keys.flush()
     del keys
     np.save(folder / "values.npy", rng.integers(0, 8000, entries).astype(np.int32))
     write_s = time.perf_counter() - started
     from rarelm.knn.datastore import Datastore
 
-    store = Datastore(np.load(folder / "keys.npy", mmap_mode="r"),
-                      torch.as_tensor(np.load(folder / "values.npy")))
-    q = torch.as_tensor(rng.standard_normal((queries, hidden), dtype=np.float32))
-    store.search(q[:8], k)  # warm the page cache and torch
+    # values = entry ids here, so the exact neighbours can be compared with faiss's by id
+    store = Datastore(np.load(folder / "keys.npy", mmap_mode="r"), torch.arange(entries))
+    q = centres[rng.integers(0, 4096, queries)] + rng.standard_normal((queries, hidden), dtype=np.float32)
+    store.search(torch.as_tensor(q[:8]), k)  # warm the page cache, torch and the key norms
     started = time.perf_counter()
-    store.search(q, k)
+    _, exact = store.search(torch.as_tensor(q), k)
     search_s = time.perf_counter() - started
     million = entries / 1e6
-    return {"entries": entries, "hidden": hidden, "queries": queries, "k": k,
-            "disk_mb": round(sum((folder / f).stat().st_size for f in ("keys.npy", "values.npy")) / 2**20, 1),
-            "write_s": round(write_s, 2), "write_s_per_1m": round(write_s / million, 2),
-            "search_s": round(search_s, 2),
-            "search_ms_per_query_per_1m": round(1e3 * search_s / queries / million, 3)}
+    out = {"entries": entries, "hidden": hidden, "queries": queries, "k": k,
+           "disk_mb": round(sum((folder / f).stat().st_size for f in ("keys.npy", "values.npy")) / 2**20, 1),
+           "write_s": round(write_s, 2), "write_s_per_1m": round(write_s / million, 2),
+           "search_s": round(search_s, 2), "search_ms_per_query": round(1e3 * search_s / queries, 3),
+           "search_ms_per_query_per_1m": round(1e3 * search_s / queries / million, 3)}
+    out.update(_faiss(np.load(folder / "keys.npy", mmap_mode="r"), q, k, exact.numpy(), rng))
+    return out
+
+
+def _faiss(keys: np.ndarray, q: np.ndarray, k: int, exact: np.ndarray, rng) -> dict:
+    """faiss-cpu's exact and IVF search on the same keys, if faiss is importable (not a dependency:
+    `pip install faiss-cpu==1.15.1`); nlist = 4 sqrt(entries), trained on 64 points a list."""
+    try:
+        import faiss
+    except ImportError:
+        return {"faiss": "not installed"}
+    faiss.omp_set_num_threads(torch.get_num_threads())
+    n, d = keys.shape
+    out = {"faiss": faiss.__version__}
+    started = time.perf_counter()
+    flat = faiss.IndexFlatL2(d)
+    for s in range(0, n, 65536):
+        flat.add(np.asarray(keys[s:s + 65536], dtype=np.float32))
+    out["faiss_flat_build_s"] = round(time.perf_counter() - started, 2)
+    started = time.perf_counter()
+    flat.search(q, k)
+    out["faiss_flat_ms_per_query"] = round(1e3 * (time.perf_counter() - started) / len(q), 3)
+    nlist = int(4 * np.sqrt(n))
+    started = time.perf_counter()
+    ivf = faiss.IndexIVFFlat(faiss.IndexFlatL2(d), d, nlist)
+    ivf.train(np.asarray(keys[np.sort(rng.choice(n, min(n, 64 * nlist), replace=False))], dtype=np.float32))
+    for s in range(0, n, 65536):
+        ivf.add(np.asarray(keys[s:s + 65536], dtype=np.float32))
+    out.update(ivf_nlist=nlist, ivf_build_s=round(time.perf_counter() - started, 2))
+    for nprobe in (8, 32):
+        ivf.nprobe = nprobe
+        started = time.perf_counter()
+        _, found = ivf.search(q, k)
+        out[f"ivf_nprobe{nprobe}_ms_per_query"] = round(1e3 * (time.perf_counter() - started) / len(q), 3)
+        out[f"ivf_nprobe{nprobe}_recall_at_k"] = round(float(np.mean(
+            [len(set(a) & set(b)) / k for a, b in zip(found, exact, strict=True)])), 3)
+    return out
 
 
 def with_model(folder: Path, model_dir: Path, tokens: int, k: int, cache_window: int) -> dict:
