@@ -55,8 +55,17 @@ def cpu_name() -> str:
 
 
 def _ci(row: dict) -> str:
+    """The difference to the baseline [95% interval]; a relative one (term perplexity) in percent.
+
+    >>> _ci({"diff": -0.38, "diff_lo": -0.45, "diff_hi": -0.3, "diff_is_relative": True})
+    '-38.0% [-45.0%, -30.0%]'
+    >>> _ci({"diff": -0.1234, "diff_lo": -0.2, "diff_hi": -0.05})
+    '-0.123 [-0.200, -0.050]'
+    """
     if row.get("diff") is None:
         return ""
+    if row.get("diff_is_relative") is True:
+        return f"{row['diff']:+.1%} [{row['diff_lo']:+.1%}, {row['diff_hi']:+.1%}]"
     return f"{row['diff']:+.3f} [{row['diff_lo']:+.3f}, {row['diff_hi']:+.3f}]"
 
 
@@ -73,9 +82,10 @@ def _run_cell(report: dict, config: str, key: str) -> str:
 def table(report: dict, insertion: str = "false_insertion_rate") -> str:
     """Markdown: per configuration, the term metrics with differences and intervals (terms x seeds),
     overall perplexity and the false-insertion figure `insertion` beside the baseline's."""
-    names = {"nll_per_char": "term NLL/char", "token_acc": "term-token acc", "exact_match": "exact match",
+    names = {"nll_per_char": "term NLL/char", "token_acc": "term-token acc", "term_ppl": "term ppl",
+             "completion_match": "completion given 1st token", "exact_match": "exact match",
              "exact_match_ci": "exact match, any case"}
-    metrics = [m for m in TABLE_METRICS if m in report["metrics"]]
+    metrics = [m for m in names if m in report["metrics"]]
     head = "".join(f" {names[m]} | diff [95% CI] |" for m in metrics)
     lines = [f"| configuration | seeds | terms |{head} ppl (vs baseline) | {INSERTION_METRICS[insertion]} "
              "(vs baseline) |",
@@ -92,7 +102,7 @@ def table(report: dict, insertion: str = "false_insertion_rate") -> str:
 
 
 RUN_TABLE = {"ppl": "ppl", "ppl_frequent": "frequent ppl", "ppl_medium": "medium ppl", "ppl_rare": "rare ppl",
-             "false_insertion_rate": "false insertion"}
+             "ppl_general": "general-text ppl", "false_insertion_rate": "false insertion"}
 
 
 def _sig(x: float | None) -> str:

@@ -20,7 +20,8 @@ from rarelm.errors import RarelmError
 PREFIX = "hl-"
 RANK_SLICE = "all"
 RANK_METRIC, TIE_METRIC = "nll_per_char", "token_acc"  # lower first; then higher first
-TABLE_METRICS = (RANK_METRIC, TIE_METRIC, "exact_match", "exact_match_ci")
+# "nll" (NLL per term token) is asked for so that compare derives term perplexity (term_ppl) from it
+TABLE_METRICS = (RANK_METRIC, TIE_METRIC, "nll", "completion_match", "exact_match", "exact_match_ci")
 # the false-insertion figures a plan's guard can use (eval.json), with their name in the tables:
 # terms in sampled text per 1,000 tokens over the text's own rate (counts: coarse when the baseline
 # makes one or two), or the teacher-forced mass on term-start tokens where no term starts (a mean
