@@ -305,3 +305,13 @@ def test_evaluate_stage_mixes_the_datastore_in(workspace, tmp_path):  # noqa: F8
     assert mixed["ppl"] < plain["ppl"]
     assert mixed["term_nll_per_char"] != plain["term_nll_per_char"]
 
+
+
+def test_a_datastore_of_another_model_is_one_error(tiny):
+    from rarelm.errors import RarelmError
+
+    model, _ = tiny
+    store = Datastore(np.zeros((3, 5), np.float32), torch.tensor([1, 2, 3]))
+    with pytest.raises(RarelmError, match="keys have 5 dimensions, the model's hidden states 8"):
+        with attached(model, store, knn_params(weight=0.5), 0):
+            pass

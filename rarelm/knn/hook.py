@@ -30,6 +30,7 @@ from collections.abc import Iterator
 
 import torch
 
+from rarelm.errors import RarelmError
 from rarelm.knn.interpolate import mix_votes, vote_weights
 
 
@@ -150,6 +151,10 @@ def attached(model, store, knn, eot_id: int | None) -> Iterator[Interpolation | 
     if not active(knn):
         yield None
         return
+    width = model.get_output_embeddings().weight.shape[1]
+    if store is not None and len(store) and store.hidden != width:
+        raise RarelmError(f"the datastore's keys have {store.hidden} dimensions, the model's hidden states "
+                          f"{width}: it was built with another model; re-run the datastore stage")
     state = Interpolation(store, knn, eot_id)
     handles = [model.base_model.register_forward_pre_hook(state.before_base, with_kwargs=True),
                model.base_model.register_forward_hook(state.after_base, with_kwargs=True),
