@@ -7,8 +7,9 @@ the memory kNN-LM looks up at decode time (rarelm/knn/, docs/knn.md).
 Writes data/datastore/ (rarelm/knn/datastore.py: keys.npy, values.npy, meta.json), atomically.
 With knn.enabled false it writes meta.json alone, `{"enabled": false}`, in well under a second:
 DVC needs an output, and the stage stays cheap while kNN is off. It reads knn.enabled,
-knn.max_entries and knn.key_dtype (changing k, the weights or the temperatures re-runs evaluate
-only), and eval.block_size, eval.batch_size, eval.device, eval.threads as evaluate uses them.
+knn.max_entries, knn.key_dtype, knn.index and knn.nlist (with `ivf`, also a faiss index,
+keys.ivf), and eval.block_size, eval.batch_size, eval.device, eval.threads as evaluate uses
+them: changing k, nprobe, the weights or the temperatures re-runs evaluate only.
 """
 
 import time
@@ -41,8 +42,9 @@ def datastore(
             print("datastore: knn.enabled is false: an empty marker, nothing built")
             return
         meta = _build(params, model_dir, tokenized, out)
+    index = f", IVF index of {meta['nlist']} clusters" if "nlist" in meta else ""
     print(f"datastore: {meta['entries']:,} entries of {meta['hidden']} {meta['key_dtype']} from the train "
-          f"split, {time.perf_counter() - started:.1f} s")
+          f"split{index}, {time.perf_counter() - started:.1f} s")
 
 
 def _build(params, model_dir: Path, tokenized: Path, out: Path) -> dict:
@@ -80,7 +82,8 @@ def _build(params, model_dir: Path, tokenized: Path, out: Path) -> dict:
             atomic_dir(out) as tmp:
         task = bar.add_task("train entries", total=total)
         meta = build(model, tokens, block, params.eval.batch_size, tmp, params.knn.key_dtype,
-                     params.knn.max_entries, lambda n: bar.advance(task, n))
+                     params.knn.max_entries, lambda n: bar.advance(task, n), params.knn.index,
+                     params.knn.nlist)
         write_json(tmp / "meta.json", meta)
     return meta
 

@@ -162,7 +162,7 @@ def _knn(params, model, datastore: Path, eot_id: int):
 
     if not active(params.knn):
         return contextlib.nullcontext()
-    store = Datastore.open(datastore, str(model.device)) if params.knn.weight > 0 else None
+    store = Datastore.open(datastore, str(model.device), params.knn.nprobe) if params.knn.weight > 0 else None
     print(f"evaluate: mixing in {describe(params.knn, store)}", file=sys.stderr, flush=True)
     return attached(model, store, params.knn, eot_id)
 

@@ -3,6 +3,7 @@ bit, the hook against a by-hand computation on a tiny model, and the datastore s
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -201,12 +202,14 @@ def tiny_folders(tmp_path, tiny):
     return tmp_path / "model", tok
 
 
-@pytest.mark.parametrize("enabled", [False, True])
-def test_datastore_stage(tmp_path, tiny, enabled):
+@pytest.mark.parametrize("index", ["off", "exact", "ivf"])
+def test_datastore_stage(tmp_path, tiny, index):
     model, tokens = tiny
     model_dir, tok = tiny_folders(tmp_path, tiny)
+    enabled = index != "off"
     (tmp_path / "params.yaml").write_text(
         f"knn:\n  enabled: {str(enabled).lower()}\n  max_entries: 150\n  key_dtype: float32\n"
+        f"  index: {'ivf' if index == 'ivf' else 'exact'}\n  nlist: 4\n"
         "eval:\n  block_size: 16\n  batch_size: 3\n  device: cpu\n")
     out = tmp_path / "datastore"
     result = run([sys.executable, "-m", "stages.datastore", "--params", str(tmp_path / "params.yaml"),
@@ -217,13 +220,18 @@ def test_datastore_stage(tmp_path, tiny, enabled):
     if not enabled:
         assert meta == {"enabled": False} and sorted(p.name for p in out.iterdir()) == ["meta.json"]
         return
-    assert meta == {"enabled": True, "entries": 150, "hidden": 8, "key_dtype": "float32", "block_size": 16}
-    store = Datastore.open(out)
+    expected = {"enabled": True, "entries": 150, "hidden": 8, "key_dtype": "float32", "block_size": 16,
+                "index": index}
+    assert meta == (expected if index == "exact" else {**expected, "nlist": 4})
+    store = Datastore.open(out, nprobe=4)
     assert store.values.tolist() == tokens[1:151].tolist()
     # entry 20 is position 4 of the second 16-token window (tokens 16..32)
     window = torch.as_tensor(tokens[None, 16:32].astype(np.int64))
     assert np.allclose(store.keys[20], final_hidden(model, window)[0, 4].numpy(), atol=1e-6)
-
+    if index == "ivf":  # every cluster searched: the exact neighbours
+        queries = torch.as_tensor(np.asarray(store.keys[:10]))
+        exact = dataclasses.replace(store, ivf=None)
+        assert store.search(queries, 3)[1].tolist() == exact.search(queries, 3)[1].tolist()
 
 
 def test_closed_set_scoring_sees_the_prompt_history_either_way(tiny):
@@ -315,3 +323,23 @@ def test_a_datastore_of_another_model_is_one_error(tiny):
     with pytest.raises(RarelmError, match="keys have 5 dimensions, the model's hidden states 8"):
         with attached(model, store, knn_params(weight=0.5), 0):
             pass
+
+
+def test_an_ivf_index_searching_every_cluster_is_exact(tmp_path):
+    """knn.index ivf: with nprobe = nlist every cluster is searched, so the neighbours are the exact
+    ones; with nprobe 1 the search is cheaper and may miss some (never more than k found)."""
+    from rarelm.knn.datastore import IVF_FILE, build_ivf
+
+    keys = np.random.default_rng(7).standard_normal((400, 8)).astype(np.float32)
+    queries = torch.as_tensor(np.random.default_rng(8).standard_normal((20, 8)).astype(np.float32))
+    assert build_ivf(keys, tmp_path / IVF_FILE, nlist=10) == 10
+    import faiss
+
+    exact = Datastore(keys, torch.arange(400))
+    ivf = Datastore(keys, torch.arange(400), ivf=faiss.read_index(str(tmp_path / IVF_FILE)), nprobe=10)
+    (d_exact, v_exact), (d_ivf, v_ivf) = exact.search(queries, 5), ivf.search(queries, 5)
+    assert v_ivf.tolist() == v_exact.tolist()
+    assert torch.allclose(d_ivf, d_exact, atol=1e-4)
+    ivf.nprobe = 1
+    d_one, _ = ivf.search(queries, 5)
+    assert bool((d_one[torch.isfinite(d_one)] >= d_exact[torch.isfinite(d_one)] - 1e-4).all())

@@ -160,7 +160,7 @@ def run(model_dir: str | Path, prompt: str, sampling: Sampling, device: str = "a
     tokenizer = load_model_tokenizer(model_dir)
     prior = load_log_prior(counts, tokenizer) if sampling.logit_adjust else None
     on = knn is not None and active(knn)
-    store = Datastore.open(datastore, str(model.device)) if on and knn.weight > 0 else None
+    store = Datastore.open(datastore, str(model.device), knn.nprobe) if on and knn.weight > 0 else None
     if on:
         print(f"rarelm generate: mixing in {describe(knn, store)}", file=err or sys.stderr, flush=True)
     out.write(printable(prompt))  # a pasted escape sequence must not drive the terminal

@@ -14,9 +14,11 @@ written straight into the preallocated memory-mapped arrays, so memory is one ba
 hidden states whatever the split's size. `max_entries` > 0 keeps the first that many
 targets.
 
-Search is exact: squared L2 distances ||q||^2 - 2 q.k + ||k||^2 against `CHUNK` keys at a
-time (one matmul), a running top-k merged per chunk. Its cost is entries x hidden
-multiply-adds per query (docs/knn.md, bench/knn.py):
+Search is exact by default: squared L2 distances ||q||^2 - 2 q.k + ||k||^2 against `CHUNK`
+keys at a time (one matmul), a running top-k merged per chunk; its cost is entries x hidden
+multiply-adds per query. With knn.index ivf the stage also writes keys.ivf, a faiss
+IndexIVFFlat, and search looks in the `nprobe` clusters nearest to the query only
+(docs/knn.md, bench/knn.py, docs/benchmarks.md):
 
     store = Datastore.open("data/datastore")
     distances, values = store.search(queries, k=8)     # [n, 8] each, nearest first
@@ -54,7 +56,8 @@ def final_hidden(model, input_ids: torch.Tensor) -> torch.Tensor:
 
 
 def build(model, tokens: np.ndarray, block_size: int, batch_size: int, out: Path, key_dtype: str = "float16",
-          max_entries: int = 0, progress: Callable[[int], None] | None = None) -> dict:
+          max_entries: int = 0, progress: Callable[[int], None] | None = None, index: str = "exact",
+          nlist: int = 0) -> dict:
     """Write keys.npy, values.npy and meta.json into the folder `out`; returns meta.
 
     Targets 1..n-1 of `tokens` in windows of `block_size` (the last one shorter), capped at
@@ -84,8 +87,34 @@ def build(model, tokens: np.ndarray, block_size: int, batch_size: int, out: Path
     keys.flush()
     values.flush()
     del keys, values
-    return {"enabled": True, "entries": int(n), "hidden": hidden, "key_dtype": key_dtype,
-            "block_size": int(block_size)}
+    meta = {"enabled": True, "entries": int(n), "hidden": hidden, "key_dtype": key_dtype,
+            "block_size": int(block_size), "index": index}
+    if index == "ivf" and n:
+        meta["nlist"] = build_ivf(np.load(out / "keys.npy", mmap_mode="r"), out / IVF_FILE, nlist)
+    return meta
+
+
+IVF_FILE = "keys.ivf"
+
+
+def build_ivf(keys: np.ndarray, path: Path, nlist: int = 0) -> int:
+    """A faiss IndexIVFFlat over `keys`, written to `path`; returns its nlist (0: 4 sqrt(entries)).
+
+    k-means is trained on at most 64 points a cluster, taken evenly spaced (deterministic), with
+    faiss's fixed seed; the keys are added in `CHUNK`s. The index holds every key as float32 in
+    memory when searched (4 x hidden bytes an entry).
+    """
+    import faiss  # on use: knn.index ivf only
+
+    n, d = keys.shape
+    nlist = min(nlist or max(1, int(4 * np.sqrt(n))), n)
+    ivf = faiss.IndexIVFFlat(faiss.IndexFlatL2(d), d, nlist)
+    sample = np.linspace(0, n - 1, min(n, 64 * nlist)).astype(np.int64)
+    ivf.train(np.asarray(keys[sample], dtype=np.float32))
+    for start in range(0, n, CHUNK):
+        ivf.add(np.asarray(keys[start:start + CHUNK], dtype=np.float32))
+    faiss.write_index(ivf, str(path))
+    return nlist
 
 
 def _hidden_size(model) -> int:
@@ -100,9 +129,11 @@ class Datastore:
     keys: np.ndarray  # [entries, hidden] float16/float32, memory-mapped
     values: torch.Tensor  # [entries] int64
     device: str = "cpu"
+    ivf: object | None = None  # a faiss IndexIVFFlat (knn.index ivf), else exact search
+    nprobe: int = 8  # IVF clusters searched per query
 
     @classmethod
-    def open(cls, folder: str | Path, device: str = "cpu") -> Datastore:
+    def open(cls, folder: str | Path, device: str = "cpu", nprobe: int = 8) -> Datastore:
         folder = Path(folder)
         try:
             meta = read_json(folder / "meta.json")
@@ -117,7 +148,12 @@ class Datastore:
         if keys.shape != (meta["entries"], meta["hidden"]) or values.shape != (meta["entries"],):
             raise RarelmError(f"{folder}: keys {keys.shape} / values {values.shape} do not match meta.json "
                               f"({meta['entries']} entries of {meta['hidden']}); re-run the datastore stage")
-        return cls(keys, torch.as_tensor(values.astype(np.int64)), device)
+        ivf = None
+        if meta.get("index") == "ivf" and meta["entries"]:
+            import faiss  # on use: knn.index ivf only
+
+            ivf = faiss.read_index(str(folder / IVF_FILE))
+        return cls(keys, torch.as_tensor(values.astype(np.int64)), device, ivf, nprobe)
 
     def __len__(self) -> int:
         return len(self.values)
@@ -131,6 +167,8 @@ class Datastore:
         nearest first; ties keep the earlier entry."""
         queries = queries.float().reshape(-1, queries.shape[-1])
         k = min(k, len(self))
+        if self.ivf is not None:
+            return self._search_ivf(queries, k)
         best_d = torch.empty((len(queries), 0), device=queries.device)
         best_i = torch.empty((len(queries), 0), dtype=torch.long, device=queries.device)
         norms = self._key_norms(queries.device)
@@ -147,6 +185,16 @@ class Datastore:
             best_d, best_i = cand_d.gather(1, order), cand_i.gather(1, order)
         distances = (best_d + (queries * queries).sum(-1, keepdim=True)).clamp_min(0)  # rounding: not < 0
         return distances, self.values.to(queries.device)[best_i]
+
+    def _search_ivf(self, queries: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The IVF index's k nearest among its `nprobe` nearest clusters; a neighbour it did not find
+        (fewer than k keys in those clusters) has distance inf, so it gets no vote."""
+        self.ivf.nprobe = self.nprobe
+        distances, ids = self.ivf.search(queries.detach().cpu().numpy(), k)
+        found = torch.as_tensor(ids >= 0)
+        distances = torch.where(found, torch.as_tensor(distances), torch.full(found.shape, float("inf")))
+        values = self.values[torch.as_tensor(ids).clamp_min(0)]
+        return distances.to(queries.device), values.to(queries.device)
 
     def _chunk(self, start: int, device) -> torch.Tensor:
         # a copy of the slice: torch warns on a read-only memory map, and float() copies again anyway
