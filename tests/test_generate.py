@@ -204,7 +204,7 @@ def test_cli_logit_adjust_streams_the_adjusted_argmax(model_dir, tmp_path):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--logit-adjust", "-1"], "--logit-adjust = -1.0 is not allowed (must be >= 0 (0 = off))"),
+    (["--logit-adjust", "-1"], "--logit-adjust = -1.0 is not allowed (must be in [0, 100] (0 = off))"),
     (["--logit-adjust", "0.5", "--counts", "no/counts.npy"], "no/counts.npy: no such counts file"),
     (["--logit-adjust", "0.5", "--counts", "short.npy"], "expected int64 [%d] for this model's tokenizer"),
     (["--logit-adjust", "0.5"], "data/rare/counts.npy: no such counts file"),  # default: the pipeline's
