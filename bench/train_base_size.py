@@ -2,6 +2,7 @@
 Trainer, model FLOPs utilisation against a matmul peak measured here, and a profile of our step.
 
     python bench/train_base_size.py [--shapes base gpt2-small] [--repeats 2] [--prepared data/prepared]
+    python bench/train_base_size.py --shapes base --precisions fp32 bf16 [--sides ours trainer ...]
 
 The data: the demo's prepared text (`--prepared`, from `dvc repro prepare`) tokenized here by
 the tokenize stage's own code with the base model's tokenizer (base/model: 8,192 tokens), then
@@ -23,8 +24,13 @@ probe: rarelm.train.precision.resolve)
 and fused AdamW (ours: rarelm.train.optim; the Trainer's default `adamw_torch_fused`), one
 process with every thread (train.nproc = 1), eager: torch.compile is left off for both, since on
 this 2-core CPU it gave no gain for a small GPT-2 and costs minutes of compilation (NOTES.md).
-Runs are interleaved (ours, Trainer, per repeat, per shape); each figure is the best of its
-repeats, tokens/s counted after `--warmup` steps (bench/train_throughput.run_ours / run_trainer).
+Runs are interleaved (ours, Trainer, per precision, per shape, per repeat; `--precisions fp32
+bf16` times both precisions in one run, `--precisions fp32` alone on a CPU with native bf16 is
+the AVX2-only case), each run's 1-minute load average printed beside it; each figure is the best
+of its repeats, and each repeat's ours / Trainer pair (run one after the other) is in
+"per_repeat", tokens/s counted after `--warmup` steps (bench/train_throughput.run_ours /
+run_trainer). Ours computes the loss chunked over tokens from the hidden states
+(rarelm/train/output.py); `--sides ... ours_full_logits` adds our loop on the full logits.
 
 MFU = (6 N + 12 L d T) x tokens/s / peak, with N the parameters that take part in matmuls
 (all but the position embeddings; the tied output layer once), L layers, d width, T block
@@ -34,9 +40,10 @@ this process before and after the runs (the larger is kept).
 
 Then one optimizer step of ours (rarelm.train.step.train_step on the real Trainer set up by
 rarelm.train.setup) on the base shape under torch.profiler, after two warm-up steps: the ops
-with the most self CPU time. The last line is one JSON object: per shape {"ours_tokens_per_s",
-"trainer_tokens_per_s", "speedup_vs_trainer", "flops_per_token", "ours_mfu", "trainer_mfu",
-"runs"}, and "peak_flops", "precision", "cpu", "cpu_flags", "threads", "profile".
+with the most self CPU time. The last line is one JSON object: per shape and precision
+("base/fp32", ...) {"ours_tokens_per_s", "trainer_tokens_per_s", "speedup_vs_trainer",
+"per_repeat", "flops_per_token", "ours_mfu", "trainer_mfu", "runs"}, and "peak_flops",
+"precisions", "load_average_1min", "cpu", "cpu_flags", "threads", "profile".
 """
 
 from __future__ import annotations
@@ -47,13 +54,20 @@ from pathlib import Path
 sys.path[0] = str(Path(__file__).resolve().parents[1])  # the repo root (see train_throughput.py)
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import dataclasses  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 
-from bench.train_throughput import cpu_description, make_inputs, run_ours, run_trainer  # noqa: E402
+from bench.train_throughput import (  # noqa: E402
+    cpu_description,
+    full_logits,
+    make_inputs,
+    run_ours,
+    run_trainer,
+)
 
 BASE = Path(__file__).resolve().parents[1] / "base" / "model"
 SHAPES = {  # model params and micro-batch per shape
@@ -108,11 +122,17 @@ def shape_summary(params, runs: dict[str, list[float]], tokenized: Path, peak: f
     model = build_model(params.model, TokenizedData.open(tokenized))
     flops = flops_per_token(model, params.model.block_size)
     ours, trainer = max(runs["ours"]), max(runs["trainer"])
-    return {"ours_tokens_per_s": round(ours, 1), "trainer_tokens_per_s": round(trainer, 1),
-            "speedup_vs_trainer": round(ours / trainer, 3), "flops_per_token": flops,
-            "ours_mfu": round(flops * ours / peak, 4), "trainer_mfu": round(flops * trainer / peak, 4),
-            "batch_size": params.train.batch_size, "block_size": params.model.block_size,
-            "steps": params.train.max_steps, "runs": runs}
+    figures = {"ours_tokens_per_s": round(ours, 1), "trainer_tokens_per_s": round(trainer, 1),
+               "speedup_vs_trainer": round(ours / trainer, 3),
+               "per_repeat": [round(a / b, 3) for a, b in zip(runs["ours"], runs["trainer"],
+                                                              strict=True)],
+               "flops_per_token": flops, "ours_mfu": round(flops * ours / peak, 4),
+               "trainer_mfu": round(flops * trainer / peak, 4),
+               "batch_size": params.train.batch_size, "block_size": params.model.block_size,
+               "steps": params.train.max_steps, "runs": runs}
+    if runs.get("ours_full_logits"):
+        figures["chunked_over_full_logits"] = round(ours / max(runs["ours_full_logits"]), 3)
+    return figures
 
 
 def tokenize_with_base(prepared: Path, out: Path) -> Path:
@@ -171,8 +191,11 @@ def main() -> None:
     parser.add_argument("--trainer-attention", choices=["sdpa", "ours"], default="sdpa",
                         help="the Trainer's model's attention: transformers' default sdpa, as a "
                         "Trainer user runs it, or ours (rarelm.train.model.ATTENTION)")
-    parser.add_argument("--precision", choices=["fp32", "bf16"],
-                        help="both loops' precision (default: train.precision, auto by hardware)")
+    parser.add_argument("--precisions", nargs="+", choices=["fp32", "bf16"],
+                        help="both loops' precisions, each timed in every repeat (default: "
+                        "train.precision, auto by hardware)")
+    parser.add_argument("--sides", nargs="+", choices=["ours", "trainer", "ours_full_logits"],
+                        default=["ours", "trainer"], help="the loops to time, in this order")
     args = parser.parse_args()
 
     import torch
@@ -187,11 +210,13 @@ def main() -> None:
                                   eval_batches=1),
         tracking=dataclasses.replace(base.tracking, system_metrics=False))
     cpu = torch.device("cpu")
-    precision = resolve(args.precision or base.train.precision, cpu)  # auto without a probe: by hardware
-    plain = dataclasses.replace(plain, train=dataclasses.replace(plain.train, precision=precision.name))
-    peak = matmul_peak(precision.dtype, args.peak_reps)
-    print(f"matmul peak ({precision.name}): {peak / 1e9:,.1f} GFLOP/s", flush=True)
-    results = {name: {"ours": [], "trainer": []} for name in args.shapes}
+    precisions = [resolve(p, cpu) for p in args.precisions or [base.train.precision]]  # auto: by hardware
+    peaks = {p.name: matmul_peak(p.dtype, args.peak_reps) for p in precisions}
+    for name, peak in peaks.items():
+        print(f"matmul peak ({name}): {peak / 1e9:,.1f} GFLOP/s", flush=True)
+    keys = [f"{shape}/{p.name}" for shape in args.shapes for p in precisions]
+    results = {key: {side: [] for side in args.sides} for key in keys}
+    loads: list[float] = []
     summary: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -202,28 +227,39 @@ def main() -> None:
             tokenize_with_base(args.prepared, tokenized)
         rare, weights = make_inputs(tokenized, args.prepared, data, plain, "plain")
         steps = {"base": args.steps, "gpt2-small": args.gpt2_steps}
-        configs = {name: shape_params(plain, SHAPES[name], steps[name], args.warmup)
-                   for name in args.shapes}
+        configs = {f"{name}/{p.name}": shape_params(
+            dataclasses.replace(plain, train=dataclasses.replace(plain.train, precision=p.name)),
+            SHAPES[name], steps[name], args.warmup) for name in args.shapes for p in precisions}
         for repeat in range(args.repeats):
-            for name, params in configs.items():
-                for side in ("ours", "trainer"):
-                    work = tmp / f"{name}-{side}-{repeat}"
-                    figure = (run_ours(params, tokenized, rare, weights, work, args.warmup)
-                              if side == "ours" else
-                              run_trainer(params, tokenized, work, args.warmup, args.trainer_attention))
-                    results[name][side].append(figure)
-                    print(f"{name} {side} #{repeat + 1}: {figure:,.1f} tokens/s", flush=True)
-        peak = max(peak, matmul_peak(precision.dtype, args.peak_reps))
-        print(f"matmul peak, best of before and after: {peak / 1e9:,.1f} GFLOP/s", flush=True)
-        for name, params in configs.items():
-            summary[name] = shape_summary(params, results[name], tokenized, peak)
-        if not args.no_profile and "base" in configs:
-            profile = profile_step(dataclasses.replace(configs["base"], train=dataclasses.replace(
-                configs["base"].train, max_steps=10)), tokenized, rare, weights, tmp / "profile")
+            for key, params in configs.items():
+                for side in args.sides:
+                    work = tmp / f"{key.replace('/', '-')}-{side}-{repeat}"
+                    if side == "trainer":
+                        figure = run_trainer(params, tokenized, work, args.warmup,
+                                             args.trainer_attention)
+                    else:
+                        with full_logits() if side == "ours_full_logits" else contextlib.nullcontext():
+                            figure = run_ours(params, tokenized, rare, weights, work, args.warmup)
+                    results[key][side].append(figure)
+                    loads.append(os.getloadavg()[0])
+                    print(f"{key} {side} #{repeat + 1}: {figure:,.1f} tokens/s (load {loads[-1]:.2f})",
+                          flush=True)
+        for p in precisions:
+            peaks[p.name] = max(peaks[p.name], matmul_peak(p.dtype, args.peak_reps))
+            print(f"matmul peak ({p.name}), best of before and after: {peaks[p.name] / 1e9:,.1f} "
+                  "GFLOP/s", flush=True)
+        for key, params in configs.items():
+            summary[key] = shape_summary(params, results[key], tokenized,
+                                         peaks[params.train.precision])
+        first_base = next((key for key in configs if key.startswith("base/")), None)
+        if not args.no_profile and first_base:
+            profile = profile_step(dataclasses.replace(configs[first_base], train=dataclasses.replace(
+                configs[first_base].train, max_steps=10)), tokenized, rare, weights, tmp / "profile")
             print(profile, flush=True)
             summary["profile"] = profile
     model_name, flags = cpu_description()
-    summary.update(peak_flops=round(peak), precision=precision.name, cpu=model_name,
+    summary.update(peak_flops={k: round(v) for k, v in peaks.items()},
+                   precisions=[p.name for p in precisions], load_average_1min=loads, cpu=model_name,
                    cpu_flags=flags, threads=torch.get_num_threads(), warmup=args.warmup,
                    trainer_attention=args.trainer_attention,
                    repeats=args.repeats, torch=torch.__version__)

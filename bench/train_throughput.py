@@ -35,15 +35,20 @@ forward of the whole model, no backward (rarelm/objectives/kl_base.py). The last
 {"ours_tokens_per_s", "trainer_tokens_per_s", "speedup_vs_trainer", "rare_tokens_per_s",
 "terms_tokens_per_s", "rare_overhead", "terms_overhead", "objective_overhead", ...}.
 
-With `--precisions fp32 bf16` it measures bf16 autocast against fp32 in one run, two ways:
-our loop (`ours_plain`) with `train.precision` pinned to each, once per precision per
-repeat, interleaved (best of repeats, as above); and one training step of the same model,
-batch, loss and fused AdamW in each precision, alternating step by step in one process
-(median of `--step-reps`), which other load on a shared machine hits alike. The JSON line
-then holds {"tokens_per_s": {precision: best loop figure}, "step_tokens_per_s": {precision:
-from the median step}, "bf16_over_fp32", "step_bf16_over_fp32", "cpu", "cpu_flags",
-"cpu_has_bf16", ...}; bf16 is native on CPUs with AVX512-BF16/AMX and emulated (much
-slower) on others.
+With `--precisions fp32 bf16` (or one of them) it times, per precision, our loop
+(`ours_plain`, its loss chunked over tokens: rarelm/objectives/linear_ce.py) and the Trainer as
+its users run it (its defaults: transformers' "sdpa" attention, fp32 unless `bf16=True` in the
+bf16 arm, fused AdamW), and with `--arms ... ours_full_logits` our loop with the full logits
+(the path before the chunked loss), interleaved: ours, Trainer, ... per precision, per repeat,
+so that other load on a shared machine hits both alike; each run's 1-minute load average is
+printed beside it. `--precisions fp32` on a CPU with native bf16 is the AVX2-only case (there
+`auto` is fp32). Then one training step of the same model, batch, loss and fused AdamW in each
+precision, alternating step by step in one process (median of `--step-reps`). The JSON line
+then holds {"tokens_per_s": {precision: {arm: best}}, "ours_over_trainer": {precision: best
+over best}, "ours_over_trainer_per_repeat": {precision: [each repeat's pair]},
+"chunked_over_full_logits", "bf16_over_fp32", "step_tokens_per_s", "load_average_1min", "cpu",
+"cpu_flags", "cpu_has_bf16", ...}; bf16 is native on CPUs with AVX512-BF16/AMX and emulated
+(much slower) on others.
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ from pathlib import Path
 sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import csv  # noqa: E402
 import dataclasses  # noqa: E402
 import json  # noqa: E402
@@ -282,13 +288,43 @@ def step_cost(params, tokenized: Path, precisions: list[str], reps: int) -> dict
     return {p: float(np.median(t)) for p, t in times.items()}
 
 
+@contextlib.contextmanager
+def full_logits():
+    """Our loop as before the chunked loss: the full [B, T, V] logits and F.cross_entropy
+    (rarelm.train.output's fallback path), for an arm that shows what the chunked loss gains."""
+    from rarelm.train import setup
+    from rarelm.train.output import OutputLayer
+
+    chunked = setup.output_layer
+    setup.output_layer = lambda model, chunked: OutputLayer()
+    try:
+        yield
+    finally:
+        setup.output_layer = chunked
+
+
+ARMS = ("ours", "trainer", "ours_full_logits")
+
+
+def run_arm(arm: str, params, args, rare_dir: Path, weights_dir: Path, work: Path) -> float:
+    """Tokens/s of one arm: our loop (chunked loss), transformers' Trainer as its users run it
+    (its defaults: transformers' own "sdpa" attention, `bf16=True` only in the bf16 arm, fused
+    AdamW), or our loop with the full logits."""
+    if arm == "trainer":
+        return run_trainer(params, args.tokenized, work, args.warmup)
+    with full_logits() if arm == "ours_full_logits" else contextlib.nullcontext():
+        return run_ours(params, args.tokenized, rare_dir, weights_dir, work, args.warmup)
+
+
 def compare_precisions(plain, args, precisions: list[str]) -> None:
-    """Our loop with train.precision pinned to each of `precisions`, interleaved; one JSON line."""
+    """Per precision, our loop and the Trainer (and `--arms`), interleaved (ours, Trainer, ...,
+    per precision, per repeat), each run's load average beside it; one JSON line."""
     import torch
 
     from rarelm.train.precision import cpu_has_bf16
 
-    results: dict[str, list[float]] = {p: [] for p in precisions}
+    results = {p: {arm: [] for arm in args.arms} for p in precisions}
+    loads: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp / 'mlflow.db'}"
@@ -297,31 +333,49 @@ def compare_precisions(plain, args, precisions: list[str]) -> None:
             for precision in precisions:
                 params = dataclasses.replace(plain, train=dataclasses.replace(
                     plain.train, precision=precision))
-                work = tmp / f"{precision}-{repeat}"
-                figure = run_ours(params, args.tokenized, rare_dir, weights0, work, args.warmup)
-                results[precision].append(figure)
-                print(f"ours {precision} #{repeat + 1}: {figure:,.0f} tokens/s", flush=True)
-    best = {p: max(v) for p, v in results.items()}
+                for arm in args.arms:
+                    work = tmp / f"{precision}-{arm}-{repeat}"
+                    figure = run_arm(arm, params, args, rare_dir, weights0, work)
+                    results[precision][arm].append(figure)
+                    loads.append(os.getloadavg()[0])
+                    print(f"{arm} {precision} #{repeat + 1}: {figure:,.0f} tokens/s "
+                          f"(load {loads[-1]:.2f})", flush=True)
+    best = {p: {arm: max(v) for arm, v in r.items()} for p, r in results.items()}
     tokens = plain.train.batch_size * plain.model.block_size
     steps = {p: tokens / s for p, s in step_cost(plain, args.tokenized, precisions,
-                                                   args.step_reps).items()}
+                                                   args.step_reps).items()} if args.step_reps else {}
     for p, v in steps.items():
         print(f"one step {p}, median of {args.step_reps}: {v:,.0f} tokens/s", flush=True)
     both = {"bf16", "fp32"} <= set(best)
     model, flags = cpu_description()
     summary = {
-        "tokens_per_s": {p: round(v, 1) for p, v in best.items()},
-        "bf16_over_fp32": round(best["bf16"] / best["fp32"], 3) if both else None,
+        "tokens_per_s": {p: {arm: round(v, 1) for arm, v in b.items()} for p, b in best.items()},
+        "ours_over_trainer": {p: _ratio(b, "ours", "trainer") for p, b in best.items()},
+        "ours_over_trainer_per_repeat": {p: _paired(r, "ours", "trainer") for p, r in results.items()},
+        "chunked_over_full_logits": {p: _ratio(b, "ours", "ours_full_logits") for p, b in best.items()},
+        "bf16_over_fp32": round(best["bf16"]["ours"] / best["fp32"]["ours"], 3)
+        if both and "ours" in args.arms else None,
         "step_tokens_per_s": {p: round(v, 1) for p, v in steps.items()},
-        "step_bf16_over_fp32": round(steps["bf16"] / steps["fp32"], 3) if both else None,
-        "runs": {p: [round(v, 1) for v in vs] for p, vs in results.items()},
-        "step_reps": args.step_reps,
+        "runs": {p: {arm: [round(v, 1) for v in vs] for arm, vs in r.items()}
+                 for p, r in results.items()},
+        "load_average_1min": [round(v, 2) for v in loads], "step_reps": args.step_reps,
         "cpu": model, "cpu_flags": flags, "cpu_has_bf16": cpu_has_bf16(),
-        "steps": args.steps, "warmup": args.warmup, "batch_size": plain.train.batch_size,
-        "block_size": plain.model.block_size, "threads": torch.get_num_threads(),
-        "torch": torch.__version__,
+        "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats,
+        "batch_size": plain.train.batch_size, "block_size": plain.model.block_size,
+        "threads": torch.get_num_threads(), "torch": torch.__version__,
     }
     print(json.dumps(summary))
+
+
+def _ratio(best: dict[str, float], a: str, b: str) -> float | None:
+    return round(best[a] / best[b], 3) if a in best and b in best else None
+
+
+def _paired(runs: dict[str, list[float]], a: str, b: str) -> list[float] | None:
+    """a / b of each repeat's two runs, which ran one after the other under the same load."""
+    if a not in runs or b not in runs:
+        return None
+    return [round(x / y, 3) for x, y in zip(runs[a], runs[b], strict=True)]
 
 
 def parse_args() -> argparse.Namespace:
@@ -333,9 +387,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--precisions", nargs="+", choices=["fp32", "bf16"],
-                        help="only our loop, once per precision per repeat (e.g. fp32 bf16)")
+                        help="our loop and the Trainer, once per precision per repeat (e.g. fp32 "
+                        "bf16; fp32 alone: as on an AVX2-only CPU, where auto is fp32)")
+    parser.add_argument("--arms", nargs="+", choices=ARMS, default=["ours", "trainer"],
+                        help="with --precisions: the loops to time, in this order per precision")
     parser.add_argument("--step-reps", type=int, default=40,
-                        help="with --precisions: steps per precision in the step-by-step timing")
+                        help="with --precisions: steps per precision in the step-by-step timing "
+                        "(0: none)")
     return parser.parse_args()
 
 

@@ -38,12 +38,14 @@ def _close(ours: torch.Tensor, theirs: torch.Tensor, rel: float) -> bool:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("use", ["weighted", "weighted+bias", "ce", "ce+lse"])
+@pytest.mark.parametrize("use", ["weighted", "weighted+bias", "weighted+wide bias", "ce", "ce+lse"])
 def test_losses_and_gradients_equal_the_full_logits(dtype, use):
-    """weighted: sum(coef * ce) with its gradients made in the forward; ce / ce+lse: a nonlinear
-    use of the per-token losses (and log-sum-exp), the backward recomputing each chunk."""
+    """weighted: sum(coef * ce) with its gradients made in the forward (with a bias: logit
+    adjustment); ce / ce+lse: a nonlinear use of the per-token losses (and log-sum-exp), the
+    backward recomputing each chunk."""
     hidden, weight, y, w, bias = _inputs()
-    with_bias = use == "weighted+bias"
+    with_bias = "bias" in use
+    bias = bias * 40 if "wide" in use else bias  # over e^60: the plain CE by a second logsumexp
 
     def loss_of(ce, lse, weighted):
         if use.startswith("weighted"):
@@ -79,7 +81,7 @@ def test_by_hand_and_chunk_sizes():
     assert ce.item() == pytest.approx(np.log(4)) and lse.item() == pytest.approx(np.log(4))
     assert h.grad.flatten().tolist() == pytest.approx([0.75 * np.log(3), 0.0])
     assert w.grad.flatten().tolist() == pytest.approx([-0.75, 0.0, 0.75, 0.0])
-    assert (chunk_rows(4096), chunk_rows(8192)) == (128, 64)
+    assert (chunk_rows(4096), chunk_rows(8192)) == (512, 256)
 
 
 COUNTS = np.arange(1, V + 1) * 3

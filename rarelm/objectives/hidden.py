@@ -40,10 +40,10 @@ class HiddenStates:
         return F.linear(self.hidden, self.weight)
 
     def cross_entropy(self, targets: torch.Tensor, bias: torch.Tensor | None = None,
-                      coef: torch.Tensor | None = None):
+                      coef: torch.Tensor | None = None, row_loss=None, aux: torch.Tensor | None = None):
         """(ce, lse, plain, weighted) of targets [N] = B * T (rarelm.objectives.linear_ce)."""
         return linear_cross_entropy(self.hidden.reshape(-1, self.hidden.size(-1)), self.weight,
-                                    targets, bias, coef)
+                                    targets, bias, coef, row_loss, aux)
 
     def logits_at(self, ids: torch.Tensor) -> torch.Tensor:
         """Float32 [B, T, K]: the logit of token ids[b, k] at every position t of window b

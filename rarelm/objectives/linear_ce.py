@@ -18,10 +18,11 @@ objectives need:
 Gradients: d/dz_t = (g_ce_t + g_lse_t + g_w * coef_t) softmax(z_t) - (g_ce_t + g_w * coef_t) e_y,
 then grad_hidden = dz @ weight and grad_weight = dz^T @ hidden, chunk by chunk. Where the loss
 is linear in the per-token cross-entropy with weights known in advance (`coef`: plain or
-weighted mean), the forward computes these gradients for `weighted` while the chunk's softmax
-is at hand (Liger's way: one matmul fewer than recomputing), and backward only scales them;
-where another output gets a gradient (a transformed or penalised per-token loss) the backward
-recomputes each chunk's logits (Cut Cross-Entropy's way). Either way the result is today's
+weighted mean), or a sum of per-row functions of ce, lse and per-row inputs (`row_loss`: focal's
+transform, unlikelihood's penalty), the forward computes these gradients for `weighted` while the
+chunk's softmax is at hand (Liger's way: one matmul fewer than recomputing), and backward only
+scales them; where another output gets a gradient the backward recomputes each chunk's logits
+(Cut Cross-Entropy's way). Either way the result is today's
 `F.cross_entropy` on the full logits within float rounding (tests/test_linear_ce.py: fp32 and
 bf16).
 
@@ -37,30 +38,42 @@ target 0: ce = -log 0.25 = 1.386, lse = log 4 = 1.386.
 from __future__ import annotations
 
 import math  # noqa: F401 (the worked example above)
+from collections.abc import Callable
 
 import torch
 
-CHUNK_ELEMENTS = 2**19  # logits per chunk: 2 MB of fp32, about one core's L2 on this machine kind
+# Logits per chunk: 8 MB of fp32, within this machine kind's L3. One thread's CPU time per
+# step was the same from 256 to 2,048 rows a chunk at vocabularies 1,712 and 8,192 (30% under the
+# full logits'); fewer chunks mean fewer of the small parallel ops that a loaded machine's
+# thread scheduling makes costly.
+CHUNK_ELEMENTS = 2**21
 
 
 def chunk_rows(vocab: int) -> int:
     """Tokens per chunk for a vocabulary of `vocab`: CHUNK_ELEMENTS logits, at least 16 rows.
 
     >>> chunk_rows(4096), chunk_rows(8192), chunk_rows(200_000)
-    (128, 64, 16)
+    (512, 256, 16)
     """
     return max(16, CHUNK_ELEMENTS // vocab)
 
 
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                          bias: torch.Tensor | None = None, coef: torch.Tensor | None = None,
+                         row_loss: RowLoss | None = None, aux: torch.Tensor | None = None,
                          chunk: int | None = None):
     """(ce, lse, plain, weighted) for hidden [N, d], weight [V, d] (one compute dtype), targets
-    [N] (int64), `bias` [V] fp32 added to every row of logits (None: none) and `coef` [N] fp32,
-    the weights of `weighted` = sum(coef * ce) (None: weighted is 0 and carries no gradient).
+    [N] (int64), `bias` [V] fp32 added to every row of logits (None: none), and what `weighted`
+    is: sum(coef * ce) for `coef` [N] fp32, or the sum over chunks of `row_loss(ce, lse, aux,
+    rows)`, a scalar from the chunk's fp32 ce and lse [n], the rows `rows` (a slice) of `aux`
+    ([N, K], any differentiable per-token inputs, e.g. unlikelihood's context logits: their
+    gradient is returned too), differentiated in the chunk by autograd; neither: 0, no gradient.
     ce, lse and plain are fp32 [N]; plain is ce without the bias (detached)."""
     chunk = chunk or chunk_rows(weight.size(0))
-    return _LinearCrossEntropy.apply(hidden, weight, targets, bias, coef, chunk)
+    return _LinearCrossEntropy.apply(hidden, weight, targets, bias, coef, aux, row_loss, chunk)
+
+
+RowLoss = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None", slice], torch.Tensor]
 
 
 def _chunk_logits(hidden, weight, bias, rows):
@@ -87,58 +100,94 @@ def _accumulate(dz, hidden, weight, rows, grad_hidden, grad_weight) -> None:
         grad_weight.add_(d.t() @ hidden[rows])
 
 
+def _row_gradients(row_loss, ce, lse, aux, rows):
+    """(value, d/d ce, d/d lse, d/d aux) of row_loss on the chunk `rows`, by autograd."""
+    with torch.enable_grad():
+        inputs = [ce.detach().requires_grad_(), lse.detach().requires_grad_()]
+        if aux is not None:
+            inputs.append(aux[rows].detach().requires_grad_())
+        value = row_loss(inputs[0], inputs[1], inputs[2] if aux is not None else None, rows)
+        grads = torch.autograd.grad(value, inputs, allow_unused=True)
+    grads = [torch.zeros_like(x) if g is None else g for g, x in zip(grads, inputs, strict=True)]
+    return value.detach(), grads[0], grads[1], grads[2] if aux is not None else None
+
+
 class _LinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, bias, coef, chunk):
+    def forward(ctx, hidden, weight, targets, bias, coef, aux, row_loss, chunk):
         n = hidden.size(0)
-        ce, lse = (torch.empty(n, device=hidden.device) for _ in range(2))
-        plain = torch.empty_like(ce)
+        ce, lse, plain = (torch.empty(n, device=hidden.device) for _ in range(3))
         needs = ctx.needs_input_grad
-        eager = coef is not None and (needs[0] or needs[1])
+        eager = (coef is not None or row_loss is not None) and any(needs[:2])
         grad_hidden = torch.empty_like(hidden) if eager and needs[0] else None
         grad_weight = torch.zeros(weight.shape, device=weight.device) if eager and needs[1] else None
+        on_ce = coef  # d weighted / d ce_t, d weighted / d lse_t and / d aux (row_loss)
+        on_lse = torch.zeros_like(ce) if row_loss is not None else None
+        on_aux = torch.zeros_like(aux) if row_loss is not None and aux is not None else None
+        on_ce = torch.zeros_like(ce) if row_loss is not None else on_ce
+        weighted = ce.new_zeros(())
+        # the plain CE's sum of exp(z) from the biased softmax's terms: exp(z + b - top) times
+        # exp(-b), as exp(min b - b) <= 1 (one matrix-vector product, not a second softmax),
+        # where no factor underflows; a second logsumexp where the bias spans more than e^60
+        low = bias is not None and float(bias.max() - bias.min()) <= 60.0
+        unbias = torch.exp(bias.min() - bias) if low else None
         for start in range(0, n, chunk):
             rows = slice(start, start + chunk)
             y = targets[rows, None]
             z = _chunk_logits(hidden, weight, None, rows)
             if bias is not None:
-                plain[rows] = torch.logsumexp(z, -1) - z.gather(1, y).squeeze(1)
+                plain_logit = z.gather(1, y).squeeze(1)
+                if not low:
+                    plain[rows] = torch.logsumexp(z, -1) - plain_logit
                 z.add_(bias)
             target_logit = z.gather(1, y).squeeze(1)
             top, total, log_total = _softmax_and_lse(z)
             lse[rows] = top + log_total
             ce[rows] = log_total - (target_logit - top)
-            if eager:  # z is exp(z - max): coef * softmax - coef * onehot
-                c = coef[rows]
-                z.mul_((c / total)[:, None]).scatter_add_(1, y, -c[:, None])
+            if low:
+                plain[rows] = top - bias.min() + torch.log(z @ unbias) - plain_logit
+            if row_loss is not None:
+                value, on_ce[rows], on_lse[rows], g_aux = _row_gradients(row_loss, ce[rows],
+                                                                         lse[rows], aux, rows)
+                weighted += value
+                if on_aux is not None:
+                    on_aux[rows] = g_aux
+            if eager:  # z is exp(z - max): (d/dce + d/dlse) softmax - d/dce onehot
+                to_softmax = on_ce[rows] if on_lse is None else on_ce[rows] + on_lse[rows]
+                z.mul_((to_softmax / total)[:, None]).scatter_add_(1, y, -on_ce[rows, None])
                 _accumulate(z, hidden, weight, rows, grad_hidden, grad_weight)
         if bias is None:
             plain.copy_(ce)
-        weighted = (ce * coef).sum() if coef is not None else ce.new_zeros(())
+        if coef is not None and row_loss is None:
+            weighted = (ce * coef).sum()
         ctx.set_materialize_grads(False)
         ctx.mark_non_differentiable(plain)
-        ctx.save_for_backward(hidden, weight, targets, bias, coef, lse)
+        ctx.save_for_backward(hidden, weight, targets, bias, lse, on_ce, on_lse, on_aux)
         ctx.chunk, ctx.eager = chunk, (grad_hidden, grad_weight) if eager else None
         return ce, lse, plain, weighted
 
     @staticmethod
     def backward(ctx, g_ce, g_lse, g_plain, g_weighted):
-        hidden, weight, targets, bias, coef, lse = ctx.saved_tensors
+        hidden, weight, targets, bias, lse, on_ce, on_lse, on_aux = ctx.saved_tensors
         needs = ctx.needs_input_grad
+        grad_aux = on_aux * g_weighted if on_aux is not None and g_weighted is not None else None
         if g_ce is None and g_lse is None:  # only `weighted` has a gradient
             if g_weighted is None or ctx.eager is None:
-                return None, None, None, None, None, None
+                return None, None, None, None, None, grad_aux, None, None
             grad_hidden, grad_weight = ctx.eager
             ctx.eager = None  # a second backward would need retain_graph: recompute then
             return (grad_hidden * g_weighted.to(grad_hidden.dtype) if grad_hidden is not None else None,
                     (grad_weight * g_weighted).to(weight.dtype) if grad_weight is not None else None,
-                    None, None, None, None)
+                    None, None, None, grad_aux, None, None)
         zeros = torch.zeros_like(lse)
-        on_target = (g_ce if g_ce is not None else zeros)
-        if g_weighted is not None and coef is not None:
-            on_target = on_target + g_weighted * coef
-        on_softmax = on_target + (g_lse if g_lse is not None else zeros)
+        on_target = g_ce if g_ce is not None else zeros
+        on_softmax = g_lse if g_lse is not None else zeros
+        if g_weighted is not None and on_ce is not None:
+            on_target = on_target + g_weighted * on_ce
+        on_softmax = on_softmax + on_target
+        if g_weighted is not None and on_lse is not None:
+            on_softmax = on_softmax + g_weighted * on_lse
         grad_hidden = torch.empty_like(hidden) if needs[0] else None
         grad_weight = torch.zeros(weight.shape, device=weight.device) if needs[1] else None
         for start in range(0, hidden.size(0), ctx.chunk):
@@ -148,4 +197,4 @@ class _LinearCrossEntropy(torch.autograd.Function):
             z.scatter_add_(1, targets[rows, None], -on_target[rows, None])
             _accumulate(z, hidden, weight, rows, grad_hidden, grad_weight)
         return (grad_hidden, grad_weight.to(weight.dtype) if grad_weight is not None else None,
-                None, None, None, None)
+                None, None, None, grad_aux, None, None)

@@ -149,32 +149,46 @@ class Objective:
     def _chunked_loss(self, scores: HiddenStates, y: torch.Tensor, starts: np.ndarray, x
                       ) -> tuple[torch.Tensor, torch.Tensor]:
         """The loss of `_reshaped_loss` (and of `rare_weighted_loss`) from the hidden states,
-        chunk by chunk (rarelm/objectives/linear_ce.py): the weights first, since no remedy's
-        depend on the logits; a loss linear in the per-target CE as sum(coef * ce) with its
-        gradients made in the same pass, any other from the per-target CE and log-sum-exp."""
+        chunk by chunk (rarelm/objectives/linear_ce.py), its gradients made in the same pass:
+        the weights first, since no remedy's depend on the logits; a loss linear in the
+        per-target CE as sum(coef * ce), any other as a sum over chunks of `row_loss`: the
+        transforms (elementwise), the weighted mean's share and the penalties of the chunk's rows."""
         for remedy in self.remedies:
             remedy.on_batch(scores, y, x)
         targets = y.reshape(-1)
+        n = targets.numel()
         selected = self.selected(y, starts).reshape(-1) if self.uses_selection else None
         weights = None
         for remedy in self.remedies:
             weights = remedy.target_weights(weights, targets, selected)
         biases = [b for b in (remedy.logit_bias() for remedy in self.remedies) if b is not None]
         bias = sum(biases[1:], biases[0]) if biases else None
-        coef = None
+        denominator = self._denominator(weights) if weights is not None else n
         if self.linear:  # d loss / d ce_t: w_t / sum(w) (or the remedy's denominator), else 1 / N
-            coef = (torch.full((targets.numel(),), 1.0 / targets.numel(), device=targets.device)
-                    if weights is None else weights / self._denominator(weights))
-        ce, lse, plain, weighted = scores.cross_entropy(targets, bias, coef)
-        if self.linear:
-            return weighted, plain_stats(plain, self.is_rare[targets])
-        per_target = ce
-        for remedy in self.remedies:
-            per_target = remedy.transform(per_target)
-        loss = self._mean(per_target, weights)
-        for remedy in self.remedies:
-            penalty = remedy.hidden_penalty(scores, lse, targets, selected)
-            loss = loss if penalty is None else loss + penalty
+            coef = (torch.full((n,), 1.0 / n, device=targets.device) if weights is None
+                    else weights / denominator)
+            _, _, plain, loss = scores.cross_entropy(targets, bias, coef)
+            return loss, plain_stats(plain, self.is_rare[targets])
+        inputs = [(remedy, remedy.row_inputs(scores)) for remedy in self.remedies]
+        inputs = [(remedy, part) for remedy, part in inputs if part is not None]
+        widths = np.cumsum([0] + [part.size(1) for _, part in inputs])
+        aux = torch.cat([part for _, part in inputs], dim=1) if inputs else None
+
+        def row_loss(ce, lse, aux_rows, rows):
+            per_target = ce
+            for remedy in self.remedies:
+                per_target = remedy.transform(per_target)
+            share = per_target if weights is None else per_target * weights[rows]
+            value = share.sum() / denominator
+            for (remedy, _), lo, hi in zip(inputs, widths[:-1], widths[1:], strict=True):
+                value = value + remedy.row_penalty(lse, aux_rows[:, lo:hi], rows, n)
+            for remedy in self.remedies:  # penalties without row inputs
+                if remedy not in dict(inputs):
+                    penalty = remedy.row_penalty(lse, None, rows, n)
+                    value = value if penalty is None else value + penalty
+            return value
+
+        _, _, plain, loss = scores.cross_entropy(targets, bias, row_loss=row_loss, aux=aux)
         return loss, plain_stats(plain, self.is_rare[targets])
 
     def _denominator(self, weights: torch.Tensor) -> torch.Tensor:

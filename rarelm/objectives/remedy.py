@@ -10,13 +10,15 @@ neutral default here, so a remedy writes only the hooks it needs:
                            or freshly initialised, before a checkpoint's weights are loaded)
     on_batch(logits, y, x) every micro-batch, before the loss (x: the input ids [B, T], or None)
     adjust_logits(z)       float32 logits [N, V] -> the logits the cross-entropy sees
-    transform(loss)        per-target loss [N] -> per-target loss [N]
+    transform(loss)        per-target loss [N] -> per-target loss [N], elementwise
     target_weights(w, targets, selected)   per-target weights [N] (None = all 1) times its own
     denominator(weights)   what sum(w_t * l_t) is divided by (None: sum(w_t), or N where w is None)
     penalty(z, targets, selected)          a scalar added to the weighted mean
     logit_bias()           a float32 [V] added to every row of logits (adjust_logits' chunked form)
-    hidden_penalty(scores, lse, targets, selected)   penalty's chunked form, from `HiddenStates`
-                           (rarelm/objectives/hidden.py) and the rows' log-sum-exp [N]
+    row_inputs(scores)     per-target inputs [N, K] its row_penalty reads, from `HiddenStates`
+                           (rarelm/objectives/hidden.py), e.g. K logits per row; or None
+    row_penalty(lse, inputs, rows, n_targets)   penalty's chunked form: the penalty of the targets
+                           `rows` (a slice) from their log-sum-exp and their rows of row_inputs
     on_step_end(done, all_reduce)          after optimizer step `done`
     state() / load_state(state)            its checkpointed state (None = nothing to keep)
 
@@ -71,14 +73,14 @@ class Remedy:
     def needs_logits(self) -> bool:
         """Whether this remedy needs the full logits (its hooks have no chunked form)."""
         return (_overrides(self, "adjust_logits") and not _overrides(self, "logit_bias")) or \
-            (_overrides(self, "penalty") and not _overrides(self, "hidden_penalty"))
+            (_overrides(self, "penalty") and not _overrides(self, "row_penalty"))
 
     @property
     def linear(self) -> bool:
         """Whether the loss stays a weighted sum of per-target cross-entropies with it: no
         transform, no penalty (the chunked loss then computes its gradients in one pass)."""
         return not (_overrides(self, "transform") or _overrides(self, "penalty")
-                    or _overrides(self, "hidden_penalty"))
+                    or _overrides(self, "row_penalty"))
 
     @classmethod
     def from_params(cls, params: LossParams, context: Context) -> Remedy | None:
@@ -110,8 +112,11 @@ class Remedy:
     def logit_bias(self) -> torch.Tensor | None:
         return None
 
-    def hidden_penalty(self, scores, lse: torch.Tensor, targets: torch.Tensor,
-                       selected: torch.Tensor | None) -> torch.Tensor | None:
+    def row_inputs(self, scores) -> torch.Tensor | None:
+        return None
+
+    def row_penalty(self, lse: torch.Tensor, inputs: torch.Tensor | None, rows: slice,
+                    n_targets: int) -> torch.Tensor | None:
         return None
 
     def on_step_end(self, done: int, all_reduce: Callable[[torch.Tensor], None]) -> None:

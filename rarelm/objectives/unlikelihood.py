@@ -94,7 +94,10 @@ class Unlikelihood(Remedy):
         batched = logits.reshape(*self.x.shape, logits.size(-1))
         return self.weight * unlikelihood(batched, self.x, self.negatives) / targets.numel()
 
-    def hidden_penalty(self, scores, lse, targets, selected):
-        """The same from the hidden states: T logits per row (the context's), not V."""
-        log_p = scores.logits_at(self.x) - lse.reshape(*self.x.shape, 1)
-        return self.weight * context_penalty(log_p, self.negatives) / targets.numel()
+    def row_inputs(self, scores):
+        """From the hidden states: each target's T context logits z_j(x_i) [N, T], not V."""
+        return scores.logits_at(self.x).reshape(-1, self.x.size(1))
+
+    def row_penalty(self, lse, inputs, rows, n_targets):
+        negatives = self.negatives.reshape(-1, self.x.size(1))[rows]
+        return self.weight * context_penalty(inputs - lse[:, None], negatives) / n_targets
