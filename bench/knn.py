@@ -13,6 +13,7 @@ Model part (`--model`): `--tokens` random token ids run through the model as the
     python bench/knn.py --entries 1000000 --hidden 128 --queries 2048
     PYTHONPATH=/tmp/faiss_pkg python bench/knn.py --entries 100000   # pip install --target /tmp/faiss_pkg
     python bench/knn.py --entries 1000000 --hidden 128 --queries 2048 --model base/model --tokens 20000
+    python bench/knn.py --entries 0 --model base/model --tokens 20000 --index ivf --cache-window 0
 """
 
 from __future__ import annotations
@@ -105,7 +106,8 @@ def _faiss(keys: np.ndarray, q: np.ndarray, k: int, exact: np.ndarray, rng) -> d
     return out
 
 
-def with_model(folder: Path, model_dir: Path, tokens: int, k: int, cache_window: int) -> dict:
+def with_model(folder: Path, model_dir: Path, tokens: int, k: int, cache_window: int, index: str = "exact",
+               nprobe: int = 8) -> dict:
     from rarelm.evaluate.decoding import context_length
     from rarelm.evaluate.model_folder import load_causal_lm
     from rarelm.evaluate.token_scoring import score_tokens
@@ -116,10 +118,10 @@ def with_model(folder: Path, model_dir: Path, tokens: int, k: int, cache_window:
     vocab, block = model.config.vocab_size, context_length(model) or 128
     ids = np.random.default_rng(1).integers(1, vocab, tokens).astype(np.uint16)
     started = time.perf_counter()
-    meta = build(model, ids, block, 32, folder, "float16")
+    meta = build(model, ids, block, 32, folder, "float16", index=index)
     (folder / "meta.json").write_text(json.dumps(meta))
     build_s = time.perf_counter() - started
-    store = Datastore.open(folder)
+    store = Datastore.open(folder, nprobe=nprobe)
     buckets = np.zeros(vocab, dtype=np.int64)
     started = time.perf_counter()
     score_tokens(model, ids, buckets, block, 32)
@@ -130,11 +132,26 @@ def with_model(folder: Path, model_dir: Path, tokens: int, k: int, cache_window:
         started = time.perf_counter()
         score_tokens(model, ids, buckets, block, 32)
         mixed_s = time.perf_counter() - started
-    return {"model": str(model_dir), "hidden": meta["hidden"], "tokens": tokens,
+    recall = {}
+    if index == "ivf":  # the IVF neighbours against the exact ones, for the model's own hidden states
+        import dataclasses
+
+        from rarelm.knn.datastore import final_hidden
+
+        probe = torch.as_tensor(np.random.default_rng(2).integers(1, vocab, (8, block)))
+        queries = final_hidden(model, probe).reshape(-1, meta["hidden"])
+        exact_store = dataclasses.replace(store, ivf=None, values=torch.arange(len(store)))
+        ivf_store = dataclasses.replace(store, values=torch.arange(len(store)))
+        exact_ids = exact_store.search(queries, k)[1].tolist()
+        ivf_ids = ivf_store.search(queries, k)[1].tolist()
+        recall["ivf_recall_at_k"] = round(float(np.mean([len(set(a) & set(b)) / len(a) for a, b in
+                                                         zip(exact_ids, ivf_ids, strict=True)])), 3)
+    return {**recall, "model": str(model_dir), "hidden": meta["hidden"], "tokens": tokens,
             "store_entries": meta["entries"],
             "build_s": round(build_s, 2), "build_tokens_per_s": round(tokens / build_s),
             "score_plain_s": round(plain_s, 2), "score_mixed_s": round(mixed_s, 2),
-            "mixed_over_plain": round(mixed_s / plain_s, 2), "k": k, "cache_window": cache_window}
+            "mixed_over_plain": round(mixed_s / plain_s, 2), "k": k, "cache_window": cache_window,
+            "index": index, **({"nlist": meta["nlist"], "nprobe": nprobe} if index == "ivf" else {})}
 
 
 def main() -> None:
@@ -147,6 +164,8 @@ def main() -> None:
     parser.add_argument("--model", type=Path, default=None)
     parser.add_argument("--tokens", type=int, default=20_000)
     parser.add_argument("--cache-window", type=int, default=64)
+    parser.add_argument("--index", choices=["exact", "ivf"], default="exact", help="the model part's store")
+    parser.add_argument("--nprobe", type=int, default=8)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (eval.threads' default: 1)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -159,7 +178,8 @@ def main() -> None:
         if args.model:
             folder = Path(tmp) / "model_store"
             folder.mkdir()
-            out["model"] = with_model(folder, args.model, args.tokens, args.k, args.cache_window)
+            out["model"] = with_model(folder, args.model, args.tokens, args.k, args.cache_window, args.index,
+                                      args.nprobe)
     out["load_1min_after"] = round(os.getloadavg()[0], 2)
     print(json.dumps(out, indent=1))
 
