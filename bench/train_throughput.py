@@ -165,8 +165,9 @@ def loss_cost(params, tokenized: Path, rare_dir: Path, reps: int = 40) -> dict[s
     for any weights), so this difference over a step's time is their overhead, measured
     so that other load on the machine hits all sides alike. The output layer (hidden
     states [B, T, n_embd] times the [V, n_embd] matrix) is in every figure, since AGG
-    changes its backward pass. The term targets include the term-index lookup of the
-    batch's target positions, at random window starts.
+    changes its backward pass; as in the train step, the loss is chunked over tokens from the
+    hidden states unless the objective needs the full logits (rarelm/train/output.py). The term
+    targets include the term-index lookup of the batch's target positions, at random window starts.
     """
     import types
 
@@ -175,6 +176,7 @@ def loss_cost(params, tokenized: Path, rare_dir: Path, reps: int = 40) -> dict[s
     from rarelm.artifacts.buckets import load_buckets, load_counts
     from rarelm.artifacts.term_index import TermIndex
     from rarelm.artifacts.tokenized import Samples, TokenizedData
+    from rarelm.objectives.hidden import HiddenStates
     from rarelm.objectives.objective import Objective
     from rarelm.params import LossParams
 
@@ -223,7 +225,9 @@ def loss_cost(params, tokenized: Path, rare_dir: Path, reps: int = 40) -> dict[s
         for name in rng.permutation(list(objectives)):  # no objective always first after another
             obj = objectives[name]
             t0 = time.perf_counter()
-            loss, _ = obj(heads[name](hidden), targets, starts, targets)  # inputs: any ids
+            # as the train step: the hidden states where the objective allows (rarelm.train.output)
+            scores = heads[name](hidden) if obj.needs_logits else HiddenStates(hidden, plain_head.weight)
+            loss, _ = obj(scores, targets, starts, targets)  # inputs: any ids
             loss.backward()
             obj.step_end(rep + 1)
             times[name].append(time.perf_counter() - t0)
