@@ -130,10 +130,10 @@ class Datastore:
     values: torch.Tensor  # [entries] int64
     device: str = "cpu"
     ivf: object | None = None  # a faiss IndexIVFFlat (knn.index ivf), else exact search
-    nprobe: int = 8  # IVF clusters searched per query
+    nprobe: int = 32  # IVF clusters searched per query (knn.nprobe)
 
     @classmethod
-    def open(cls, folder: str | Path, device: str = "cpu", nprobe: int = 8) -> Datastore:
+    def open(cls, folder: str | Path, device: str = "cpu", nprobe: int = 32) -> Datastore:
         folder = Path(folder)
         try:
             meta = read_json(folder / "meta.json")
