@@ -18,6 +18,8 @@ from rarelm.knn.hook import attached
 from rarelm.knn.interpolate import cache_log_probs, knn_log_probs, mix, vote_log_probs
 from tests.conftest import REPO, run
 from tests.test_evaluate import workspace  # noqa: F401  (the tiny evaluate workspace, a fixture)
+from tests.test_generate import TEXTS, argmax_loop
+from tests.test_generate import model_dir as generate_model_dir  # noqa: F401  (a tiny model with a tokenizer)
 
 P_LM = torch.tensor([[0.5, 0.3, 0.2]]).log()
 
@@ -343,3 +345,35 @@ def test_an_ivf_index_searching_every_cluster_is_exact(tmp_path):
     ivf.nprobe = 1
     d_one, _ = ivf.search(queries, 5)
     assert bool((d_one[torch.isfinite(d_one)] >= d_exact[torch.isfinite(d_one)] - 1e-4).all())
+
+
+def test_rarelm_generate_mixes_when_the_params_say_so(generate_model_dir, tmp_path):  # noqa: F811
+    """`rarelm generate --params` with knn on: one stderr line naming the mix, and greedy text that is
+    the argmax of the mixed distribution, computed by hand with full forwards."""
+    from rarelm.evaluate.model_folder import load_causal_lm, load_model_tokenizer
+    from rarelm.knn.datastore import build
+
+    model, tok = load_causal_lm(generate_model_dir), load_model_tokenizer(generate_model_dir)
+    ids = np.array([t for text in TEXTS[:3] for t in tok(text).input_ids + [tok.eos_token_id]], np.uint16)
+    (tmp_path / "store").mkdir()
+    meta = build(model, ids, 32, 4, tmp_path / "store")
+    (tmp_path / "store/meta.json").write_text(json.dumps(meta))
+    (tmp_path / "params.yaml").write_text("knn:\n  enabled: true\n  k: 4\n  weight: 0.5\n  temperature: 2.0\n"
+                                          "  cache_window: 8\n  cache_weight: 0.3\n")
+    result = run(["rarelm", "generate", "the patient presented", "--model", str(generate_model_dir),
+                  "--greedy", "--max-tokens", "6", "--params", str(tmp_path / "params.yaml"), "--datastore",
+                  str(tmp_path / "store")], tmp_path, env={"OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == (f"rarelm generate: mixing in kNN-LM over {len(ids) - 1} datastore entries (k 4, "
+                             "lambda 0.5, T 2) + continuous cache (window 8, lambda 0.3, T 1)\n")
+    knn = knn_params(k=4, weight=0.5, temperature=2.0, cache_window=8, cache_weight=0.3)
+    store = Datastore.open(tmp_path / "store")
+    seq = tok("the patient presented").input_ids
+    want = []
+    for _ in range(6):
+        nxt = int(by_hand(model, seq + want, store, knn, tok.eos_token_id)[-1].argmax())
+        want.append(nxt)
+        if nxt == tok.eos_token_id:
+            break
+    assert result.stdout == "the patient presented" + tok.decode(want, skip_special_tokens=True) + "\n"
+    assert want != argmax_loop(model, seq, 6, tok.eos_token_id)  # the mix changed what it wrote
