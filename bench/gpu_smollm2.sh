@@ -16,6 +16,8 @@
 #
 #   bash bench/gpu_smollm2.sh                        # from the repo root; PYTHON=... picks the interpreter
 #   SEEDS="1" STEPS=100 bash bench/gpu_smollm2.sh    # a shorter check
+#   MODEL=/tmp/tiny-llama ALLOW_CPU=1 SEEDS=1 STEPS=2 BATCH=2 BLOCK=256 bash bench/gpu_smollm2.sh
+#       # the script itself on a CPU, with a tiny Llama folder (as tests/test_smollm2.py converts one)
 #
 # Defaults: STEPS=150 of BATCH 8 x BLOCK 1024 = 1.23M tokens a run, the tokens the base model's
 # real-text headline trains on (300 x 4,096; ~1.06 epochs of foldoc_en's 1.16M SmolLM2 tokens),
@@ -38,16 +40,18 @@ trap 'rm -rf "$WORK"' EXIT
 export MLFLOW_TRACKING_URI="sqlite:///$WORK/mlflow.db"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 
+MODEL=${MODEL:-smollm2/model}
+case $MODEL in /*) ;; *) MODEL="$ROOT/$MODEL" ;; esac
 DEVICE=$("$PYTHON" -c 'import torch; print("cuda" if torch.cuda.is_available() else "cpu")')
-if [ "$DEVICE" != cuda ]; then
+if [ "$DEVICE" != cuda ] && [ "${ALLOW_CPU:-0}" != 1 ]; then
     echo "gpu_smollm2: no CUDA device here; this script is for a GPU (the CPU figures: docs/smollm2.md)" >&2
     exit 2
 fi
 
 echo "gpu_smollm2: 1/3 weights"
 RANDOM_INIT=""
-if [ ! -f smollm2/model/model.safetensors ]; then
-    if "$PYTHON" -m dvc repro smollm2/dvc.yaml; then
+if [ ! -f "$MODEL/model.safetensors" ]; then
+    if [ "$MODEL" = "$ROOT/smollm2/model" ] && "$PYTHON" -m dvc repro smollm2/dvc.yaml; then
         :
     else
         echo "gpu_smollm2: no smollm2/model and no way to make it: step 2 on random weights, no step 3"
@@ -56,7 +60,7 @@ if [ ! -f smollm2/model/model.safetensors ]; then
 fi
 
 echo "gpu_smollm2: 2/3 throughput (bf16, $BATCH x $BLOCK tokens a step)"
-"$PYTHON" bench/smollm2_throughput.py --device cuda --batch "$BATCH" --block "$BLOCK" --steps 20 \
+"$PYTHON" bench/smollm2_throughput.py --model "$MODEL" --device "$DEVICE" --batch "$BATCH" --block "$BLOCK" --steps "$([ "$DEVICE" = cuda ] && echo 20 || echo 1)" \
     --configs train_bf16 train_lora_bf16 eval_bf16 $RANDOM_INIT | tee "$WORK/throughput.log"
 tail -n 1 "$WORK/throughput.log" > "$WORK/throughput.json"
 
@@ -76,11 +80,11 @@ export PYTHONPATH="$WORK/repo"
 # $1 = params file to write, then key=value overrides on top of params.yaml and the common ones
 params() {
     local out=$1; shift
-    "$PYTHON" - "$out" "$ROOT/smollm2/model" "$BLOCK" "$BATCH" "$STEPS" "$@" <<'EOF'
+    "$PYTHON" - "$out" "$MODEL" "$BLOCK" "$BATCH" "$STEPS" "$DEVICE" "$@" <<'EOF'
 import sys
 import yaml
 
-out, model, block, batch, steps, *overrides = sys.argv[1:]
+out, model, block, batch, steps, device, *overrides = sys.argv[1:]
 p = yaml.safe_load(open("params.yaml"))
 common = {
     "corpus.path": "data/raw/foldoc_en.txt.gz", "corpus.language": "en", "corpus.reference_glossary": "",
@@ -90,7 +94,7 @@ common = {
     "train.lr": 5e-5, "train.min_lr": 5e-6, "train.warmup_steps": 15, "train.eval_every": 100,
     "train.checkpoint_every": 100000, "train.log_every": 20, "tracking.log_model": False,
     "eval.block_size": int(block), "eval.diversity_prompts": 0, "eval.closed_set": False,
-    "eval.device": "cuda", "eval.batch_size": 32,
+    "eval.device": device, "eval.batch_size": 32,
 }
 def put(key, value):
     *parents, leaf = key.split(".")
