@@ -349,7 +349,8 @@ def test_pipeline_fine_tunes_a_llama_through_name_or_path(repo, converted):
     """The whole DAG with the tiny Llama as model.name_or_path and tokenizer.name_or_path: its
     eos (<|im_end|>) ends each document, LoRA on the default projections with gradient
     checkpointing trains, the saved model is a Llama with the same tokenizer, evaluate scores
-    it; a block_size above its 256 positions is refused."""
+    it; kNN-LM + cache mix into a Llama's output layer too; a block_size above its 256 positions
+    is refused."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -386,5 +387,14 @@ def test_pipeline_fine_tunes_a_llama_through_name_or_path(repo, converted):
     assert changed == {f"model.layers.{i}.self_attn.{m}_proj.weight" for i in (0, 1) for m in "qv"}
     metrics = read_json(repo / "metrics/eval.json")
     assert metrics["n_eval_tokens"] > 0 and 1 < metrics["ppl"] < 10 * 262  # near-random weights
+    # kNN-LM + cache (docs/knn.md): the datastore from the Llama's final hidden states (width 64)
+    set_params(repo, **{"knn.enabled": True, "knn.max_entries": 500, "knn.k": 4, "knn.weight": 0.3,
+                        "knn.cache_window": 16, "knn.cache_weight": 0.2})
+    again = run(["dvc", "repro", "evaluate"], repo, check=True,
+                env={"MLFLOW_TRACKING_URI": f"sqlite:///{repo}/m.db"})
+    assert "Running stage 'train'" not in again.stdout and "Running stage 'datastore'" in again.stdout
+    mixed = read_json(repo / "metrics/eval.json")
+    assert mixed["n_eval_tokens"] == metrics["n_eval_tokens"] and mixed["ppl"] != metrics["ppl"]
+    assert 1 < mixed["ppl"] < 10 * 262
     with pytest.raises(RarelmError, match=r"model.block_size = 512 is not allowed \(must be <= 256"):
         load_pretrained(ModelParams(name_or_path=str(folder), block_size=512), data)
