@@ -181,3 +181,29 @@ def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
+
+
+def share(folder: str | Path) -> None:
+    """Give every file under `folder` the mode a plain write gives (0644 under umask 022).
+
+    safetensors (`save_pretrained`) writes model.safetensors 0600 (a private temporary file renamed
+    into place), so a model folder shared with others, served or pushed, had unreadable weights.
+    """
+    umask = current_umask()
+    for path in Path(folder).rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            path.chmod(0o666 & ~umask)
+
+
+def current_umask() -> int:
+    """The process's umask, read without changing it (Linux: /proc/self/status); elsewhere set and
+    restored at once (a file another thread creates in between would get mode 0666)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return umask

@@ -26,7 +26,7 @@ import yaml
 
 from tests.conftest import REPO
 
-PIPELINES = ("dvc.yaml", "base/dvc.yaml")
+PIPELINES = ("dvc.yaml", "base/dvc.yaml", "smollm2/dvc.yaml")
 CORE = ("rarelm", "stages")  # the folders whose top-level files are shared core (rarelm/params.py)
 
 

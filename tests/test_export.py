@@ -8,6 +8,7 @@ import stat
 
 import pytest
 
+from rarelm import files
 from rarelm.errors import RarelmError
 from rarelm.params import Params
 from rarelm.tracking import export
@@ -89,7 +90,7 @@ def test_tokenizer_config_is_written_in_a_stable_order(folder):
 
 def test_every_file_of_the_folder_is_readable_by_others(folder):
     # save_pretrained (safetensors) writes model.safetensors 0600; complete() gives it a plain file's mode
-    umask = export.current_umask()
+    umask = files.current_umask()
     assert umask == os.umask(umask)  # read without changing it
     modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in folder.iterdir() if p.is_file()}
     assert "model.safetensors" in modes and "README.md" in modes

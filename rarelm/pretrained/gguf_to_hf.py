@@ -20,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rarelm.errors import RarelmError
-from rarelm.files import atomic_dir, sha256_file
+from rarelm.files import atomic_dir, sha256_file, share
 from rarelm.pretrained.source import Source
 
 CARD = """\
@@ -112,4 +112,5 @@ def convert(gguf_path: Path, out: Path, source: Source, dtype: str = "float32") 
         plain.save_pretrained(tmp)  # safetensors
         tokenizer.save_pretrained(tmp)
         (tmp / "README.md").write_text(card, encoding="utf-8")
+        share(tmp)  # save_pretrained writes the weights 0600: readable by others, as a plain write
     return info

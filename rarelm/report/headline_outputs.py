@@ -19,7 +19,7 @@ from pathlib import Path
 from rarelm.errors import RarelmError
 from rarelm.files import atomic_file, write_json
 from rarelm.report.compare import report_row
-from rarelm.report.headline_plan import INSERTION_METRICS, RANK_SLICE, TABLE_METRICS
+from rarelm.report.headline_plan import INSERTION_METRICS, RANK_SLICE
 from rarelm.report.page import curve_svg, figures, write_report
 
 START, END = "<!-- headline:start -->", "<!-- headline:end -->"

@@ -24,10 +24,10 @@ A too-long prompt through transformers' pipeline is cut from the left with
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from rarelm.errors import RarelmError
+from rarelm.files import share
 from rarelm.tracking.card import model_card  # noqa: F401  (the card's own module; callers use export's name)
 
 # `rarelm generate`'s defaults (rarelm.evaluate.generate.Sampling), in transformers' GenerationConfig names
@@ -63,32 +63,6 @@ def complete(folder: str | Path, card: str) -> None:
                      pad_token_id=eos).save_pretrained(folder)
     (folder / "README.md").write_text(card, encoding="utf-8")
     share(folder)
-
-
-def share(folder: str | Path) -> None:
-    """Give every file under `folder` the mode a plain write gives (0644 under umask 022).
-
-    safetensors (`save_pretrained`) writes model.safetensors 0600 (a private temporary file renamed
-    into place), so a model folder shared with others, served or pushed, had unreadable weights.
-    """
-    umask = current_umask()
-    for path in Path(folder).rglob("*"):
-        if path.is_file() and not path.is_symlink():
-            path.chmod(0o666 & ~umask)
-
-
-def current_umask() -> int:
-    """The process's umask, read without changing it (Linux: /proc/self/status); elsewhere set and
-    restored at once (a file another thread creates in between would get mode 0666)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    umask = os.umask(0o022)
-    os.umask(umask)
-    return umask
 
 
 def _complete_tokenizer(path: Path, context: int | None) -> None:
