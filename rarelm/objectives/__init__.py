@@ -33,7 +33,9 @@ With every `loss.*` at its default the loss, its gradients and the logged sums a
 exactly those of `rare_weighted_loss`. The logged sums are always plain
 cross-entropy of the model's own logits. `objective.Objective` is the one entry
 point the training loop calls: `prepare_model` once, the objective per micro-batch
-(logits, targets, window starts, input ids),
+(logits, or the `hidden.HiddenStates` they come from, targets, window starts, input ids:
+from hidden states the loss is chunked over tokens, `linear_ce.py`, and the full logits
+are made only for a remedy that needs them, `Remedy.needs_logits`),
 `step_end` after each optimizer step, `state` / `load_state` with each checkpoint.
 
 Adding a remedy is four things, nowhere else:

@@ -4,6 +4,7 @@
                    -> maybe checkpoint -> finish, on one screen
     setup.py       the Trainer: process group, precision, inputs, model, optimizer, resume
     step.py        train_step -> forward_backward_step (gradient accumulation, clipping)
+    output.py      what the step hands the objective: hidden states (chunked loss) or logits
     batches.py     the sample stream and batches of windows;  sampler.py  the weighted sampler
     meter.py       curve rows;  validate.py  val losses;  report.py  progress bar, MLflow rows
     early_stop.py  stop on validation loss (train.early_stop_patience), keep the best weights
