@@ -27,7 +27,9 @@ training precision. Cost: one extra forward of the base per micro-batch (no back
 soft-target cross-entropy over the vocabulary, and a second copy of the weights in memory. On the
 committed base model (width 128, 8,192 tokens, so the output layer and softmaxes dominate) a step
 took 1.8-2.0x a plain one's CPU time (`python bench/objective_step_cost.py`), far over the 10% issue
-22 hoped for; on wider models the extra forward tends to a third of a step.
+22 hoped for, and 2.2-2.3x since the plain step's loss is chunked over tokens (issue 44; the KL
+needs the full logits of the model and the base, so its own time did not change); on wider
+models the extra forward tends to a third of a step.
 """
 
 from __future__ import annotations
