@@ -178,12 +178,20 @@ def test_reports_and_results_page_tables(repo):
     assert cells[1:3] == ["2", "40"] and cells[3] == f"{per_char['value']:.3f}"
     assert cells[4] == f"{per_char['diff']:+.3f} [{per_char['diff_lo']:+.3f}, {per_char['diff_hi']:+.3f}]"
     assert per_char["diff_hi"] < 0  # alpha 0.7 lowers term NLL clearly in the generator
+    header = next(line for line in page.splitlines() if line.startswith("| configuration | seeds | terms |"))
+    column = {name: i for i, name in enumerate(c.strip() for c in header.strip("|").split("|"))}
     exact = report_row(result["final"], "good", "all")
-    assert cells[7] == f"{exact['value']:.3f}" and exact["diff_lo"] > 0
-    assert cells[9] == cells[7]  # any case: the stand-in writes every term as the text does
+    assert cells[column["exact match"]] == f"{exact['value']:.3f}" and exact["diff_lo"] > 0
+    # any case: the stand-in writes every term as the text does
+    assert cells[column["exact match, any case"]] == cells[column["exact match"]]
+    nll = report_row(result["final"], "good", "all", "term_ppl")  # term perplexity: exp of NLL per token
+    assert cells[column["term ppl"]] == f"{nll['value']:.3f}"
+    assert cells[column["term ppl"] + 1] == (f"{nll['diff']:+.1%} [{nll['diff_lo']:+.1%}, "
+                                             f"{nll['diff_hi']:+.1%}]")
     ppl = np.mean([1.9 - 0.07] * 2)  # the stand-in's ppl at alpha 0.7, both seeds
-    assert cells[11] == f"{ppl:.4f} ({ppl / 1.9 - 1:+.1%})"
-    assert cells[12] == "1.0800 (+6.9%)"  # false-insertion rate: seeds 2, 3 -> 1.09, 1.07 vs 1.02, 1.00
+    assert cells[column["ppl (vs baseline)"]] == f"{ppl:.4f} ({ppl / 1.9 - 1:+.1%})"
+    # false-insertion rate: seeds 2, 3 -> 1.09, 1.07 vs 1.02, 1.00
+    assert cells[column["false insertion (vs baseline)"]] == "1.0800 (+6.9%)"
     by_mass = table(result["final"], "false_insertion_start_mass").splitlines()  # a plan guarding it
     assert by_mass[0].endswith("| ppl (vs baseline) | term-start mass off terms (vs baseline) |")
     assert "and 10% (relative) of its false-insertion rate are ranked" in page

@@ -197,7 +197,8 @@ def test_train_records_the_commits_in_metrics_and_mlflow(hf_cache, prepared, tmp
 
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient()
+    # this test's store, not the process-wide URI another test in this worker may have set
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     [run] = client.search_runs([client.get_experiment_by_name("test-hub").experiment_id])
     tags = run.data.tags
     assert tags["model_commit"] == COMMITS[0] and tags["tokenizer_commit"] == COMMITS[-1]

@@ -375,8 +375,9 @@ def test_a_checkpoint_state_written_before_run_state_loads(tmp_path):
     state = RunState.from_dict(saved)
     assert state == RunState(step=5, curves=curves, elapsed=1.25, tokens=640, run_id="abc123",
                              val={"val_ce": 3.0, "val_rare_ce": 4.0})
-    assert state.as_dict() == {k: v for k, v in old.items() if k not in ("scaler", "ranks")}
-    assert list(state.as_dict()) == ["step", "curves", "elapsed", "tokens", "run_id", "val"]
+    # saved back under the same keys, plus early stopping's record of the best validation (none yet)
+    assert state.as_dict() == {**{k: v for k, v in old.items() if k not in ("scaler", "ranks")}, "best": {}}
+    assert list(state.as_dict()) == ["step", "curves", "elapsed", "tokens", "run_id", "val", "best"]
     assert saved["world_size"] == 1 and saved["ranks"] == old["ranks"]
 
 
@@ -607,7 +608,7 @@ def test_crashed_run_is_marked_failed(trained, tmp_path, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(loss, "rare_weighted_loss", broken)
+    monkeypatch.setattr(loss.Objective, "__call__", broken)  # every loss path goes through it
     paths = train.Paths(model=tmp_path / "model", metrics=tmp_path / "m.json",
                         plots=tmp_path / "p.csv", cache=tmp_path / "cache")
     with pytest.raises(RuntimeError, match="boom"):
