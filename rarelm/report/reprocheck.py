@@ -49,6 +49,7 @@ import yaml
 
 from rarelm import git
 from rarelm.fmt import table_cell
+from rarelm.params import read_yaml
 from rarelm.paths import MLFLOW_RUN, PARAMS, TRAIN_CACHE
 
 # Metric names and CSV columns that measure time or speed: they vary from run to run by nature.
@@ -119,8 +120,10 @@ def without_wall_clock(path: Path) -> Any:
 def apply_params(root: Path, overlay: str | Path) -> None:
     """Merge an overlay YAML (e.g. .ci/params.yaml) into root/params.yaml, key by key."""
     params_path = root / PARAMS
-    params = yaml.safe_load(params_path.read_text(encoding="utf-8"))
-    extra = yaml.safe_load(Path(overlay).read_text(encoding="utf-8")) or {}
+    # read as DVC and the stages read params (YAML 1.2, a repeated key refused): PyYAML would turn
+    # `max_steps: 010` into 8 and write that back
+    params = read_yaml(params_path.read_text(encoding="utf-8"), params_path)
+    extra = read_yaml(Path(overlay).read_text(encoding="utf-8"), overlay) or {}
 
     def merge(base: dict, new: dict, prefix: str) -> None:
         for key, value in new.items():
