@@ -176,7 +176,7 @@ def profile_step(params, tokenized: Path, rare: Path, weights: Path, work: Path)
         t.dist.close()
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", default="params.yaml")
     parser.add_argument("--prepared", type=Path, default=Path("data/prepared"))
@@ -196,7 +196,19 @@ def main() -> None:
                         "train.precision, auto by hardware)")
     parser.add_argument("--sides", nargs="+", choices=["ours", "trainer", "ours_full_logits"],
                         default=["ours", "trainer"], help="the loops to time, in this order")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def time_side(side: str, params, tokenized: Path, rare, weights, work: Path, args) -> float:
+    """tokens/s of one loop (`side`) on one configuration."""
+    if side == "trainer":
+        return run_trainer(params, tokenized, work, args.warmup, args.trainer_attention)
+    with full_logits() if side == "ours_full_logits" else contextlib.nullcontext():
+        return run_ours(params, tokenized, rare, weights, work, args.warmup)
+
+
+def main() -> None:
+    args = parse_args()
 
     import torch
 
@@ -234,12 +246,7 @@ def main() -> None:
             for key, params in configs.items():
                 for side in args.sides:
                     work = tmp / f"{key.replace('/', '-')}-{side}-{repeat}"
-                    if side == "trainer":
-                        figure = run_trainer(params, tokenized, work, args.warmup,
-                                             args.trainer_attention)
-                    else:
-                        with full_logits() if side == "ours_full_logits" else contextlib.nullcontext():
-                            figure = run_ours(params, tokenized, rare, weights, work, args.warmup)
+                    figure = time_side(side, params, tokenized, rare, weights, work, args)
                     results[key][side].append(figure)
                     loads.append(os.getloadavg()[0])
                     print(f"{key} {side} #{repeat + 1}: {figure:,.1f} tokens/s (load {loads[-1]:.2f})",
