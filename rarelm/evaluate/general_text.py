@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from rarelm.errors import RarelmError
+from rarelm.files import atomic_file
 
 # the base pipeline's raw corpora whose held-out documents may be committed, by language; People's
 # Daily (peoples_daily_zh) is left out: its text is not redistributed (data/raw/corpora.json)
@@ -87,10 +88,10 @@ def held_out(val_jsonl: Path, raw_dir: Path) -> dict[str, list[str]]:
 
 def build(val_jsonl: Path, raw_dir: Path, out_dir: Path) -> dict[str, int]:
     """Write <out_dir>/<language>.txt (one document a line); returns the documents per language."""
-    out_dir.mkdir(parents=True, exist_ok=True)
     slices = held_out(val_jsonl, raw_dir)
     for language, documents in slices.items():
-        (out_dir / f"{language}.txt").write_text("".join(d + "\n" for d in documents), encoding="utf-8")
+        with atomic_file(out_dir / f"{language}.txt") as f:  # never a half-written slice
+            f.write("".join(d + "\n" for d in documents))
     return {language: len(documents) for language, documents in slices.items()}
 
 
