@@ -20,9 +20,8 @@ import dataclasses
 import re
 from pathlib import Path
 
-import yaml
-
 from rarelm.errors import RarelmError
+from rarelm.params import read_yaml
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -70,11 +69,10 @@ def _section(raw: dict, name: str, cls, path: Path):
 def load(path: Path) -> SourceParams:
     """The validated params file; a bad value is a RarelmError naming the key."""
     try:
-        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
         raise RarelmError(f"no params file {path}") from None
-    except yaml.YAMLError as exc:
-        raise RarelmError(f"{path}: not valid YAML ({' '.join(str(exc).split())})") from None
+    raw = read_yaml(text, path) or {}  # as DVC reads it (YAML 1.2, a key given twice refused)
     params = SourceParams(_section(raw, "source", Source, path), _section(raw, "convert", Convert, path))
     if not re.fullmatch(r"[0-9a-f]{64}", params.source.sha256):
         raise RarelmError(f"{path}: source.sha256 = {params.source.sha256!r} is not allowed "
