@@ -102,7 +102,7 @@ class RareParams:
     # Chinese corpora: a TF-IDF candidate whose string sits inside longer words in more than this
     # share of its matches in the TF-IDF documents is a fragment ("arg" of "argument", 括号 of
     # 圆括号): skipped; 1 = off (rarelm/rare_terms/quality.py; English keeps "api" beside "APIs")
-    max_inside_share: float = param(0.25, ge=0.0, le=1.0)
+    max_inside_share: float = param(0.1, ge=0.0, le=1.0)
     chunk_tokens: int = param(4_000_000, ge=1024)  # tokens counted per chunk (bounds memory)
     # TF-IDF also sees the val and test documents (train counts stay train-only), so terms that the
     # train split never holds can be tested (the "seen 0-1" stratum); false: train documents only

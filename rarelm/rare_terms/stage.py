@@ -64,8 +64,10 @@ def rare_terms(params, reference_glossary: str, prepared_dir: Path, tokenized_di
     han_words = language == "zh"
     # a Chinese candidate mostly inside longer words is a fragment (English words are whole by
     # their spaces, and a plural would make "api" a piece of "APIs")
+    # (judged on the documents TF-IDF reads: with rare.tfidf_all_splits a candidate from val/test
+    # text is judged there too, not only where train happens to use it whole)
     fragment = None if not han_words or params.max_inside_share >= 1 else \
-        fragment_filter(documents, han_words, params.max_inside_share, tuple(glossary))
+        fragment_filter(documents + held_out, han_words, params.max_inside_share, tuple(glossary))
     # rare.tfidf: false: the glossary supplies the terms (a corpus with its own: foldoc_en)
     extracted = tfidf_terms(documents + held_out, segmenter, params.ngram_max, params.min_df, params.max_df,
                             params.min_count, params.min_mean_tf, params.top_k,
