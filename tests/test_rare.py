@@ -281,3 +281,35 @@ def test_tfidf_over_all_splits_finds_terms_unseen_in_train_and_keeps_train_count
     assert any(n <= 1 for n in new.values()), new
     assert all(t.lower() in held_out for t, n in new.items() if n == 0)  # found in val/test only
     assert all(every_split[t] == n for t, n in train_only.items() if t in every_split)
+
+
+def test_zh_fragment_is_judged_on_every_split_tfidf_reads(tmp_path):
+    """A Chinese TF-IDF candidate whole in train but inside a longer word elsewhere: with
+    rare.tfidf_all_splits the fragment test reads the same documents TF-IDF read, so 分区 (whole
+    in train, inside 分区表 in val/test) is dropped; on train alone it stays a term."""
+    from rarelm.prepare.corpus import split_of
+    filler = [line for line in (REPO / "data/general/zh.txt").read_text().splitlines() if line][:120]
+    pages = [f"p{i}" for i in range(400)]
+    train = [p for p in pages if split_of(p, 1337, 0.1, 0.1) == "train"][:4]
+    held_out = [p for p in pages if split_of(p, 1337, 0.1, 0.1) != "train"][:6]
+    rows = [{"page": p, "text": f"{filler[i]}请先创建一个分区，然后格式化这个分区。"}
+            for i, p in enumerate(train)]
+    rows += [{"page": p, "text": f"{filler[10 + i]}分区表损坏时，请备份分区表，再修复分区表，检查分区表。"}
+             for i, p in enumerate(held_out)]
+    rows += [{"page": f"f{i}", "text": text} for i, text in enumerate(filler[20:])]
+    corpus = tmp_path / "pages.jsonl"
+    corpus.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\n", encoding="utf-8")
+    shutil.copy(REPO / "params.yaml", tmp_path / "params.yaml")
+    set_params(tmp_path, **{"corpus.path": str(corpus), "corpus.language": "zh", "corpus.group_field": "page",
+                            "corpus.reference_glossary": "", "tokenizer.vocab_size": 512})
+    for name in ("prepare", "tokenize"):
+        stage(name, tmp_path, check=True)
+
+    def terms(all_splits: bool) -> set[str]:
+        set_params(tmp_path, **{"rare.tfidf_all_splits": all_splits})
+        stage("rare_terms", tmp_path, check=True)
+        lines = (tmp_path / "data/rare/terms.jsonl").read_text(encoding="utf-8").splitlines()
+        return {json.loads(line)["term"] for line in lines}
+
+    assert "分区" in terms(all_splits=False)      # whole in every train document
+    assert "分区" not in terms(all_splits=True)   # 8 whole, 24 inside 分区表 over all splits
