@@ -329,6 +329,8 @@ def test_bad_plans_are_one_line(tmp_path):
               "final_seeds repeat screening seed 1"),
              (seeds + "configurations: {baseline: []}\ninsertion_metric: ppl_rare\n",
               "insertion_metric 'ppl_rare' is not one of false_insertion_rate, false_insertion_start_mass"),
+             (seeds + "configurations: {baseline: []}\ntie_metric: exact_match\n",
+              "tie_metric 'exact_match' is not one of token_acc, completion_match"),
              (": [\n", "cannot read")]
     for text, message in cases:
         path = tmp_path / "plan.yaml"
@@ -367,6 +369,14 @@ def test_ranking_guards_overall_perplexity_and_false_insertion(monkeypatch):
         c["summary"]["ppl_general"] = 52.5 if c["label"] == "c" else 50.0
     assert hl.ranking(Path("."), Path("."), by_mass, ["a", "b", "c", "d", "e"], [1]) == [
         ("d", -0.4), ("e", -0.1)]
+    # a plan breaking ties by the completion given the first token: a beats e there
+    rows += [{"configuration": k, "slice": "all", "aggregate": "occurrences", "metric": "completion_match",
+              "diff": {"a": 0.02, "e": 0.01}.get(k, 0.0)} for k in per_char]
+    by_completion = dataclasses.replace(plan, tie_metric="completion_match")
+    assert hl.ranking(Path("."), Path("."), plan, ["a", "b", "c", "d", "e"], [1]) == [
+        ("e", -0.1), ("a", -0.1)]
+    assert hl.ranking(Path("."), Path("."), by_completion, ["a", "b", "c", "d", "e"], [1]) == [
+        ("a", -0.1), ("e", -0.1)]
 
 
 # --------------------------------------------------------------------------- the real-text plans (issue 22)

@@ -58,7 +58,6 @@ from rarelm.report.headline_plan import (
     RANK_METRIC,
     RANK_SLICE,
     TABLE_METRICS,
-    TIE_METRIC,
     Plan,
     combination,
 )
@@ -83,7 +82,7 @@ def ranked(report: dict, plan: Plan, names: list[str]) -> list[tuple[str, float]
     """`names` of a screening comparison that pass the plan's guard, best first (see ranking)."""
     summaries = {c["label"]: c["summary"] for c in report["configurations"]}
     base = summaries[plan.baseline]
-    scored = [(c, _diff(report, c, RANK_METRIC), _diff(report, c, TIE_METRIC)) for c in names
+    scored = [(c, _diff(report, c, RANK_METRIC), _diff(report, c, plan.tie_metric)) for c in names
               if within_guard(summaries[c], base, guard(plan))]
     return [(c, rank) for c, rank, _ in sorted(scored, key=lambda x: (x[1], -x[2]))]
 
@@ -159,6 +158,7 @@ def headline(repo: Path, plan: Plan, out: Path, page: Path | None,
     winner = None
     if register:  # checked before any output: a winner the registry cannot take is the one-line error
         winner = prepare_registration(final, repo, repo / "params.yaml", guard=guard(plan), uri=_store(repo),
+                                      tie_metric=plan.tie_metric,
                                       by=f"rarelm headline ({plan.section}, {plan.final_split} split, "
                                          f"seeds {', '.join(map(str, plan.final_seeds))})")
     write_outputs(result, out, page)

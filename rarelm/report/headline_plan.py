@@ -19,7 +19,10 @@ from rarelm.errors import RarelmError
 
 PREFIX = "hl-"
 RANK_SLICE = "all"
-RANK_METRIC, TIE_METRIC = "nll_per_char", "token_acc"  # lower first; then higher first
+RANK_METRIC, TIE_METRIC = "nll_per_char", "token_acc"  # lower first; then higher first (a plan's tie_metric)
+# what a plan may break ties by (higher first): term-token accuracy, or the completion of a term
+# given its first token (spelling, apart from when to say it)
+TIE_METRICS = ("token_acc", "completion_match")
 # "nll" (NLL per term token) is asked for so that compare derives term perplexity (term_ppl) from it
 TABLE_METRICS = (RANK_METRIC, TIE_METRIC, "nll", "completion_match", "exact_match", "exact_match_ci")
 # the false-insertion figures a plan's guard can use (eval.json), with their name in the tables:
@@ -50,6 +53,8 @@ class Plan:
     # ... and whose general-text perplexity (ppl_general: forgetting; only where the runs score
     # eval.general_text) is within this fraction of the baseline's
     general_tolerance: float = 0.02
+    # ties of the ranking metric (term NLL per character, lower first) broken by this, higher first
+    tie_metric: str = TIE_METRIC
     screen_split: str = "val"  # the split the choice is made on
     final_split: str = "test"  # the split the finalists are confirmed on
     prefix: str = PREFIX  # experiment names: <prefix><configuration>-s<seed>
@@ -80,6 +85,7 @@ class Plan:
                        insertion_tolerance=float(raw.get("insertion_tolerance", 0.10)),
                        insertion_metric=str(raw.get("insertion_metric", "false_insertion_rate")),
                        general_tolerance=float(raw.get("general_tolerance", 0.02)),
+                       tie_metric=str(raw.get("tie_metric", TIE_METRIC)),
                        screen_split=str(raw.get("screen_split", "val")),
                        final_split=str(raw.get("final_split", "test")),
                        prefix=str(raw.get("prefix", PREFIX)), section=str(raw.get("section", "headline")))
@@ -94,6 +100,9 @@ class Plan:
         if plan.insertion_metric not in INSERTION_METRICS:
             raise RarelmError(f"{path}: insertion_metric {plan.insertion_metric!r} is not one of "
                               f"{', '.join(INSERTION_METRICS)}")
+        if plan.tie_metric not in TIE_METRICS:
+            raise RarelmError(f"{path}: tie_metric {plan.tie_metric!r} is not one of "
+                              f"{', '.join(TIE_METRICS)}")
         reused = sorted(set(plan.screen_seeds) & set(plan.final_seeds))
         if reused:
             raise RarelmError(f"{path}: final_seeds repeat screening seed {reused[0]}; the finalists are "

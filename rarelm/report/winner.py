@@ -50,11 +50,13 @@ def _value(report: dict, label: str, metric: str) -> float | None:
     return None if value is None or not math.isfinite(value) else float(value)
 
 
-def best_configuration(report: dict, guard: dict[str, float] | None = None) -> dict:
-    """The report's best configuration (its entry in report["configurations"]); ties: the first."""
+def best_configuration(report: dict, guard: dict[str, float] | None = None,
+                       tie_metric: str = TIE_METRIC) -> dict:
+    """The report's best configuration (its entry in report["configurations"]); ties of the ranking
+    metric broken by `tie_metric` (higher first, a headline plan's), then the first."""
     metric = RANK_METRIC if RANK_METRIC in report["metrics"] else report["metrics"][0]
     sign = 1.0 if metric in report["lower_is_better"] else -1.0
-    tie = TIE_METRIC if TIE_METRIC in report["metrics"] and TIE_METRIC != metric else None
+    tie = tie_metric if tie_metric in report["metrics"] and tie_metric != metric else None
     configs = report["configurations"]
     base = configs[0]["summary"]
 
@@ -83,12 +85,13 @@ class Registration:
 
 
 def prepare_registration(report: dict, repo: str | Path, params_file: str | Path, by: str,
-                         guard: dict[str, float] | None = None, uri: str | None = None) -> Registration:
+                         guard: dict[str, float] | None = None, uri: str | None = None,
+                         tie_metric: str = TIE_METRIC) -> Registration:
     """The report's winner as a registration; a one-line error if the registry or the store
     cannot take it (no store, no registered model name, a git revision without an MLflow run, a
     run that logged no model)."""
     client, params = registry.open_registry(params_file, uri)
-    config = best_configuration(report, guard)
+    config = best_configuration(report, guard, tie_metric)
     run = config["runs"][0]
     run_id = mlflow_run_id(run["source"], run["id"], run["experiment"], Path(repo), uri)
     if run_id is None:
