@@ -165,6 +165,9 @@ def _dictd_entries(archive: Archive, name: str) -> Iterator[tuple[str, str]]:
 _CROSS_REFERENCE = re.compile(r"\{([^{}]*)\}")
 _GLOSSARY_MAX_WORDS = 8  # a longer cross-reference is a title ("Home of the Brave Ada Programmers")
 _WORD = re.compile(r"\w+")
+# not a name: a link ("wiki (http://a.b/c)", "IBM 1620 console (img:/pub/...)", "(/contents/x.html)")
+# or code ("value = get(); if ...": a statement's ';')
+_NOT_A_TERM = re.compile(r"://|\((?:/|[a-z]+:)|;")
 
 
 def foldoc_en(archive: Archive) -> Iterator[str]:
@@ -182,7 +185,8 @@ def cross_references(entries: Iterable[tuple[str, str]],
     what the braces hold, as the text shows it, one row for all its spellings by case (written
     as most often); `entry` is 1 where a headword (of `entries` or `headwords`: the index
     names an entry by several) is the term (whatever its case), 0 where the
-    reference names it another way (a plural, a variant). Left out: links (a URL inside),
+    reference names it another way (a plural, a variant). Left out: links (a URL or a site path
+    in parentheses inside), code (a statement's ';': one such reference is 88 tokens long),
     titles (more than 8 words), single characters ("C", "e": found whatever their case as a
     word, they are mostly variables, initials and "e.g."), English function words ("in",
     "at": entries for the word, no domain terms), and one-word terms that the corpus mostly
@@ -191,7 +195,8 @@ def cross_references(entries: Iterable[tuple[str, str]],
     common word.
 
     >>> cross_references([("Unix", "An {operating system}; see {Unix} {shells}, {unix}. At {AT} {C}."),
-    ...                   ("shell", "A {wiki (http://a.b/c)} page, {in} at at AT.")])
+    ...                   ("shell", "A {wiki (http://a.b/c)} page, {in} at at AT."),
+    ...                   ("list", "{x = f(); y} in a {list (/contents/x.html)}.")])
     [('Unix', 2, 1), ('operating system', 1, 0), ('shells', 1, 0)]
     """
     from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS  # here: ~1 s, only FOLDOC needs it
@@ -204,7 +209,7 @@ def cross_references(entries: Iterable[tuple[str, str]],
         words.update(_WORD.findall(_CROSS_REFERENCE.sub(r"\1", entry)))
         for match in _CROSS_REFERENCE.finditer(entry):
             term = " ".join(match.group(1).split())
-            if term and "://" not in term and len(term.split()) <= _GLOSSARY_MAX_WORDS:
+            if term and not _NOT_A_TERM.search(term) and len(term.split()) <= _GLOSSARY_MAX_WORDS:
                 spellings.setdefault(term.casefold(), Counter())[term] += 1
     folded: Counter[str] = Counter()
     for word, n in words.items():
