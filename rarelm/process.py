@@ -24,11 +24,16 @@ def exit_on_sigterm(*_) -> None:
     """A SIGTERM handler: SystemExit(143) once, so `finally` and `except` blocks run (temporary
     outputs removed, the MLflow run ended FAILED); further SIGTERMs (torchrun's shutdown sends
     more than one) are ignored rather than cutting that short. A SIGKILL still ends a hung process.
-    Inside a `sigterm_deferred()` block the exit waits for the block's end."""
+    Inside a `sigterm_deferred()` block the exit waits for the block's end. After the main code
+    has ended (the interpreter waits for other threads to finish) the process ends at once: a
+    SystemExit raised there was printed as a traceback and the process then exited 0."""
     if _deferred["depth"]:
         _deferred["pending"] = True
         return
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if not threading.main_thread().is_alive():  # threading._shutdown: every `finally` has run
+        sys.stderr.flush()
+        os._exit(128 + signal.SIGTERM)
     sys.exit(128 + signal.SIGTERM)
 
 
