@@ -82,6 +82,11 @@ class TokenizerParams:
     # boundary; "merge" lets byte-level BPE merge runs of characters (fewer tokens, but a term's
     # characters then share tokens with their neighbours). No effect on text without Han characters.
     cjk: Literal["chars", "merge"] = "chars"
+    # terms as tokens: the domain's term list (rare.* params, as rare_terms builds it) joins the
+    # tokenizer as whole tokens, the data is encoded with it, and a pretrained model's new rows
+    # start as the mean of each term's old sub-token rows (rarelm/tokenize/added_terms.py)
+    add_terms: bool = False
+    add_terms_max: int = param(1000, ge=1)  # at most this many terms added, in term-list order
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,7 +4,9 @@
 
 Trains a byte-level BPE tokenizer on the train split (or copies the local
 pretrained one in `tokenizer.name_or_path`) and writes data/tokenized/ (see
-rarelm.tokenize.tokenization for the layout) and metrics/tokenize.json.
+rarelm.tokenize.tokenization for the layout) and metrics/tokenize.json. With
+`tokenizer.add_terms` the domain's terms (the `rare` params' term list) are added
+to it as whole tokens first (rarelm.tokenize.added_terms, added_terms.json).
 """
 
 from pathlib import Path
@@ -44,12 +46,13 @@ def tokenize(
         with atomic_dir(out) as tmp, Progress(console=Console(stderr=True), transient=True) as bar:
             task = bar.add_task("tokenize: encoding documents", total=total)
             meta = tokenization.tokenize(params.tokenizer, prepared, tmp,
-                                         progress=lambda n: bar.advance(task, n))
+                                         progress=lambda n: bar.advance(task, n), rare=params.rare)
             write_json(tmp / "meta.json", meta)
         write_json(metrics, {"vocab_size": meta["vocab_size"],
                              **{f"{s}_tokens": v["tokens"] for s, v in meta["splits"].items()}})
     counts = ", ".join(f"{s} {v['tokens']}" for s, v in meta["splits"].items())
-    print(f"tokenize: vocabulary {meta['vocab_size']} ({meta['tokenizer']}), tokens: {counts}")
+    added = f", {meta['added_terms']} terms added as tokens" if "added_terms" in meta else ""
+    print(f"tokenize: vocabulary {meta['vocab_size']} ({meta['tokenizer']}{added}), tokens: {counts}")
 
 
 if __name__ == "__main__":

@@ -124,8 +124,12 @@ def encode_split(tokenizer, texts: Iterator[str], eot_id: int, dtype: np.dtype,
     return offsets[-1], len(offsets) - 1
 
 
-def tokenize(params: TokenizerParams, prepared_dir: Path, out_dir: Path, progress=None) -> dict:
-    """Build or load the tokenizer and encode every split; returns meta.json's content."""
+def tokenize(params: TokenizerParams, prepared_dir: Path, out_dir: Path, progress=None,
+             rare=None) -> dict:
+    """Build or load the tokenizer and encode every split; returns meta.json's content.
+
+    With `tokenizer.add_terms` the domain's terms (from the `rare` params, RareParams) join the
+    tokenizer first (rarelm/tokenize/added_terms.py, written to added_terms.json)."""
     tok_dir = out_dir / "tokenizer"
     if params.name_or_path:
         tokenizer, eot_id, vocab_size, pretrained = load_pretrained(params.name_or_path, tok_dir)
@@ -137,6 +141,15 @@ def tokenize(params: TokenizerParams, prepared_dir: Path, out_dir: Path, progres
         save_hf_tokenizer(tokenizer, tok_dir)
         eot_id, vocab_size, source = tokenizer.token_to_id(EOT), tokenizer.get_vocab_size(), "bpe"
         pinned = {}
+    extension = {}
+    if params.add_terms:
+        from rarelm.tokenize.added_terms import add_terms, write_added
+
+        added = add_terms(tok_dir, rare, params.add_terms_max, prepared_dir, params.batch_size)
+        write_added(out_dir, added)
+        tokenizer = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))  # as every reader loads it
+        vocab_size = added["base_vocab_size"] + len(added["terms"])
+        extension = {"added_terms": len(added["terms"])}
     dtype = np.dtype("<u2") if vocab_size <= 2**16 else np.dtype("<u4")
     splits = {}
     for split in SPLITS:
@@ -148,4 +161,4 @@ def tokenize(params: TokenizerParams, prepared_dir: Path, out_dir: Path, progres
     if splits["train"]["tokens"] == splits["train"]["documents"]:
         raise RarelmError("tokenize: the train split encodes to no tokens")
     return {"dtype": dtype.name, "vocab_size": vocab_size, "eot_id": eot_id,
-            "tokenizer": source, **pinned, "splits": splits}
+            "tokenizer": source, **pinned, **extension, "splits": splits}

@@ -10,7 +10,9 @@ autocast on a CPU) and fused tanh-GELU. With
 (`org/name[@revision]`, see rarelm.hub), it is that AutoModelForCausalLM; its
 tokenizer must be the one `tokenize` used (same vocabulary), or the token ids
 would mean different things to the model and the data. A hub id's commit is
-recorded with the run (`provenance`) and is part of the checkpoint key.
+recorded with the run (`provenance`) and is part of the checkpoint key. With
+`tokenizer.add_terms` the tokenizer is the model's plus the added term tokens, and the
+loaded model gains their rows (rarelm/train/added_embeddings.py).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from rarelm.errors import RarelmError
 from rarelm.hub import Pretrained, resolve
 from rarelm.params import ModelParams
 from rarelm.train import lora
+from rarelm.train.added_embeddings import init_added_embeddings, read_added
 
 KEY = "model.name_or_path"
 ATTENTION = "sdpa_fp32_on_cpu"  # the attention implementation every model trained here runs
@@ -104,6 +107,8 @@ def load_pretrained(params: ModelParams, data: TokenizedData):
         raise RarelmError(f"{key}: {name}: cannot load the model weights ({why})") from None
     finally:
         hf_logging.set_verbosity(verbosity)
+    # tokenizer.add_terms: rows for the added term tokens (their sub-tokens' mean), before LoRA
+    model = init_added_embeddings(model, read_added(data.root), data.vocab_size)
     rows = model.get_input_embeddings().num_embeddings
     if rows < data.vocab_size:
         raise RarelmError(f"{key}: {name} has {rows} embedding rows, fewer than the "
@@ -132,6 +137,8 @@ def check_pretrained(params: ModelParams, data: TokenizedData) -> None:
         raise RarelmError(f"{key}: {name} has no loadable tokenizer ({_short(exc)}); the model's "
                           "tokenizer must be the one tokenize used") from None
     ours = AutoTokenizer.from_pretrained(data.tokenizer_dir, local_files_only=True).get_vocab()
+    added = {new for new, _ in read_added(data.root)}  # tokenizer.add_terms: the model gains them
+    ours = {token: i for token, i in ours.items() if i not in added}
     if theirs != ours:
         differ = sorted(set(theirs.items()) ^ set(ours.items()))[:1]
         raise RarelmError(
