@@ -216,6 +216,25 @@ class TrainParams:
     # stop after this many validations (every eval_every steps) without a lower val_ce; 0 = off
     early_stop_patience: int = param(0, ge=0)
     keep_best: bool = False  # save the weights of the validation with the lowest val_ce, not the last
+    # general-text replay (rarelm/train/replay.py): floor(replay_share * batch_size + 1/2) rows of every
+    # micro-batch are windows of replay_text (one document a line; data/general/<lang>.replay.txt is
+    # text the base model trained on); 0 = off, the plain pipeline bit for bit
+    replay_share: float = param(0.0, ge=0.0, lt=1.0)
+    replay_text: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.replay_share:
+            return
+        if not self.replay_text:
+            raise RarelmError(f"params: train.replay_text = '' is not allowed with train.replay_share = "
+                              f"{self.replay_share:g} (must name a text file, e.g. "
+                              "data/general/en.replay.txt)")
+        rows = int(math.floor(self.replay_share * self.batch_size + 0.5))  # replay.replay_rows
+        if not 1 <= rows < self.batch_size:
+            raise RarelmError(
+                f"params: train.replay_share = {self.replay_share:g} is not allowed with train.batch_size = "
+                f"{self.batch_size} (gives {rows} replay rows of {self.batch_size}: must give at least "
+                "one replay row and at least one domain row)")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,6 +9,13 @@ writes `ppl_general` (and `n_general_tokens`) into metrics/eval.json.
 
     python -m rarelm.evaluate.general_text build base/data/prepared/val.jsonl base/data/raw data/general
 
+The replay slices (data/general/<language>.replay.txt, `train.replay_text`, rarelm/train/replay.py)
+are the opposite: documents of the base's **train** split, which the base model did train on, mixed
+into fine-tuning batches; never one of the guard's documents (`build-replay` checks it):
+
+    python -m rarelm.evaluate.general_text build-replay \
+        base/data/prepared/train.jsonl base/data/raw data/general
+
 A worked example: documents ["ab", "c"] tokenized as [a, b] and [c] give the stream
 a b <eot> c <eot>: four targets (b, <eot>, c, <eot>); with probabilities 1/2, 1/4, 1/2, 1/4 the
 general perplexity is exp((ln 2 + ln 4 + ln 2 + ln 4) / 4) = sqrt(8).
@@ -19,16 +26,19 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
 
-from rarelm.errors import RarelmError
+from rarelm.errors import EXIT_USER_ERROR, RarelmError
 from rarelm.files import atomic_file
 
 # the base pipeline's raw corpora whose held-out documents may be committed, by language; People's
 # Daily (peoples_daily_zh) is left out: its text is not redistributed (data/raw/corpora.json)
 SOURCES = {"en": ("gcide_en",), "zh": ("reviews_zh",)}
+# bytes of each replay slice: a few hundred KB, of the order of a small domain corpus, committed in git
+REPLAY_BYTES = 300_000
 
 
 def read_documents(path: str | Path) -> list[str]:
@@ -72,13 +82,19 @@ def general_metrics(model, tokenizer, path: str | Path, eot_id: int, vocab_size:
 def held_out(val_jsonl: Path, raw_dir: Path) -> dict[str, list[str]]:
     """The base pipeline's val documents (never trained on) per language, from the sources of SOURCES,
     in the val split's order."""
+    return by_language(val_jsonl, raw_dir)
+
+
+def by_language(split_jsonl: Path, raw_dir: Path) -> dict[str, list[str]]:
+    """A prepared split's documents that come from the sources of SOURCES, per language, in the
+    split's order."""
     known = {}
     for language, names in SOURCES.items():
         for name in names:
             with gzip.open(raw_dir / f"{name}.txt.gz", "rt", encoding="utf-8") as f:
                 known.update({line.strip(): language for line in f if line.strip()})
     out: dict[str, list[str]] = {language: [] for language in SOURCES}
-    with open(val_jsonl, encoding="utf-8") as f:
+    with open(split_jsonl, encoding="utf-8") as f:
         for line in f:
             text = json.loads(line)["text"]
             if text in known:
@@ -95,6 +111,40 @@ def build(val_jsonl: Path, raw_dir: Path, out_dir: Path) -> dict[str, int]:
     return {language: len(documents) for language, documents in slices.items()}
 
 
+def spread(documents: list[str], max_bytes: int) -> list[str]:
+    """Every k-th document from the first, k the smallest stride whose pick fits `max_bytes` of UTF-8
+    (one newline per document counted): an even spread over the split, the same every time.
+
+    >>> spread(["aa", "bb", "cc", "dd", "ee"], 7)   # 15 bytes in all: k = 3 gives "aa", "dd"
+    ['aa', 'dd']
+    """
+    sizes = [len(d.encode("utf-8")) + 1 for d in documents]
+    for stride in range(1, len(documents) + 1):
+        if sum(sizes[::stride]) <= max_bytes:
+            return documents[::stride]
+    return []
+
+
+def build_replay(train_jsonl: Path, raw_dir: Path, out_dir: Path, max_bytes: int) -> dict[str, int]:
+    """Write <out_dir>/<language>.replay.txt: an even spread (`spread`) of the base's train documents
+    from the sources of SOURCES, at most `max_bytes` each. Refused if one of them is in the guard
+    slice <out_dir>/<language>.txt, where that exists: replay must never train on the guard."""
+    picked = {language: spread(documents, max_bytes)
+              for language, documents in by_language(train_jsonl, raw_dir).items()}
+    for language, documents in picked.items():
+        guard_path = out_dir / f"{language}.txt"
+        guard = set(read_documents(guard_path)) if guard_path.is_file() else set()
+        shared = [d for d in documents if d in guard]
+        if shared:
+            raise RarelmError(f"{train_jsonl}: {len(shared)} of its {language} documents are in the "
+                              f"guard slice {guard_path} (first: {shared[0][:60]!r}); pass the base's "
+                              "train split, not its val split")
+    for language, documents in picked.items():
+        with atomic_file(out_dir / f"{language}.replay.txt") as f:  # never a half-written slice
+            f.write("".join(d + "\n" for d in documents))
+    return {language: len(documents) for language, documents in picked.items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rarelm.evaluate.general_text",
                                      description="Build the general-text slices from the base's val split.")
@@ -103,7 +153,23 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("val_jsonl", type=Path)
     b.add_argument("raw_dir", type=Path)
     b.add_argument("out_dir", type=Path)
+    r = sub.add_parser("build-replay", help="train.jsonl of the base pipeline + its raw corpora -> "
+                                            "<out>/<lang>.replay.txt")
+    r.add_argument("train_jsonl", type=Path)
+    r.add_argument("raw_dir", type=Path)
+    r.add_argument("out_dir", type=Path)
+    r.add_argument("--max-bytes", type=int, default=REPLAY_BYTES, help="per language (default %(default)s)")
     args = parser.parse_args(argv)
+    if args.command == "build-replay":
+        try:
+            counts = build_replay(args.train_jsonl, args.raw_dir, args.out_dir, args.max_bytes)
+        except RarelmError as exc:
+            print(f"general_text: {exc}", file=sys.stderr)
+            return EXIT_USER_ERROR
+        for language, n in counts.items():
+            print(f"general_text: {language}: {n} replay documents -> "
+                  f"{args.out_dir / f'{language}.replay.txt'}")
+        return 0
     for language, n in build(args.val_jsonl, args.raw_dir, args.out_dir).items():
         print(f"general_text: {language}: {n} documents -> {args.out_dir / f'{language}.txt'}")
     return 0

@@ -4,7 +4,8 @@ Training samples are windows of `model.block_size + 1` tokens of the train split
 Each epoch the `WeightedDistributedSampler` (rarelm.train.sampler) moves the window
 boundaries by an offset, draws the windows in proportion to their weights, shuffles
 and shards them over the ranks; the `SampleStream` hands the loop their start
-positions, and `to_batch` reads the windows at them.
+positions, and `to_batch` reads the windows at them. With `train.replay_share` > 0 a share
+of every batch's rows comes from general text instead (rarelm.train.replay).
 """
 
 from __future__ import annotations
@@ -22,11 +23,14 @@ class SampleStream:
     """This rank's endless stream of window start positions: epoch after epoch of its sampler.
 
     Its whole state is (epoch, position), so a checkpoint can put it back exactly. A
-    `take` may straddle two epochs (and so two window offsets).
+    `take` may straddle two epochs (and so two window offsets). `tokens` is the token array
+    the positions address, which `to_batch` reads (rarelm.train.replay.ReplayStream has one
+    of its own: the train tokens followed by the replay text's).
     """
 
-    def __init__(self, sampler):
+    def __init__(self, sampler, tokens=None):
         self.sampler = sampler
+        self.tokens = tokens
         self.epoch, self.position = 0, 0
         self._starts = None
 

@@ -11,7 +11,7 @@ import numpy as np
 from rarelm import paths
 from rarelm.artifacts.buckets import load_buckets, load_counts
 from rarelm.artifacts.term_index import TermIndex
-from rarelm.artifacts.tokenized import Samples, TokenizedData
+from rarelm.artifacts.tokenized import Samples, TokenizedData, load_tokenizer
 from rarelm.artifacts.weights import load_weights
 from rarelm.errors import RarelmError
 from rarelm.files import load_array
@@ -20,6 +20,7 @@ from rarelm.params import Params
 from rarelm.tracking.run import check_tensorboard
 from rarelm.train import checkpoint
 from rarelm.train.model import fingerprint_files
+from rarelm.train.replay import replay_tokens
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +48,7 @@ class Inputs(NamedTuple):
     buckets: np.ndarray
     term_index: TermIndex | None  # where loss.targets weighs term tokens
     counts: np.ndarray | None  # train token counts, where a loss.* objective reads them
+    replay: np.ndarray | None = None  # train.replay_text's tokens, where train.replay_share > 0
 
 
 def input_files(where: Paths, params: Params) -> list[Path]:
@@ -55,9 +57,10 @@ def input_files(where: Paths, params: Params) -> list[Path]:
     scores = [where.weights / "scores.npy"] if params.weights.schedule != "constant" else []
     terms = [where.rare / "term_index.npy"] if params.loss.targets != "rare_bucket" else []
     counts = [where.rare / "counts.npy"] if needs_counts(params.loss) else []
+    replay = [Path(params.train.replay_text)] if params.train.replay_share else []
     return [where.tokenized / "meta.json", where.tokenized / "train.tokens",
             where.tokenized / "val.tokens", *tokenizer, where.rare / "buckets.npy",
-            where.weights / "weights.npy", *scores, *terms, *counts]
+            where.weights / "weights.npy", *scores, *terms, *counts, *replay]
 
 
 def load_inputs(params: Params, where: Paths) -> Inputs:
@@ -84,7 +87,11 @@ def load_inputs(params: Params, where: Paths) -> Inputs:
                             "(one log score per training sample); it does not match the tokenized data")
     term_index = TermIndex.open(where.rare, data) if params.loss.targets != "rare_bucket" else None
     counts = load_counts(where.rare, data.vocab_size) if needs_counts(params.loss) else None
-    return Inputs(data, train_samples, val_samples, weights, scores, buckets, term_index, counts)
+    replay = None
+    if params.train.replay_share:  # general-text replay (rarelm.train.replay), tokenized as the run's text
+        replay = replay_tokens(params.train.replay_text, load_tokenizer(data.tokenizer_dir, data.vocab_size),
+                               data.eot_id, block)
+    return Inputs(data, train_samples, val_samples, weights, scores, buckets, term_index, counts, replay)
 
 
 def checkpoint_key(params: Params, where: Paths, pinned: dict[str, str]) -> str:
@@ -92,6 +99,8 @@ def checkpoint_key(params: Params, where: Paths, pinned: dict[str, str]) -> str:
     (`pinned`), and the content of its input files. Not keyed by the number of processes: a
     run can go on at another world size (DCP reshards)."""
     launch = ("nproc", "max_restarts")
+    if not params.train.replay_share:  # replay off: the same key as before replay existed
+        launch += ("replay_share", "replay_text")
     stage_params: dict[str, Any] = {
         "seed": params.seed, "model": dataclasses.asdict(params.model),
         "train": {k: v for k, v in dataclasses.asdict(params.train).items() if k not in launch},

@@ -43,6 +43,7 @@ from rarelm.train.precision import (
     probe_seconds,
     resolve,
 )
+from rarelm.train.replay import with_replay
 from rarelm.train.sampler import WeightedDistributedSampler
 from rarelm.train.state import RunState, resume_ranks, seed_everything
 
@@ -168,7 +169,9 @@ def build(t: Trainer) -> None:
     t.model = sharding.wrap(model, tp.strategy, dist, t.precision.dtype)
     t.optimizer = configure_optimizer(t.model, tp, t.device)
     t.scaler = torch.amp.GradScaler(t.device.type, enabled=t.precision.use_scaler)
-    t.stream = SampleStream(_sampler(t))  # start positions of windows in the train tokens
+    t.stream = SampleStream(_sampler(t), inputs.train_samples.tokens)  # start positions of windows
+    # train.replay_share > 0: a share of every batch's rows from general text (rarelm.train.replay)
+    t.stream = with_replay(t.stream, params, inputs.replay, dist.world_size, dist.rank)
     t.val_idx = val_windows(len(inputs.val_samples), tp.eval_batches * tp.batch_size)
     if t.found:
         t.store.load_weights(Path(t.found), t.raw_model, t.optimizer)

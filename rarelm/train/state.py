@@ -105,9 +105,20 @@ def resume_ranks(ranks: list[dict[str, Any]], saved_world: int, step: int, seed:
               f"with {dist.world_size}: the model and optimizer are resharded exactly, but the "
               "sample order and random state are not, so the result is not bit-identical to an "
               "uninterrupted run", file=sys.stderr, flush=True)
-    first = ranks[0]["stream"]
-    stream.restore({"epoch": first["epoch"],
-                    "position": first["position"] * saved_world // dist.world_size})
+    stream.restore(_rescaled(ranks[0]["stream"], saved_world, dist.world_size))
     seed_everything(seed * 1000 + dist.rank + 7919 * step)
     objective.load_state(ranks[dist.rank % saved_world].get("objective"))
     return None
+
+
+def _rescaled(stream: dict[str, Any], saved_world: int, world_size: int) -> dict[str, Any]:
+    """A stream state at another world size: the epoch kept, the position scaled (and so the
+    general-text replay stream's, where the state holds one under "replay").
+
+    >>> _rescaled({"epoch": 1, "position": 6, "replay": {"epoch": 0, "position": 2}}, 2, 4)
+    {'epoch': 1, 'position': 3, 'replay': {'epoch': 0, 'position': 1}}
+    """
+    out = {"epoch": stream["epoch"], "position": stream["position"] * saved_world // world_size}
+    if "replay" in stream:
+        out["replay"] = _rescaled(stream["replay"], saved_world, world_size)
+    return out

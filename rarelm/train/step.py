@@ -23,7 +23,7 @@ from rarelm.train.setup import Trainer
 
 def forward_backward_step(t: Trainer, starts: np.ndarray, last: bool):
     """Forward and backward of the windows at `starts`; (loss, objective stats)."""
-    x, y = to_batch(t.inputs.train_samples, starts, t.params.model.block_size, t.device)
+    x, y = to_batch(t.stream.tokens, starts, t.params.model.block_size, t.device)  # what starts address
     with sharding.gradient_sync(t.model, last):
         with t.precision.autocast(), t.output.hidden_states():  # rarelm.train.output
             scores = t.output.scores(t.model(input_ids=x, use_cache=False).logits, t.precision.dtype)
