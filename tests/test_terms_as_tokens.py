@@ -203,3 +203,104 @@ def test_off_is_the_plain_tokenization_bit_for_bit(pretrained, glossary_rare, tm
     on = tokenize(tmp_path, "on", pretrained, glossary_rare, add_terms=True)
     assert not np.array_equal(on.tokens("train"), off.tokens("train"))
     assert read_added(off.root) == []
+
+
+def test_chinese_terms_have_no_leading_space_and_match_between_han_characters(pretrained, tmp_path):
+    """zh: the token is the term itself, matched as a substring (jieba cannot run inside the
+    tokenizer); a Latin letter next to a Latin term still refuses it ("myPKI")."""
+    docs = {"train": ["患者心肌梗死入院", "心肌梗死, 使用PKI证书", "心肌梗死和PKI"], "val": ["心肌梗死"],
+            "test": ["PKI证书"]}
+    glossary = tmp_path / "zh.txt"
+    glossary.write_text("心肌梗死\nPKI\n", encoding="utf-8")
+    for name in ("zh", "zh2"):
+        prepared = write_prepared(tmp_path / f"{name}-prepared",
+                                  docs if name == "zh" else {**docs, "test": ["myPKI"]})
+        stats = json.loads((prepared / "stats.json").read_text())
+        (prepared / "stats.json").write_text(json.dumps({**stats, "language": "zh"}))
+    rare = RareParams(glossary=str(glossary), tfidf=False)
+    data = tokenize(tmp_path, "zh", pretrained, rare, docs=docs, add_terms=True)
+    record = json.loads((data.root / "added_terms.json").read_text())
+    assert {r["token"] for r in record["terms"]} == {"心肌梗死", "PKI"}
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(data.tokenizer_dir)
+    new = {r["id"] for r in record["terms"]}
+    assert sum(i in new for i in hf.encode("患者心肌梗死入院")) == 1
+    assert added_terms.cuts_a_word("myPKI", 2, 5, "PKI")
+    again = tokenize(tmp_path, "zh2", pretrained, rare, docs=docs, add_terms=True)
+    dropped = json.loads((again.root / "added_terms.json").read_text())["dropped"]
+    assert dropped["inside_words"] == ["PKI"]
+
+
+def test_from_scratch_the_trained_bpe_is_extended_and_the_model_sized_to_it(tmp_path, glossary_rare):
+    from rarelm.train.model import build_model
+
+    prepared = write_prepared(tmp_path / "prepared")
+    out = tmp_path / "tok"
+    out.mkdir()
+    meta = tokenization.tokenize(TokenizerParams(vocab_size=300, add_terms=True), prepared, out,
+                                 rare=glossary_rare)
+    (out / "meta.json").write_text(json.dumps(meta))
+    data = TokenizedData.open(out)
+    assert meta["added_terms"] >= 1 and data.vocab_size == meta["vocab_size"]
+    model = build_model(ModelParams(n_layer=1, n_head=2, n_embd=8, block_size=16), data)
+    assert model.get_input_embeddings().num_embeddings == data.vocab_size
+
+
+def test_no_term_list_is_one_error(pretrained, tmp_path):
+    from rarelm.errors import RarelmError
+
+    with pytest.raises(RarelmError, match="rare.tfidf: false leaves no term"):
+        tokenize(tmp_path, "tok", pretrained, RareParams(tfidf=False), add_terms=True)
+
+
+@pytest.mark.slow
+def test_stages_train_and_evaluate_a_pretrained_model_with_the_terms_as_tokens(repo):
+    """Through the stage CLIs on the tiny demo corpus: a tiny GPT-2 "pretrained" on the demo's own
+    BPE, then tokenize with add_terms (TF-IDF terms), rare_terms, weights, 3 training steps and
+    evaluate; the saved model and tokenizer hold the added tokens and load in plain transformers."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel
+
+    from rarelm.files import read_json
+    from tests.conftest import set_params, stage
+
+    env = {"MLFLOW_TRACKING_URI": f"sqlite:///{repo}/m.db", "OMP_NUM_THREADS": "1"}
+    for name in ("prepare", "tokenize"):
+        assert stage(name, repo, env=env).returncode == 0
+    folder = repo.parent / "pretrained"  # the demo's tokenizer and a random tiny GPT-2
+    shutil.copytree(repo / "data/tokenized/tokenizer", folder)
+    meta = read_json(repo / "data/tokenized/meta.json")
+    GPT2LMHeadModel(GPT2Config(vocab_size=meta["vocab_size"], n_positions=64, n_embd=16,
+                               n_layer=1, n_head=2, bos_token_id=meta["eot_id"],
+                               eos_token_id=meta["eot_id"])).save_pretrained(folder)
+    set_params(repo, **{"tokenizer.name_or_path": str(folder), "model.name_or_path": str(folder),
+                        "tokenizer.add_terms": True, "model.block_size": 64, "train.nproc": 1,
+                        "train.max_steps": 3, "train.batch_size": 2, "train.warmup_steps": 1,
+                        "train.eval_every": 3, "train.eval_batches": 1, "train.precision": "fp32",
+                        "eval.max_terms": 20, "eval.diversity_prompts": 0,
+                        "eval.insertion_prompts": 0, "eval.context_tokens": 16,
+                        "eval.block_size": 64})
+    for name in ("tokenize", "rare_terms", "weights", "train", "evaluate"):
+        result = stage(name, repo, env=env)
+        assert result.returncode == 0, f"{name}: {result.stderr[-2000:]}"
+        if name == "tokenize":
+            assert "terms added as tokens" in result.stdout
+    added = read_json(repo / "data/tokenized/added_terms.json")
+    n_added, base = len(added["terms"]), meta["vocab_size"]
+    assert n_added > 0 and added["base_vocab_size"] == base
+    # the term list is rare_terms': the added terms come in terms.jsonl's order
+    listed = [json.loads(line)["term"] for line in
+              (repo / "data/rare/terms.jsonl").read_text(encoding="utf-8").splitlines()]
+    kept = [r["term"] for r in added["terms"]]
+    assert [t for t in listed if t in set(kept)] == kept
+    assert len(listed) == n_added + len(added["dropped"]["inside_words"]) + \
+        len(added["dropped"]["one_token"]) + added["dropped"]["over_max"]
+    model = AutoModelForCausalLM.from_pretrained(repo / "models/model")
+    tokenizer = AutoTokenizer.from_pretrained(repo / "models/model")
+    assert model.get_input_embeddings().num_embeddings == len(tokenizer) == base + n_added
+    first = added["terms"][0]
+    assert tokenizer.encode("a" + first["token"], add_special_tokens=False)[-1] == first["id"]
+    train_ids = np.asarray(np.memmap(repo / "data/tokenized/train.tokens", dtype=np.uint16))
+    assert (train_ids >= base).any()
+    metrics = read_json(repo / "metrics/eval.json")
+    assert metrics["n_eval_tokens"] > 0 and metrics["n_eval_terms"] > 0
