@@ -243,16 +243,23 @@ def _tiny(root: Path, monkeypatch, **train) -> Params:
 def test_share_zero_trains_the_plain_run_bit_for_bit_and_a_share_changes_it(prepared, tmp_path, monkeypatch):
     from rarelm.train import loop
 
+    metrics = {}
+
     def weights(name: str, **train) -> bytes:
         paths = loop.Paths(model=tmp_path / name, metrics=tmp_path / f"{name}.json",
                            plots=tmp_path / f"{name}.csv", cache=tmp_path / f"cache-{name}")
-        loop.train(_tiny(prepared, monkeypatch, **train), paths, progress=False)
+        metrics[name] = loop.train(_tiny(prepared, monkeypatch, **train), paths, progress=False)
         return (tmp_path / name / "model.safetensors").read_bytes()
 
     replay = str(GENERAL / "en.replay.txt")
     plain = weights("plain")
     assert weights("zero", replay_text=replay) == plain
     assert weights("quarter", replay_share=0.25, replay_text=replay) != plain
+    # the same tokens trained; 2 of every 8 rows were general text, so 3/4 of a pass's share of the split
+    assert metrics["quarter"]["tokens"] == metrics["plain"]["tokens"] == 4 * 8 * 32
+    n_train_tokens = 395 * 32  # the tiny train split's 395 windows (tests/test_train.py)
+    assert metrics["plain"]["epochs"] == round(1024 / n_train_tokens, 3)
+    assert metrics["quarter"]["epochs"] == round(768 / n_train_tokens, 3)
 
 
 def test_run_with_replay_resumes_bit_for_bit(prepared, tmp_path, monkeypatch):

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from rarelm.params import Params, TrainParams
+from rarelm.train.replay import replay_rows
 from rarelm.weights.scoring import alpha_at, weights_from_scores
 
 
@@ -78,13 +79,18 @@ def to_batch(tokens_or_samples, starts: np.ndarray, block_size: int, device) -> 
 
 
 def epochs_to_train(tp: TrainParams, world_size: int, n_windows: int) -> int:
-    """Epochs the run starts: max_steps * batch_size * grad_accum samples per rank, rounded up.
+    """Epochs the run starts: max_steps * grad_accum * the batch's domain rows per rank (batch_size
+    less the general-text replay rows, rarelm.train.replay), rounded up.
 
     >>> epochs_to_train(TrainParams(max_steps=150, batch_size=16, grad_accum=1), 2, 2880)
     2
+    >>> replayed = TrainParams(max_steps=120, batch_size=16, replay_share=0.25, replay_text="r.txt")
+    >>> epochs_to_train(replayed, 2, 2880), epochs_to_train(TrainParams(max_steps=120), 2, 2880)
+    (1, 2)
     """
     per_rank_epoch = -(-n_windows // world_size)
-    return max(1, -(-tp.max_steps * tp.batch_size * tp.grad_accum // per_rank_epoch))
+    domain_rows = tp.batch_size - replay_rows(tp.replay_share, tp.batch_size)
+    return max(1, -(-tp.max_steps * domain_rows * tp.grad_accum // per_rank_epoch))
 
 
 def sampling_weights(params: Params, scores: np.ndarray, n_epochs: int):

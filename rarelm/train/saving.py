@@ -17,6 +17,7 @@ from rarelm.tracking.datasets import dvc_hashes
 from rarelm.tracking.metrics import summary_metrics
 from rarelm.train import early_stop, lora, sharding
 from rarelm.train.model import build_model
+from rarelm.train.replay import replay_rows
 
 CURVE_COLUMNS = ("step", "loss", "ce", "rare_ce", "lr", "grad_norm", "tokens_per_s",
                  "val_ce", "val_rare_ce")
@@ -68,13 +69,15 @@ def final_metrics(state, tp, model, epoch_tokens: int) -> dict[str, Any]:
     resume), `epoch_tokens` in one pass over the train windows."""
     last = next((r for r in reversed(state.curves) if "loss" in r), {})
     tokens, elapsed, val = state.tokens, state.elapsed, state.val
+    # general-text replay rows (rarelm.train.replay) are tokens trained, but no pass over the train split
+    domain_tokens = tokens * (tp.batch_size - replay_rows(tp.replay_share, tp.batch_size)) // tp.batch_size
     metrics = {
         "steps": tp.max_steps, "tokens": tokens, "wall_time_s": round(elapsed, 3),
         "tokens_per_s": round(tokens / elapsed, 1) if elapsed > 0 else 0.0,
         "loss": last.get("loss"), "ce": last.get("ce"), "rare_ce": last.get("rare_ce"),
         "val_ce": val.get("val_ce"), "val_rare_ce": val.get("val_rare_ce"),
         "val_ppl": math.exp(val["val_ce"]) if "val_ce" in val else None,
-        "epochs": round(tokens / epoch_tokens, 3),
+        "epochs": round(domain_tokens / epoch_tokens, 3),  # of the train split
         "parameters": sum(q.numel() for q in model.parameters()),
         "trainable_parameters": lora.trainable_parameters(model),
     }
