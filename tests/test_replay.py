@@ -26,7 +26,7 @@ from rarelm.train.replay import (
     with_replay,
 )
 from rarelm.train.sampler import WeightedDistributedSampler
-from tests.conftest import REPO, run
+from tests.conftest import REPO, run, set_params, stage
 
 GENERAL = REPO / "data" / "general"
 N_DOMAIN = 1000  # domain tokens 0..999, replay tokens 5000..5999: a row tells where it came from
@@ -282,3 +282,17 @@ def test_dvc_train_stage_depends_on_the_replay_slices():
     stage = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]["train"]
     assert {"data/general/en.replay.txt", "data/general/zh.replay.txt"} <= set(stage["deps"])
     assert "train" in stage["params"]
+
+
+def test_a_missing_replay_text_is_one_line_from_the_stage_and_nothing_is_written(prepared, tmp_path):
+    import shutil
+
+    root = tmp_path / "repo"
+    shutil.copytree(prepared, root, symlinks=True, ignore=shutil.ignore_patterns(".dvc", ".git"))
+    set_params(root, **{"train.nproc": 1, "train.replay_share": 0.25, "train.replay_text": "none.txt"})
+    result = stage("train", root, "--out", "models/bad", "--cache", str(tmp_path / "cache"), "--no-progress")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "rarelm train: error: params: train.replay_text = 'none.txt': no such file (a UTF-8 text file, "
+        "one document a line; e.g. data/general/en.replay.txt)"]
+    assert not (root / "models" / "bad").exists()
