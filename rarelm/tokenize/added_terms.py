@@ -30,8 +30,9 @@ A term whose token matches anywhere in the corpus (all splits) with a letter or 
 space-separated script right after it (or, for a form without the leading space, right before
 it) is not added ("art" where the text also writes "artist"), and the check runs again on what
 is left, since a longer token ("APIs") that was dropped may uncover a shorter one's match. A
-term already one token is not added either. At most `tokenizer.add_terms_max` are added, in
-term-list order.
+term already one token is not added either. At most `tokenizer.add_terms_max` are added: the
+first that many candidates in term-list order (those then dropped as inside words are not
+replaced by later terms).
 
 Worked example (tests/test_terms_as_tokens.py): the glossary "acute mi", "fever", "art" over a
 hand-built BPE of 268 tokens that writes " acute mi" as [" ac", "ute", " mi"] (ids 258, 260, 262)
@@ -182,23 +183,29 @@ def add_terms(tok_dir: Path, rare, max_terms: int, prepared_dir: Path, batch_siz
     from rarelm.prepare.corpus import SPLITS, read_split
 
     terms, glossary, language = domain_terms(rare, prepared_dir)
-    displays = display_forms(terms, read_split(prepared_dir, "train"), language == "zh",
-                             tuple(glossary))
     hf = AutoTokenizer.from_pretrained(tok_dir, local_files_only=True)
     base = hf.backend_tokenizer
-    candidates, seen, one_token = [], set(), []
-    for term, display in zip(terms, displays, strict=True):
-        content = token_content(display, language)
-        if content in seen:
-            continue
-        seen.add(content)
-        if len(base.encode(content, add_special_tokens=False).ids) <= 1 or \
-                base.token_to_id(content) is not None:
-            one_token.append(term)
-        else:
-            candidates.append((term, content))
-    over_max = max(0, len(candidates) - max_terms)
-    candidates = candidates[:max_terms]
+    candidates, seen, one_token, examined = [], set(), [], 0
+    # display forms chunk by chunk, until max_terms candidates: the search is terms x documents
+    # (a glossary of 16,000 terms would cost 16x the cap's)
+    while examined < len(terms) and len(candidates) < max_terms:
+        chunk = terms[examined:examined + max_terms]
+        displays = display_forms(chunk, read_split(prepared_dir, "train"), language == "zh",
+                                 tuple(glossary))
+        for term, display in zip(chunk, displays, strict=True):
+            if len(candidates) == max_terms:
+                break
+            examined += 1
+            content = token_content(display, language)
+            if content in seen:
+                continue
+            seen.add(content)
+            if len(base.encode(content, add_special_tokens=False).ids) <= 1 or \
+                    base.token_to_id(content) is not None:
+                one_token.append(term)
+            else:
+                candidates.append((term, content))
+    over_max = len(terms) - examined  # never looked at: the cap was reached before them
 
     def corpus() -> Iterator[list[str]]:
         for split in SPLITS:
