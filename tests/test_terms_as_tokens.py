@@ -254,6 +254,20 @@ def test_no_term_list_is_one_error(pretrained, tmp_path):
         tokenize(tmp_path, "tok", pretrained, RareParams(tfidf=False), add_terms=True)
 
 
+def test_stage_without_a_term_list_exits_2_in_one_line_and_writes_nothing(tmp_path):
+    from tests.conftest import REPO, assert_user_error, set_params, stage
+
+    shutil.copy(REPO / "params.yaml", tmp_path / "params.yaml")
+    set_params(tmp_path, **{"tokenizer.add_terms": True, "tokenizer.vocab_size": 300,
+                            "rare.tfidf": False})
+    prepared = write_prepared(tmp_path / "prepared")
+    result = stage("tokenize", REPO, "--params", str(tmp_path / "params.yaml"), "--prepared",
+                   str(prepared), "--out", str(tmp_path / "tokenized"), "--metrics",
+                   str(tmp_path / "tokenize.json"))
+    assert_user_error(result, "rare.tfidf: false leaves no term", tmp_path, "tokenized",
+                      "tokenize.json", stage="tokenize")
+
+
 @pytest.mark.slow
 def test_stages_train_and_evaluate_a_pretrained_model_with_the_terms_as_tokens(repo):
     """Through the stage CLIs on the tiny demo corpus: a tiny GPT-2 "pretrained" on the demo's own

@@ -26,7 +26,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, proce
 
 from rarelm.errors import RarelmError
 from rarelm.hub import resolve
-from rarelm.params import TokenizerParams
+from rarelm.params import RareParams, TokenizerParams
 from rarelm.prepare.corpus import SPLITS, read_split
 
 EOT = "<|endoftext|>"
@@ -129,7 +129,8 @@ def tokenize(params: TokenizerParams, prepared_dir: Path, out_dir: Path, progres
     """Build or load the tokenizer and encode every split; returns meta.json's content.
 
     With `tokenizer.add_terms` the domain's terms (from the `rare` params, RareParams) join the
-    tokenizer first (rarelm/tokenize/added_terms.py, written to added_terms.json)."""
+    tokenizer first (rarelm/tokenize/added_terms.py, written to added_terms.json); rare=None
+    means the `rare` defaults."""
     tok_dir = out_dir / "tokenizer"
     if params.name_or_path:
         tokenizer, eot_id, vocab_size, pretrained = load_pretrained(params.name_or_path, tok_dir)
@@ -145,7 +146,8 @@ def tokenize(params: TokenizerParams, prepared_dir: Path, out_dir: Path, progres
     if params.add_terms:
         from rarelm.tokenize.added_terms import add_terms, write_added
 
-        added = add_terms(tok_dir, rare, params.add_terms_max, prepared_dir, params.batch_size)
+        added = add_terms(tok_dir, rare or RareParams(), params.add_terms_max, prepared_dir,
+                          params.batch_size)
         write_added(out_dir, added)
         tokenizer = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))  # as every reader loads it
         vocab_size = added["base_vocab_size"] + len(added["terms"])
