@@ -46,6 +46,7 @@ data/tokenized/added_terms.json holds {"language", "base_vocab_size", "terms": [
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -210,7 +211,7 @@ def add_terms(tok_dir: Path, rare, max_terms: int, prepared_dir: Path, batch_siz
     def corpus() -> Iterator[list[str]]:
         for split in SPLITS:
             documents = read_split(prepared_dir, split)
-            while batch := [d for _, d in zip(range(batch_size), documents)]:
+            while batch := list(itertools.islice(documents, batch_size)):
                 yield batch
 
     bad = inside_words(base, [c for _, c in candidates], corpus)
