@@ -6,7 +6,9 @@
 Tokenizes --prepared twice with the model folder's tokenizer, `tokenizer.add_terms` off then on
 (the `rare` params of --params; rarelm/tokenize/added_terms.py), into a temporary folder, and
 prints the terms added and dropped, tokens per character of train and test (the end-of-text
-token of each document left out) and the time of each. Then, unless --docs 0, loads the model as
+token of each document left out) and the time of each; on a Chinese corpus also how many of the
+added tokens' matches in train cut a word of jieba's (added tokens match any substring). Then,
+unless --docs 0, loads the model as
 `train` does (the new rows the mean of their sub-token rows, rarelm/train/added_embeddings.py)
 and scores the first --docs test documents that fit its positions, whole, teacher forced after
 an end-of-text token, in nats per character of the same text under both tokenizers (the end-of-
@@ -63,6 +65,27 @@ def nll_per_char(model, data, prepared: Path, docs: list[int]) -> tuple[float, i
     return nll / chars, chars
 
 
+def han_matches_inside_words(out: Path, prepared: Path, added: dict) -> tuple[int, int]:
+    """(matches of added tokens in the train split, those not on jieba's word boundaries at both
+    ends): how often a Chinese term's token cuts a longer word (added tokens match substrings)."""
+    from tokenizers import Tokenizer
+
+    from rarelm.prepare.corpus import read_split
+    from rarelm.rare_terms.term_search import word_boundaries
+
+    tokenizer = Tokenizer.from_file(str(out / "tokenizer" / "tokenizer.json"))
+    new = {r["id"] for r in added["terms"]}
+    matches = inside = 0
+    for text in read_split(prepared, "train"):
+        enc = tokenizer.encode(text, add_special_tokens=False)
+        spans = [span for token, span in zip(enc.ids, enc.offsets, strict=True) if token in new]
+        if spans:
+            edges = word_boundaries(text)
+            matches += len(spans)
+            inside += sum(not (edges[a] and edges[b]) for a, b in spans)
+    return matches, inside
+
+
 def main() -> None:
     args = parse_args()
     from rarelm.artifacts.tokenized import TokenizedData
@@ -98,6 +121,10 @@ def main() -> None:
                       f"{', '.join(dropped['inside_words'][:5]) or '-'}), "
                       f"{len(dropped['one_token'])} one token already, {dropped['over_max']} "
                       "past tokenizer.add_terms_max", flush=True)
+                if added["language"] == "zh":
+                    matches, inside = han_matches_inside_words(out, prepared, added)
+                    print(f"  {inside} of their {matches} matches in train cut a jieba word "
+                          f"({inside / max(matches, 1):.1%})", flush=True)
             if args.docs:
                 data = TokenizedData.open(out)
                 model = load_pretrained(ModelParams(name_or_path=args.model, block_size=8), data)
