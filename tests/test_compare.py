@@ -461,3 +461,34 @@ def test_cli_registers_the_winner_and_leaves_the_champion(tmp_path, monkeypatch)
                             "--register", "--out", str(tmp_path / "r"), env=env),
                       f"run {ids['a10']} (a10) logged no model", tmp_path, "r", stage="compare")
     assert sorted(int(v.version) for v in client.search_model_versions("name = 'rarelm-win'")) == [1, 2]
+
+
+def test_term_nll_of_another_tokenizer_is_over_the_baselines_tokens():
+    """Terms as tokens: a term the remedy's tokenizer writes in one token holds its whole NLL in it;
+    its NLL per term token (and so term perplexity) is taken over the baseline's token count of that
+    occurrence, the same characters' NLL over the same count. Where the counts agree, unchanged."""
+    base_rows = [dict(r, n_tokens=2) for r in GEN["occurrence_rows"](1, 0.0)]
+    one_token = [dict(r, n_tokens=1 if i % 2 == 0 else 2,
+                      nll=r["nll_sum"] if i % 2 == 0 else r["nll"])
+                 for i, r in enumerate(GEN["occurrence_rows"](1, 0.7))]
+    base, other = _run_data("base", 1, 0.0, base_rows), _run_data("a07", 1, 0.7, one_token)
+    configs = group_runs([base], [other])
+    align(configs, ["nll"])
+    expected = [r["nll_sum"] / 2 if i % 2 == 0 else r["nll"] for i, r in enumerate(one_token)]
+    by_key = dict(zip(map(occurrence_key, one_token), expected, strict=True))
+    assert configs[1].values["nll"][0] == pytest.approx([by_key[k] for k in sorted(by_key)])
+
+
+def test_perplexities_of_another_tokenizer_are_over_the_baselines_tokens():
+    """The run table's and the guard's perplexities (ppl, ppl_general): the same text's NLL over the
+    baseline's token count, exp(ln(ppl) x n / n_base), so 99 tokens at 10.3 read as 100 at 10.06."""
+    from rarelm.report.compare import run_rows
+    from rarelm.report.winner import within_guard
+    base, other = _run_data("base", 1, 0.0), _run_data("a07", 1, 0.7)
+    base.summary.update(ppl=10.0, n_eval_tokens=100, ppl_general=50.0, n_general_tokens=40)
+    other.summary.update(ppl=10.3, n_eval_tokens=99, ppl_general=50.0, n_general_tokens=40)
+    rows = {(r["configuration"], r["metric"]): r for r in run_rows(group_runs([base], [other]))}
+    assert rows["alpha=0.7", "ppl"]["value"] == pytest.approx(10.3 ** 0.99)
+    assert rows["alpha=0.7", "ppl_general"]["value"] == 50.0
+    assert within_guard(other.summary, base.summary, {"ppl": 0.01})  # 10.06 <= 10.1
+    assert not within_guard(dict(other.summary, n_eval_tokens=100), base.summary, {"ppl": 0.01})

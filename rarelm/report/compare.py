@@ -169,16 +169,17 @@ def _same_seeds(a: Configuration, b: Configuration) -> bool:
 
 
 def run_rows(configs: list[Configuration]) -> list[dict]:
-    """RUN_METRICS of eval.json per configuration: mean over seeds, its interval, the difference to
-    the baseline (paired by seed when the seeds are the same) and the relative change."""
+    """RUN_METRICS of eval.json per configuration (a perplexity in the baseline's tokens): mean over
+    seeds, its interval, the difference to the baseline (paired by seed when the seeds are the same)
+    and the relative change."""
     base = configs[0]
     rows = []
     for key in RUN_METRICS:
-        base_values = _run_values(base, key)
+        base_values = _run_values(base, key, base)
         if base_values is None:
             continue
         for config in configs:
-            values = _run_values(config, key)
+            values = _run_values(config, key, base)
             if values is None:
                 continue
             row = {"configuration": config.label, "seeds": len(values), "metric": key,
@@ -198,12 +199,34 @@ def run_rows(configs: list[Configuration]) -> list[dict]:
     return rows
 
 
-def _run_values(config: Configuration, key: str) -> list[float] | None:
-    """The key's value in every replicate's eval.json, or None if some replicate lacks it."""
+def _run_values(config: Configuration, key: str, base: Configuration) -> list[float] | None:
+    """The key's value in every replicate's eval.json, or None if some replicate lacks it; a
+    perplexity in the baseline's tokens (in_baseline_tokens: another tokenizer cuts the same text
+    into another number of tokens)."""
     values = [r.summary.get(key) for r in config.runs]
     if any(not isinstance(v, (int, float)) or isinstance(v, bool) for v in values):
         return None
-    return [float(v) for v in values]
+    return [float(in_baseline_tokens(r.summary, base.runs[0].summary, key)) for r in config.runs]
+
+
+# a perplexity per token and the count of tokens it is over (eval.json)
+PER_TOKEN = {"ppl": "n_eval_tokens", "ppl_general": "n_general_tokens"}
+
+
+def in_baseline_tokens(summary: dict, base: dict, key: str) -> float:
+    """`summary[key]`, a perplexity over n tokens, as the perplexity of the same total NLL over the
+    baseline's n_base tokens of the same text: exp(ln(ppl) x n / n_base). Unchanged where the counts
+    agree or are unknown, and for a figure that is no perplexity per token.
+
+    >>> round(in_baseline_tokens({"ppl": 10.3, "n_eval_tokens": 99}, {"n_eval_tokens": 100}, "ppl"), 4)
+    10.0626
+    """
+    value, count = summary[key], PER_TOKEN.get(key)
+    n, n_base = (summary.get(count), base.get(count)) if count else (None, None)
+    if not n or not n_base or n == n_base or value <= 0:
+        return value
+    return math.exp(math.log(value) * n / n_base)
+
 
 
 def _interval(prefix: str, r: Interval) -> dict:

@@ -40,7 +40,8 @@ METRICS: dict[str, tuple[str, Any]] = {
     "token_acc": ("token_acc", float),  # share of the term's tokens predicted top-1 (teacher forced)
     "first_token_rr": ("first_token_rr", float),  # reciprocal rank of the first term token
 }
-# term perplexity: exp of `nll` (per term token), not a field of its own: compare derives its rows
+# term perplexity: exp of `nll` (per term token, in the baseline's tokens: _in_baseline_tokens), not a
+# field of its own: compare derives its rows
 DERIVED = {"term_ppl": "nll"}
 LOWER_IS_BETTER = {"nll", "nll_per_char", "nll_per_term", "term_ppl"}
 STRATUM_SLICES = tuple(f"seen {label}" for label, *_ in STRATA)  # train-count strata, unseen included
@@ -83,6 +84,7 @@ def align(configs: list[Configuration], metrics: Sequence[str]) -> tuple[Occurre
     available = [m for m in metrics
                  if all(all(r.get(METRICS[m][0]) is not None for r in run.rows) for run in runs)]
     n = len(keys)
+    base_tokens = [by_key[key].get("n_tokens") for key in keys]
     for config in configs:
         for m in available:
             config.values[m] = np.empty((len(config.runs), n))
@@ -100,6 +102,8 @@ def align(configs: list[Configuration], metrics: Sequence[str]) -> tuple[Occurre
             for m in available:
                 field, convert = METRICS[m]
                 config.values[m][i] = [convert(run.rows[j][field]) for j in order]
+            if "nll" in available:
+                _in_baseline_tokens(config.values["nll"][i], [run.rows[j] for j in order], base_tokens)
     terms = sorted({k[3] for k in keys})
     term_id = {t: i for i, t in enumerate(terms)}
     rows = [by_key[key] for key in keys]
@@ -111,6 +115,23 @@ def align(configs: list[Configuration], metrics: Sequence[str]) -> tuple[Occurre
         band=np.array([_band(r) for r in rows], dtype=object),
         mention=np.array([str(r.get("mention") or "") for r in rows], dtype=object))
     return occ, available
+
+
+def _in_baseline_tokens(nll: np.ndarray, rows: list[dict], base_tokens: list) -> None:
+    """A run's NLL per term token, in place, over the baseline's tokens of each occurrence where
+    its own tokenizer cut the term into a different number (terms as tokens: one token where the
+    baseline has several), so that term perplexity compares across tokenizers: the NLL of the same
+    characters, summed, over the same count. Where the counts agree it is left as it is.
+
+    >>> nll = np.array([1.5, 0.2])   # the term of occurrence 0 is one token here, three in the baseline
+    >>> _in_baseline_tokens(nll, [{"n_tokens": 1, "nll_sum": 1.5}, {"n_tokens": 2, "nll_sum": 0.4}], [3, 2])
+    >>> nll.tolist()
+    [0.5, 0.2]
+    """
+    for i, row in enumerate(rows):
+        n, base = row.get("n_tokens"), base_tokens[i]
+        if n and base and n != base and row.get("nll_sum") is not None:
+            nll[i] = float(row["nll_sum"]) / base
 
 
 def _band(row: dict) -> str:

@@ -28,7 +28,7 @@ import math
 from pathlib import Path
 
 from rarelm.errors import RarelmError
-from rarelm.report.compare import report_row
+from rarelm.report.compare import in_baseline_tokens, report_row
 from rarelm.report.headline_plan import RANK_METRIC, RANK_SLICE, TIE_METRIC
 from rarelm.report.mlflow_runs import mlflow_run_id
 from rarelm.tracking import registry
@@ -36,13 +36,18 @@ from rarelm.tracking import registry
 
 def within_guard(summary: dict, base: dict, guard: dict[str, float]) -> bool:
     """Whether each `guard` figure (key -> relative tolerance) is at most the baseline's times
-    (1 + tolerance); a figure either side lacks does not exclude.
+    (1 + tolerance); a figure either side lacks does not exclude. A perplexity is taken in the
+    baseline's tokens (`in_baseline_tokens`), so another tokenizer (terms as tokens) is judged on
+    the same text's NLL, not on how many tokens it cut the text into.
 
     >>> [within_guard({"ppl": p}, {"ppl": 10.0}, {"ppl": 0.02}) for p in (10.1, 10.3)]
     [True, False]
+    >>> within_guard({"ppl": 10.3, "n_eval_tokens": 99}, {"ppl": 10.0, "n_eval_tokens": 100}, {"ppl": 0.02})
+    True
     """
     return all(base.get(key) is None or summary.get(key) is None
-               or summary[key] <= base[key] * (1 + tolerance) for key, tolerance in guard.items())
+               or in_baseline_tokens(summary, base, key) <= base[key] * (1 + tolerance)
+               for key, tolerance in guard.items())
 
 
 def _value(report: dict, label: str, metric: str) -> float | None:
