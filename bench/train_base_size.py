@@ -30,7 +30,9 @@ the AVX2-only case), each run's 1-minute load average printed beside it; each fi
 of its repeats, and each repeat's ours / Trainer pair (run one after the other) is in
 "per_repeat", tokens/s counted after `--warmup` steps (bench/train_throughput.run_ours /
 run_trainer). Ours computes the loss chunked over tokens from the hidden states
-(rarelm/train/output.py); `--sides ... ours_full_logits` adds our loop on the full logits.
+(rarelm/train/output.py) and in fp32 runs its products by oneDNN where rarelm/train/matmul.py
+measured that faster on this CPU; `--sides ... ours_full_logits` adds our loop on the full logits,
+`ours_mkl` our loop with its fp32 products by MKL (torch's own route).
 
 MFU = (6 N + 12 L d T) x tokens/s / peak, with N the parameters that take part in matmuls
 (all but the position embeddings; the tied output layer once), L layers, d width, T block
@@ -65,6 +67,8 @@ from bench.train_throughput import (  # noqa: E402
     cpu_description,
     full_logits,
     make_inputs,
+    matmul_answer,
+    matmul_backend,
     run_ours,
     run_trainer,
 )
@@ -132,6 +136,9 @@ def shape_summary(params, runs: dict[str, list[float]], tokenized: Path, peak: f
                "steps": params.train.max_steps, "runs": runs}
     if runs.get("ours_full_logits"):
         figures["chunked_over_full_logits"] = round(ours / max(runs["ours_full_logits"]), 3)
+    if runs.get("ours_mkl"):
+        figures["onednn_over_mkl"] = round(ours / max(runs["ours_mkl"]), 3)
+    figures["matmul"] = matmul_answer(params, tokenized)
     return figures
 
 
@@ -194,7 +201,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--precisions", nargs="+", choices=["fp32", "bf16"],
                         help="both loops' precisions, each timed in every repeat (default: "
                         "train.precision, auto by hardware)")
-    parser.add_argument("--sides", nargs="+", choices=["ours", "trainer", "ours_full_logits"],
+    parser.add_argument("--sides", nargs="+", choices=["ours", "trainer", "ours_full_logits", "ours_mkl"],
                         default=["ours", "trainer"], help="the loops to time, in this order")
     return parser.parse_args()
 
@@ -203,7 +210,8 @@ def time_side(side: str, params, tokenized: Path, rare, weights, work: Path, arg
     """tokens/s of one loop (`side`) on one configuration."""
     if side == "trainer":
         return run_trainer(params, tokenized, work, args.warmup, args.trainer_attention)
-    with full_logits() if side == "ours_full_logits" else contextlib.nullcontext():
+    with full_logits() if side == "ours_full_logits" else contextlib.nullcontext(), \
+            matmul_backend("mkl" if side == "ours_mkl" else None):
         return run_ours(params, tokenized, rare, weights, work, args.warmup)
 
 

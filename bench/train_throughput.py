@@ -39,7 +39,9 @@ With `--precisions fp32 bf16` (or one of them) it times, per precision, our loop
 (`ours_plain`, its loss chunked over tokens: rarelm/objectives/linear_ce.py) and the Trainer as
 its users run it (its defaults: transformers' "sdpa" attention, fp32 unless `bf16=True` in the
 bf16 arm, fused AdamW), and with `--arms ... ours_full_logits` our loop with the full logits
-(the path before the chunked loss), interleaved: ours, Trainer, ... per precision, per repeat,
+(the path before the chunked loss) and `ours_mkl` our loop with its fp32 products by MKL (torch's own
+route: `RARELM_MATMUL=mkl`; `ours` takes oneDNN where rarelm/train/matmul.py measured it faster on
+this CPU), interleaved: ours, Trainer, ... per precision, per repeat,
 so that other load on a shared machine hits both alike; each run's 1-minute load average is
 printed beside it. `--precisions fp32` on a CPU with native bf16 is the AVX2-only case (there
 `auto` is fp32). Then one training step of the same model, batch, loss and fused AdamW in each
@@ -300,23 +302,42 @@ def full_logits():
     from rarelm.train.output import OutputLayer
 
     chunked = setup.output_layer
-    setup.output_layer = lambda model, chunked: OutputLayer()
+    setup.output_layer = lambda model, chunked, mm=None: OutputLayer()
     try:
         yield
     finally:
         setup.output_layer = chunked
 
 
-ARMS = ("ours", "trainer", "ours_full_logits")
+@contextlib.contextmanager
+def matmul_backend(name: str | None):
+    """Our loop with its fp32 products by `name` (RARELM_MATMUL: "mkl", torch's own route), for an
+    arm that shows what oneDNN gains (rarelm/train/matmul.py); None: as measured."""
+    from rarelm.train.matmul import MATMUL_ENV
+
+    before = os.environ.get(MATMUL_ENV)
+    if name is not None:
+        os.environ[MATMUL_ENV] = name
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(MATMUL_ENV, None)
+        else:
+            os.environ[MATMUL_ENV] = before
+
+
+ARMS = ("ours", "trainer", "ours_full_logits", "ours_mkl")
 
 
 def run_arm(arm: str, params, args, rare_dir: Path, weights_dir: Path, work: Path) -> float:
     """Tokens/s of one arm: our loop (chunked loss), transformers' Trainer as its users run it
     (its defaults: transformers' own "sdpa" attention, `bf16=True` only in the bf16 arm, fused
-    AdamW), or our loop with the full logits."""
+    AdamW), our loop with the full logits, or our loop with its fp32 products by MKL."""
     if arm == "trainer":
         return run_trainer(params, args.tokenized, work, args.warmup)
-    with full_logits() if arm == "ours_full_logits" else contextlib.nullcontext():
+    with full_logits() if arm == "ours_full_logits" else contextlib.nullcontext(), \
+            matmul_backend("mkl" if arm == "ours_mkl" else None):
         return run_ours(params, args.tokenized, rare_dir, weights_dir, work, args.warmup)
 
 
@@ -357,6 +378,8 @@ def compare_precisions(plain, args, precisions: list[str]) -> None:
         "ours_over_trainer": {p: _ratio(b, "ours", "trainer") for p, b in best.items()},
         "ours_over_trainer_per_repeat": {p: _paired(r, "ours", "trainer") for p, r in results.items()},
         "chunked_over_full_logits": {p: _ratio(b, "ours", "ours_full_logits") for p, b in best.items()},
+        "ours_over_ours_mkl": {p: _ratio(b, "ours", "ours_mkl") for p, b in best.items()},
+        "matmul": matmul_answer(plain, args.tokenized),
         "bf16_over_fp32": round(best["bf16"]["ours"] / best["fp32"]["ours"], 3)
         if both and "ours" in args.arms else None,
         "step_tokens_per_s": {p: round(v, 1) for p, v in steps.items()},
@@ -369,6 +392,19 @@ def compare_precisions(plain, args, precisions: list[str]) -> None:
         "threads": torch.get_num_threads(), "torch": torch.__version__,
     }
     print(json.dumps(summary))
+
+
+def matmul_answer(params, tokenized: Path) -> list[str]:
+    """What our loop's fp32 products ran by on this machine, and why (rarelm/train/matmul.py's
+    cached answer for this model's layers)."""
+    import torch
+
+    from rarelm.artifacts.tokenized import TokenizedData
+    from rarelm.train.matmul import pick_backend
+    from rarelm.train.model import build_model
+
+    model = build_model(params.model, TokenizedData.open(tokenized))
+    return list(pick_backend(model, torch.device("cpu")))
 
 
 def _ratio(best: dict[str, float], a: str, b: str) -> float | None:

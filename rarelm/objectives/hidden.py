@@ -24,11 +24,13 @@ from rarelm.objectives.linear_ce import linear_cross_entropy
 
 class HiddenStates:
     """hidden [B, T, d] and the output matrix weight [V, d]; `dtype` the matmuls' dtype (the
-    training autocast's, None: the hidden states' own), as the output layer would run them."""
+    training autocast's, None: the hidden states' own), as the output layer would run them;
+    `mm(a, b)` the chunked loss's products (None: torch's)."""
 
-    def __init__(self, hidden: torch.Tensor, weight: torch.Tensor, dtype=None):
+    def __init__(self, hidden: torch.Tensor, weight: torch.Tensor, dtype=None, mm=None):
         dtype = dtype or hidden.dtype
         self.hidden, self.weight = hidden.to(dtype), weight.to(dtype)  # differentiable casts
+        self.mm = mm  # the loss's products a @ b (None: torch's; rarelm.train.matmul.mm)
 
     @property
     def shape(self) -> torch.Size:
@@ -43,7 +45,7 @@ class HiddenStates:
                       coef: torch.Tensor | None = None, row_loss=None, aux: torch.Tensor | None = None):
         """(ce, lse, plain, weighted) of targets [N] = B * T (rarelm.objectives.linear_ce)."""
         return linear_cross_entropy(self.hidden.reshape(-1, self.hidden.size(-1)), self.weight,
-                                    targets, bias, coef, row_loss, aux)
+                                    targets, bias, coef, row_loss, aux, mm=self.mm)
 
     def logits_at(self, ids: torch.Tensor) -> torch.Tensor:
         """Float32 [B, T, K]: the logit of token ids[b, k] at every position t of window b

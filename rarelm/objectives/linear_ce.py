@@ -61,24 +61,28 @@ def chunk_rows(vocab: int) -> int:
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                          bias: torch.Tensor | None = None, coef: torch.Tensor | None = None,
                          row_loss: RowLoss | None = None, aux: torch.Tensor | None = None,
-                         chunk: int | None = None):
+                         chunk: int | None = None, mm: MatMul | None = None):
     """(ce, lse, plain, weighted) for hidden [N, d], weight [V, d] (one compute dtype), targets
     [N] (int64), `bias` [V] fp32 added to every row of logits (None: none), and what `weighted`
     is: sum(coef * ce) for `coef` [N] fp32, or the sum over chunks of `row_loss(ce, lse, aux,
     rows)`, a scalar from the chunk's fp32 ce and lse [n], the rows `rows` (a slice) of `aux`
     ([N, K], any differentiable per-token inputs, e.g. unlikelihood's context logits: their
     gradient is returned too), differentiated in the chunk by autograd; neither: 0, no gradient.
-    ce, lse and plain are fp32 [N]; plain is ce without the bias (detached)."""
+    ce, lse and plain are fp32 [N]; plain is ce without the bias (detached). `mm(a, b)` makes
+    the three products a @ b (None: torch's; the training step passes rarelm.train.matmul.mm,
+    oneDNN for fp32 on CPUs where that is faster)."""
     chunk = chunk or chunk_rows(weight.size(0))
-    return _LinearCrossEntropy.apply(hidden, weight, targets, bias, coef, aux, row_loss, chunk)
+    return _LinearCrossEntropy.apply(hidden, weight, targets, bias, coef, aux, row_loss, chunk,
+                                     mm or torch.matmul)
 
 
 RowLoss = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None", slice], torch.Tensor]
+MatMul = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def _chunk_logits(hidden, weight, bias, rows):
+def _chunk_logits(hidden, weight, bias, rows, mm):
     """The fp32 logits of tokens `rows`: the matmul in the inputs' dtype, as autocast runs lm_head."""
-    z = (hidden[rows] @ weight.t()).float()
+    z = mm(hidden[rows], weight.t()).float()
     return z if bias is None else z.add_(bias)
 
 
@@ -90,14 +94,14 @@ def _softmax_and_lse(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch
     return top.squeeze(1), total, total.log()
 
 
-def _accumulate(dz, hidden, weight, rows, grad_hidden, grad_weight) -> None:
+def _accumulate(dz, hidden, weight, rows, grad_hidden, grad_weight, mm) -> None:
     """grad_hidden[rows] = dz @ weight and grad_weight += dz^T @ hidden[rows], the matmuls in the
     compute dtype (as the lm_head's backward under autocast), the weight's sum in fp32."""
     d = dz.to(weight.dtype)
     if grad_hidden is not None:
-        grad_hidden[rows] = d @ weight
+        grad_hidden[rows] = mm(d, weight)
     if grad_weight is not None:
-        grad_weight.add_(d.t() @ hidden[rows])
+        grad_weight.add_(mm(d.t(), hidden[rows]))
 
 
 def _row_gradients(row_loss, ce, lse, aux, rows):
@@ -115,7 +119,7 @@ def _row_gradients(row_loss, ce, lse, aux, rows):
 class _LinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, bias, coef, aux, row_loss, chunk):
+    def forward(ctx, hidden, weight, targets, bias, coef, aux, row_loss, chunk, mm):
         n = hidden.size(0)
         ce, lse, plain = (torch.empty(n, device=hidden.device) for _ in range(3))
         needs = ctx.needs_input_grad
@@ -135,7 +139,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         for start in range(0, n, chunk):
             rows = slice(start, start + chunk)
             y = targets[rows, None]
-            z = _chunk_logits(hidden, weight, None, rows)
+            z = _chunk_logits(hidden, weight, None, rows, mm)
             if bias is not None:
                 plain_logit = z.gather(1, y).squeeze(1)
                 if not low:
@@ -156,7 +160,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             if eager:  # z is exp(z - max): (d/dce + d/dlse) softmax - d/dce onehot
                 to_softmax = on_ce[rows] if on_lse is None else on_ce[rows] + on_lse[rows]
                 z.mul_((to_softmax / total)[:, None]).scatter_add_(1, y, -on_ce[rows, None])
-                _accumulate(z, hidden, weight, rows, grad_hidden, grad_weight)
+                _accumulate(z, hidden, weight, rows, grad_hidden, grad_weight, mm)
         if bias is None:
             plain.copy_(ce)
         if coef is not None and row_loss is None:
@@ -164,7 +168,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         ctx.set_materialize_grads(False)
         ctx.mark_non_differentiable(plain)
         ctx.save_for_backward(hidden, weight, targets, bias, lse, on_ce, on_lse, on_aux)
-        ctx.chunk, ctx.eager = chunk, (grad_hidden, grad_weight) if eager else None
+        ctx.chunk, ctx.mm, ctx.eager = chunk, mm, (grad_hidden, grad_weight) if eager else None
         return ce, lse, plain, weighted
 
     @staticmethod
@@ -174,12 +178,12 @@ class _LinearCrossEntropy(torch.autograd.Function):
         grad_aux = on_aux * g_weighted if on_aux is not None and g_weighted is not None else None
         if g_ce is None and g_lse is None:  # only `weighted` has a gradient
             if g_weighted is None or ctx.eager is None:
-                return None, None, None, None, None, grad_aux, None, None
+                return None, None, None, None, None, grad_aux, None, None, None
             grad_hidden, grad_weight = ctx.eager
             ctx.eager = None  # a second backward would need retain_graph: recompute then
             return (grad_hidden * g_weighted.to(grad_hidden.dtype) if grad_hidden is not None else None,
                     (grad_weight * g_weighted).to(weight.dtype) if grad_weight is not None else None,
-                    None, None, None, grad_aux, None, None)
+                    None, None, None, grad_aux, None, None, None)
         zeros = torch.zeros_like(lse)
         on_target = g_ce if g_ce is not None else zeros
         on_softmax = g_lse if g_lse is not None else zeros
@@ -192,9 +196,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
         grad_weight = torch.zeros(weight.shape, device=weight.device) if needs[1] else None
         for start in range(0, hidden.size(0), ctx.chunk):
             rows = slice(start, start + ctx.chunk)
-            z = _chunk_logits(hidden, weight, bias, rows)
+            z = _chunk_logits(hidden, weight, bias, rows, ctx.mm)
             z.sub_(lse[rows, None]).exp_().mul_(on_softmax[rows, None])
             z.scatter_add_(1, targets[rows, None], -on_target[rows, None])
-            _accumulate(z, hidden, weight, rows, grad_hidden, grad_weight)
+            _accumulate(z, hidden, weight, rows, grad_hidden, grad_weight, ctx.mm)
         return (grad_hidden, grad_weight.to(weight.dtype) if grad_weight is not None else None,
-                None, None, None, grad_aux, None, None)
+                None, None, None, grad_aux, None, None, None)

@@ -38,10 +38,11 @@ from rarelm.objectives.hidden import HiddenStates
 
 
 class OutputLayer:
-    """The full-logits path (`head` None) or the chunked one through `head`."""
+    """The full-logits path (`head` None) or the chunked one through `head`, its products by
+    `mm(a, b)` (None: torch's; rarelm.train.matmul.mm: oneDNN where that is faster)."""
 
-    def __init__(self, head: torch.nn.Linear | None = None):
-        self.head, self.passing = head, False
+    def __init__(self, head: torch.nn.Linear | None = None, mm=None):
+        self.head, self.passing, self.mm = head, False, mm
 
     @property
     def chunked(self) -> bool:
@@ -59,16 +60,16 @@ class OutputLayer:
     def scores(self, out: torch.Tensor, dtype=None) -> torch.Tensor | HiddenStates:
         """What the objective takes: the logits as they are, or `HiddenStates` for the output
         matrix in `dtype` (the autocast dtype; None: fp32)."""
-        return out if self.head is None else HiddenStates(out, self.head.weight, dtype)
+        return out if self.head is None else HiddenStates(out, self.head.weight, dtype, self.mm)
 
 
-def output_layer(model, chunked: bool) -> OutputLayer:
+def output_layer(model, chunked: bool, mm=None) -> OutputLayer:
     """The chunked path where `chunked` is wanted and the model's logits are its output layer of
-    its hidden states; the full-logits path otherwise."""
+    its hidden states (its products by `mm`); the full-logits path otherwise."""
     head = model.get_output_embeddings() if chunked else None
     if type(head) is not torch.nn.Linear or head.bias is not None:
         return OutputLayer()
-    output = OutputLayer(head)
+    output = OutputLayer(head, mm)
     plain_forward = head.forward
 
     def forward(hidden: torch.Tensor) -> torch.Tensor:

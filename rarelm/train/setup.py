@@ -11,6 +11,7 @@ state that a later step depends on is in the checkpoint (rarelm.train.state).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import signal
 from pathlib import Path
@@ -30,6 +31,7 @@ from rarelm.train.batches import SampleStream, epochs_to_train, sampling_weights
 from rarelm.train.checkpoint import CheckpointStore
 from rarelm.train.dist import Dist
 from rarelm.train.inputs import Inputs, Paths, checkpoint_key, load_inputs
+from rarelm.train.matmul import mm, pick_backend, route_linear_layers
 from rarelm.train.model import build_model, provenance
 from rarelm.train.optim import configure_optimizer
 from rarelm.train.output import output_layer
@@ -80,6 +82,7 @@ class Trainer:
     session_t0: float = 0.0  # perf_counter at the session's start or its last checkpoint
     session_step: int = 0  # the step then: tokens trained = those before + this session's
     state_bytes: int = 0  # parameters + gradients + optimizer state on the fullest rank
+    matmul: tuple[str, str] = ("mkl", "")  # fp32 products' backend and why (rarelm.train.matmul)
 
     @property
     def tp(self) -> TrainParams:
@@ -161,9 +164,10 @@ def build(t: Trainer) -> None:
     t.objective = Objective.from_params(params.loss, inputs.buckets, len(t.is_rare), t.device,
                                         inputs.term_index, inputs.counts, steps_per_epoch)
     t.objective.prepare_model(t.raw_model)  # AGG: gate the output layer's gradient
+    t.matmul = _matmul(t, model)  # fp32 on a CPU: oneDNN where faster (rarelm.train.matmul)
     # the loss from the hidden states chunk by chunk, where the objective and the model allow it
     t.output = output_layer(t.raw_model, chunked=not t.objective.needs_logits
-                            and tp.strategy != "fsdp")
+                            and tp.strategy != "fsdp", mm=functools.partial(mm, backend=t.matmul[0]))
     # DDP wraps the model; FSDP2 shards it in place (so raw_model is sharded too), before
     # the optimizer is built on its parameters: AdamW's state then exists per shard only.
     t.model = sharding.wrap(model, tp.strategy, dist, t.precision.dtype)
@@ -187,6 +191,20 @@ def build(t: Trainer) -> None:
         t.model = torch.compile(t.model)
     t.run.require()  # a store that cannot log (tracking.required): one line before any step
     t.model.train()
+
+
+def _matmul(t: Trainer, model) -> tuple[str, str]:
+    """The fp32 products' backend, chosen on rank 0 (measured once per machine and shape) and
+    taken by every rank; oneDNN routes the model's linear layers. Not under autocast, FSDP
+    (sharded weights) or compile."""
+    eligible = t.precision.dtype is None and t.tp.strategy != "fsdp" and not t.tp.compile
+    answer = None
+    if t.dist.main:
+        answer = pick_backend(model, t.device, machine_cache(), eligible)
+    backend, why = t.dist.broadcast(answer)
+    if backend == "onednn":
+        route_linear_layers(model)
+    return backend, why
 
 
 def _sampler(t: Trainer) -> WeightedDistributedSampler:
