@@ -3,6 +3,7 @@ terms, find them in the train split, then write data/rare/ (see stages/rare_term
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -35,24 +36,27 @@ def training_documents(prepared_dir: Path, n_train: int, max_documents: int) -> 
     return [doc for i, doc in enumerate(read_split(prepared_dir, "train")) if i % stride == 0]
 
 
-def rare_terms(params, reference_glossary: str, prepared_dir: Path, tokenized_dir: Path,
-               out_dir: Path) -> dict:
-    """Run the whole stage into out_dir (see stages/rare_terms.py); returns the metrics.
+@dataclasses.dataclass
+class TermList:
+    """The term list and what it was read from (`term_list`)."""
 
-    `params` is RareParams. Everything is read and checked before the first file is written.
-    """
-    data = TokenizedData.open(tokenized_dir)
-    tokenizer = load_tokenizer(data.tokenizer_dir, data.vocab_size)
+    language: str
+    documents: list[str]  # the train documents TF-IDF and the counts read
+    segmenter: Segmenter
+    glossary: list[str]
+    extracted: list[TermStats]  # TF-IDF's terms, best first
+    table: list[dict]  # terms.jsonl's rows before their occurrences: glossary terms, then TF-IDF's
+
+
+def term_list(params, prepared_dir: Path) -> TermList:
+    """The terms of the prepared corpus by the `rare` params (RareParams): the glossary's first,
+    then TF-IDF's; text alone decides them, so `tokenize` (tokenizer.add_terms) reads the same list
+    before any token exists."""
     if not params.tfidf and not params.glossary:
         raise RarelmError("rare.tfidf: false leaves no term without a rare.glossary; "
                           "set rare.glossary or rare.tfidf: true")
     glossary = read_glossary(params.glossary) if params.glossary else []
-    reference = read_reference(reference_glossary) if reference_glossary else []
     stats = _prepared_stats(prepared_dir)
-
-    counts = count_tokens(data.tokens("train"), data.vocab_size, params.chunk_tokens)
-    buckets, bucket_summary = bucket_tokens(counts, params.frequent_share, params.rare_share)
-
     language = stats["language"]
     documents = training_documents(prepared_dir, stats["train"]["documents"], params.max_documents)
     segmenter = Segmenter(language, glossary)
@@ -63,9 +67,9 @@ def rare_terms(params, reference_glossary: str, prepared_dir: Path, tokenized_di
     # Chinese terms match on jieba's word boundaries, never inside a longer word (term_search)
     han_words = language == "zh"
     # a Chinese candidate mostly inside longer words is a fragment (English words are whole by
-    # their spaces, and a plural would make "api" a piece of "APIs")
-    # (judged on the documents TF-IDF reads: with rare.tfidf_all_splits a candidate from val/test
-    # text is judged there too, not only where train happens to use it whole)
+    # their spaces, and a plural would make "api" a piece of "APIs"), judged on the documents
+    # TF-IDF reads: with rare.tfidf_all_splits a candidate from val/test text is judged there too,
+    # not only where train happens to use it whole
     fragment = None if not han_words or params.max_inside_share >= 1 else \
         fragment_filter(documents + held_out, han_words, params.max_inside_share, tuple(glossary))
     # rare.tfidf: false: the glossary supplies the terms (a corpus with its own: foldoc_en)
@@ -73,6 +77,25 @@ def rare_terms(params, reference_glossary: str, prepared_dir: Path, tokenized_di
                             params.min_count, params.min_mean_tf, params.top_k,
                             fragment) if params.tfidf else []
     table = term_table(count_phrases(documents, segmenter, glossary, len(documents)), extracted)
+    return TermList(language, documents, segmenter, glossary, extracted, table)
+
+
+def rare_terms(params, reference_glossary: str, prepared_dir: Path, tokenized_dir: Path,
+               out_dir: Path) -> dict:
+    """Run the whole stage into out_dir (see stages/rare_terms.py); returns the metrics.
+
+    `params` is RareParams. Everything is read and checked before the first file is written.
+    """
+    data = TokenizedData.open(tokenized_dir)
+    tokenizer = load_tokenizer(data.tokenizer_dir, data.vocab_size)
+    reference = read_reference(reference_glossary) if reference_glossary else []
+    terms = term_list(params, prepared_dir)
+    language, documents, segmenter, glossary, extracted, table = (
+        terms.language, terms.documents, terms.segmenter, terms.glossary, terms.extracted, terms.table)
+    han_words = language == "zh"
+
+    counts = count_tokens(data.tokens("train"), data.vocab_size, params.chunk_tokens)
+    buckets, bucket_summary = bucket_tokens(counts, params.frequent_share, params.rare_share)
 
     metrics = {"language": language, "documents": len(documents),
                "terms": len(table), "tfidf_terms": len(extracted), "glossary_terms": len(glossary),

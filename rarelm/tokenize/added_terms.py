@@ -52,7 +52,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from rarelm.errors import RarelmError
-from rarelm.files import read_json, write_json
+from rarelm.files import write_json
 
 ADDED_TERMS = "added_terms.json"
 
@@ -61,33 +61,13 @@ def domain_terms(rare, prepared_dir: Path) -> tuple[list[str], list[str], str]:
     """(terms, glossary terms, language): the term list `rare_terms` writes to terms.jsonl, in its
     order, from the same functions and `rare` params (rarelm/rare_terms/stage.py `rare_terms`)."""
     # on use: jieba and scikit-learn load only when the param is on
-    from rarelm.prepare.corpus import read_split
-    from rarelm.rare_terms.glossary import read_glossary
-    from rarelm.rare_terms.quality import fragment_filter
-    from rarelm.rare_terms.segmentation import Segmenter
-    from rarelm.rare_terms.stage import term_table, training_documents
-    from rarelm.rare_terms.tfidf import count_phrases, tfidf_terms
+    from rarelm.rare_terms.stage import term_list
 
     if not rare.tfidf and not rare.glossary:
         raise RarelmError("tokenizer.add_terms: rare.tfidf: false leaves no term without a "
                           "rare.glossary; set rare.glossary or rare.tfidf: true")
-    glossary = read_glossary(rare.glossary) if rare.glossary else []
-    try:
-        stats = read_json(prepared_dir / "stats.json")
-    except FileNotFoundError:
-        raise RarelmError(f"{prepared_dir}: no stats.json; run the prepare stage first") from None
-    language = stats["language"]
-    documents = training_documents(prepared_dir, stats["train"]["documents"], rare.max_documents)
-    segmenter = Segmenter(language, glossary)
-    held_out = [d for split in ("val", "test") for d in read_split(prepared_dir, split)] \
-        if rare.tfidf_all_splits else []
-    han_words = language == "zh"
-    fragment = None if not han_words or rare.max_inside_share >= 1 else \
-        fragment_filter(documents + held_out, han_words, rare.max_inside_share, tuple(glossary))
-    extracted = tfidf_terms(documents + held_out, segmenter, rare.ngram_max, rare.min_df,
-                            rare.max_df, rare.min_count, rare.min_mean_tf, rare.top_k,
-                            fragment) if rare.tfidf else []
-    table = term_table(count_phrases(documents, segmenter, glossary, len(documents)), extracted)
+    terms = term_list(rare, prepared_dir)
+    language, table = terms.language, terms.table
     return ([row["term"] for row in table],
             [row["term"] for row in table if row["source"] == "glossary"], language)
 
