@@ -37,8 +37,8 @@ measured that faster on this CPU; `--sides ... ours_full_logits` adds our loop o
 MFU = (6 N + 12 L d T) x tokens/s / peak, with N the parameters that take part in matmuls
 (all but the position embeddings; the tied output layer once), L layers, d width, T block
 size (attention scores and their weighted sum, forward and backward, PaLM's count), and peak
-the best of `--peak-reps` square matmuls (1,024 x 1,024, in the training precision) measured in
-this process before and after the runs (the larger is kept).
+the best of `--peak-reps` square matmuls (1,024 x 1,024, in the training precision; in fp32 by
+MKL and by oneDNN) measured in this process before and after the runs (the larger is kept).
 
 Then one optimizer step of ours (rarelm.train.step.train_step on the real Trainer set up by
 rarelm.train.setup) on the base shape under torch.profiler, after two warm-up steps: the ops
@@ -83,16 +83,21 @@ SHAPES = {  # model params and micro-batch per shape
 
 def matmul_peak(dtype, reps: int, n: int = 1024) -> float:
     """FLOP/s of the best of `reps` n x n matmuls (2 n^3 FLOPs each) in `dtype` (None: fp32),
-    on this process's threads."""
+    on this process's threads; in fp32 the better of torch's own route (MKL) and oneDNN, which
+    our loop takes where it is faster (rarelm/train/matmul.py: on an AMD CPU MKL runs AVX2 only)."""
     import torch
 
+    from rarelm.train.matmul import mm, onednn_available
+
     a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    backends = ["mkl"] + (["onednn"] if dtype is None and onednn_available() else [])
     best = float("inf")
-    for rep in range(reps + 2):  # two warm-ups
-        t0 = time.perf_counter()
-        torch.mm(a, b)
-        if rep >= 2:
-            best = min(best, time.perf_counter() - t0)
+    for backend in backends:
+        for rep in range(reps + 2):  # two warm-ups
+            t0 = time.perf_counter()
+            mm(a, b, backend)
+            if rep >= 2:
+                best = min(best, time.perf_counter() - t0)
     return 2 * n**3 / best
 
 
