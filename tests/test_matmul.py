@@ -148,3 +148,26 @@ def test_the_backend_is_measured_once_then_cached_and_can_be_forced(tmp_path, mo
 def test_the_probe_times_both_backends_on_the_layer_shapes():
     seconds = matmul.probe_seconds([(16, 48)], rows=64, reps=1)
     assert set(seconds) == {"mkl", "onednn"} and all(s > 0 for s in seconds.values())
+
+
+def test_a_lora_model_routes_its_inner_layers_and_its_adapters_learn_the_same():
+    """peft wraps GPT-2's Conv1D in its own layer, which calls the base layer and the adapters'
+    nn.Linears: those are routed, the wrapper keeps its forward."""
+    from rarelm.params import LoraParams
+    from rarelm.train import lora
+
+    model = lora.apply(_model(), LoraParams(rank=4))
+    with torch.no_grad():  # B starts at 0: give the adapters an output and A a gradient
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_()
+    routed = copy.deepcopy(model)
+    assert matmul.route_linear_layers(routed) == 2 * (4 + 2) + 1  # + lora_A, lora_B a block
+    x = torch.randint(0, VOCAB, (4, BLOCK))
+    for m in (model, routed):
+        m(input_ids=x).logits.square().mean().backward()
+    grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    theirs = {n: p.grad for n, p in routed.named_parameters() if p.grad is not None}
+    assert sorted(grads) == sorted(theirs) and len(grads) == 4  # lora_A, lora_B of 2 blocks
+    for name, grad in grads.items():
+        assert torch.allclose(theirs[name], grad, atol=1e-4 * grad.abs().max().item()), name
