@@ -1,10 +1,10 @@
 """The fp32 matrix products of training on a CPU through oneDNN where that is faster than MKL.
 
-PyTorch runs an fp32 `addmm` / `mm` on a CPU through MKL's sgemm. On AMD CPUs MKL takes
-its AVX2 code path whatever the CPU offers; oneDNN (also inside torch, which runs the bf16
-matmuls through it) takes AVX-512 where the CPU has it. On this project's AMD EPYC (AVX-512),
-one thread, the layer shapes of the demo model: MKL ~90 GFLOP/s, oneDNN 165-210
-(docs/benchmarks.md), and the matmuls are most of an fp32 step at these widths. On an Intel
+PyTorch runs an fp32 `addmm` / `mm` on a CPU through MKL's sgemm, which on this project's AMD
+EPYC (AVX-512) runs as fast as oneDNN held to AVX2 (MKL keeps its AVX-512 kernels for Intel
+CPUs); oneDNN (also inside torch, which runs the bf16 matmuls through it) dispatches on the
+CPU's ISA. There, one thread, the demo model's layer shapes: MKL ~90 GFLOP/s, oneDNN 165-210
+(docs/benchmarks.md), and the products are most of an fp32 step at these widths. On an Intel
 CPU MKL already runs AVX-512 and oneDNN may gain nothing; so which one trains is measured once
 per machine (`pick_backend`: both time the run's own layer shapes, forward and backward),
 cached like the precision probe's answer (rarelm.train.precision), and forced with
