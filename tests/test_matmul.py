@@ -131,10 +131,10 @@ def test_the_backend_is_measured_once_then_cached_and_can_be_forced(tmp_path, mo
         return {"mkl": 0.2, "onednn": 0.1}
 
     monkeypatch.setattr(matmul, "probe_seconds", probe)
-    cpu, model = torch.device("cpu"), _model()
-    first = matmul.pick_backend(model, cpu, tmp_path)
-    second = matmul.pick_backend(model, cpu, tmp_path)
-    assert first[0] == second[0] == "onednn" and len(calls) == 1
+    cpu, model, waited = torch.device("cpu"), _model(), []
+    first = matmul.pick_backend(model, cpu, tmp_path, before_probe=lambda: waited.append(1))
+    second = matmul.pick_backend(model, cpu, tmp_path, before_probe=lambda: waited.append(1))
+    assert first[0] == second[0] == "onednn" and len(calls) == 1 and len(waited) == 1
     assert calls[0] == [(32, 96), (32, 32), (32, 128), (128, 32), (32, VOCAB)]
     assert first[1].startswith("measured") and second[1].startswith("cached")
     assert matmul.pick_backend(model, cpu, tmp_path, eligible=False)[0] == "mkl"  # autocast, FSDP

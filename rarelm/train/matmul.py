@@ -209,16 +209,18 @@ def probe_key(shapes: list[tuple[int, int]]) -> str:
 
     what = {"cpu": cpu_model_name(), "torch": torch.__version__,
             "threads": torch.get_num_threads(), "shapes": [list(s) for s in shapes],
-            "rows": PROBE_ROWS, "probe": "best of reps"}
+            "rows": PROBE_ROWS, "probe": "best of reps, alone"}
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def pick_backend(model, device, cache: Path | None = None, eligible: bool = True
-                 ) -> tuple[str, str]:
+def pick_backend(model, device, cache: Path | None = None, eligible: bool = True,
+                 before_probe=None) -> tuple[str, str]:
     """(backend, why) for training `model`: "mkl" (torch's own route) off a CPU, where not
     `eligible` (autocast, FSDP, compile) or without oneDNN; else RARELM_MATMUL's, or the faster
     by `probe_seconds`, cached per machine (rarelm.train.precision.machine_cache) so that every
-    run of these layer shapes on this machine trains through the same kernels."""
+    run of these layer shapes on this machine trains through the same kernels. `before_probe()`
+    is called before a measurement (none when cached): to let other work of the process finish,
+    which would slow one side's threads."""
     from rarelm.files import read_json, write_json
     from rarelm.train.precision import machine_cache
 
@@ -240,6 +242,8 @@ def pick_backend(model, device, cache: Path | None = None, eligible: bool = True
         except (OSError, ValueError):  # a damaged cache file: measure again
             seconds = None
     if seconds is None:
+        if before_probe is not None:
+            before_probe()
         seconds = probe_seconds(shapes)
         path.parent.mkdir(parents=True, exist_ok=True)
         write_json(path, seconds)

@@ -200,7 +200,12 @@ def _matmul(t: Trainer, model) -> tuple[str, str]:
     eligible = t.precision.dtype is None and t.tp.strategy != "fsdp" and not t.tp.compile
     answer = None
     if t.dist.main:
-        answer = pick_backend(model, t.device, machine_cache(), eligible)
+        # the MLflow run connects in a background thread (imports, the store); a probe in a run's
+        # setup on 2 idle cores read oneDNN 48 ms against MKL's 35, where alone the same layers
+        # take 17-21 against 31-33: a probe waits for that thread (`active` joins it; build
+        # waits for it at its end anyway)
+        answer = pick_backend(model, t.device, machine_cache(), eligible,
+                              before_probe=lambda: t.run.active)
     backend, why = t.dist.broadcast(answer)
     if backend == "onednn":
         route_linear_layers(model)
