@@ -379,7 +379,7 @@ def compare_precisions(plain, args, precisions: list[str]) -> None:
         "ours_over_trainer_per_repeat": {p: _paired(r, "ours", "trainer") for p, r in results.items()},
         "chunked_over_full_logits": {p: _ratio(b, "ours", "ours_full_logits") for p, b in best.items()},
         "ours_over_ours_mkl": {p: _ratio(b, "ours", "ours_mkl") for p, b in best.items()},
-        "matmul": matmul_answer(plain, args.tokenized),
+        "matmul_fp32": matmul_answer(plain, args.tokenized),
         "bf16_over_fp32": round(best["bf16"]["ours"] / best["fp32"]["ours"], 3)
         if both and "ours" in args.arms else None,
         "step_tokens_per_s": {p: round(v, 1) for p, v in steps.items()},
@@ -396,7 +396,7 @@ def compare_precisions(plain, args, precisions: list[str]) -> None:
 
 def matmul_answer(params, tokenized: Path) -> list[str]:
     """What our loop's fp32 products ran by on this machine, and why (rarelm/train/matmul.py's
-    cached answer for this model's layers)."""
+    cached answer for this model's layers); under autocast (bf16) nothing is routed."""
     import torch
 
     from rarelm.artifacts.tokenized import TokenizedData
