@@ -171,3 +171,17 @@ def test_a_lora_model_routes_its_inner_layers_and_its_adapters_learn_the_same():
     assert sorted(grads) == sorted(theirs) and len(grads) == 4  # lora_A, lora_B of 2 blocks
     for name, grad in grads.items():
         assert torch.allclose(theirs[name], grad, atol=1e-4 * grad.abs().max().item()), name
+
+
+def test_an_output_layer_gated_by_agg_keeps_its_gate():
+    """loss.agg rewires the output layer's forward (its weight gradient gated) before the routing:
+    routing it would skip the gate, so it is left as it is; the other layers are routed. (It was
+    routed once: AGG then did nothing in fp32 where oneDNN won, and DDP left FSDP's losses by 1.2%.)"""
+    from rarelm.objectives.agg import AdaptiveGradientGate
+
+    model = _model()
+    gate = AdaptiveGradientGate(VOCAB, alpha=0.2, memory=4)
+    gate.prepare_model(model)
+    gated_forward = model.lm_head.forward
+    assert matmul.route_linear_layers(model) == 2 * 4  # the blocks' Conv1D only
+    assert model.lm_head.forward is gated_forward and not hasattr(model.lm_head, "_rarelm_plain_forward")

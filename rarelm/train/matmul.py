@@ -109,12 +109,16 @@ class _Linear(torch.autograd.Function):
 
 def _layers(model):
     """The modules whose forward is one product with their weight: nn.Linear and GPT-2's Conv1D
-    ((module, weight stored [in, out])), exactly these types (a subclass may do more)."""
+    ((module, weight stored [in, out])), exactly these types (a subclass may do more). A layer
+    whose forward something else has replaced on the instance keeps it (loss.agg's gated output
+    layer: routing it would skip the gate)."""
     try:
         from transformers.pytorch_utils import Conv1D
     except ImportError:  # transformers not installed: nn.Linear only
         Conv1D = None
     for module in model.modules():
+        if "forward" in vars(module):  # rewired by its owner (AdaptiveGradientGate.wrap)
+            continue
         if type(module) is torch.nn.Linear:
             yield module, False
         elif Conv1D is not None and type(module) is Conv1D:
