@@ -33,7 +33,7 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 
 
-def main() -> None:
+def _args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", default="params.yaml")
     parser.add_argument("--shape", choices=["demo", "base"], default="demo")
@@ -46,8 +46,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=1)
-    args = parser.parse_args()
+    return parser.parse_args()
 
+
+def main() -> None:
+    args = _args()
     import transformers
 
     from bench.train_base_size import SHAPES, shape_params, tokenize_with_base
