@@ -52,7 +52,7 @@ TINY_TRAIN = {
 }
 METRIC_KEYS = {"steps", "tokens", "wall_time_s", "tokens_per_s", "loss", "ce", "rare_ce",
                "val_ce", "val_rare_ce", "val_ppl", "epochs", "parameters", "trainable_parameters",
-               "state_bytes_per_rank", "precision", "precision_reason"}
+               "state_bytes_per_rank", "precision", "precision_reason", "matmul", "matmul_reason"}
 PROBE_KEYS = {"precision_probe_fp32_s", "precision_probe_bf16_s"}  # where auto timed the model
 
 
@@ -480,6 +480,7 @@ def test_dvc_repro_trains_with_two_ddp_processes(trained):
         assert metrics["precision"] == ("bf16" if auto is torch.bfloat16 else "fp32")
     assert f"tokens/s ({metrics['precision']}: {metrics['precision_reason']})" in summary[0]
     assert f"train: precision {metrics['precision']} ({metrics['precision_reason']}" in result.stderr
+    assert f"fp32 products by {metrics['matmul']} ({metrics['matmul_reason']})" in result.stderr
     # 2 ranks x 4 samples x 32 tokens per step
     assert metrics["steps"] == 300 and metrics["tokens"] == 300 * 2 * 4 * 32
     assert metrics["val_ce"] < 5.0  # it learned: the tiny corpus's unigram entropy is ~5.3
@@ -521,6 +522,7 @@ def test_mlflow_run_holds_params_step_metrics_tags_and_system_metrics(trained, t
     assert tags["stage"] == "train" and tags["git_commit"] == commit
     trained_in = json.loads((root / "metrics/train.json").read_text())["precision"]
     assert tags["precision"] == trained_in and "final/precision" not in mlrun.data.metrics
+    assert tags["matmul"] == json.loads((root / "metrics/train.json").read_text())["matmul"]
     assert "DVC_EXP_NAME" not in tags  # only under `dvc exp run`
     history = client.get_metric_history(info["run_id"], "train/loss")
     assert [m.step for m in history] == [50, 100, 150, 200, 250, 300]
@@ -667,6 +669,10 @@ def test_grad_accumulation_and_checkpointing_match_one_big_batch(trained, tmp_pa
                             plots=tmp_path / f"{name}.csv", cache=tmp_path / "cache")
         metrics = train.train(params, paths, progress=False)
         assert metrics["tokens"] == 3 * 8 * 32 and metrics["precision"] == precision
+        # the fp32 products' backend (rarelm.train.matmul): measured or forced in fp32 only
+        assert metrics["matmul"] in ("mkl", "onednn")
+        assert (metrics["matmul_reason"].startswith(("measured", "cached", "RARELM_MATMUL"))
+                if precision == "fp32" else metrics["matmul"] == "mkl")
         weights[name] = load_file(tmp_path / name / "model.safetensors")
         losses[name] = [float(r["ce"]) for r in csv.DictReader(paths.plots.open())]
     seed_everything(base.seed)  # the initial weights, as train() builds them

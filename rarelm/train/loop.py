@@ -46,7 +46,8 @@ def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict
         setup.build(t)
         bar = progress_bar(t.dist.main and progress, tp.max_steps, t.start_step)
         if t.dist.main:
-            bar.console.print(f"train: {t.precision.describe()}")
+            bar.console.print(f"train: {t.precision.describe()}; fp32 products by {t.matmul[0]} "
+                              f"({t.matmul[1]})")
         if t.found and t.dist.main:
             bar.console.print(f"train: resuming from {t.found} (step {t.start_step})")
         meter = Meter(t.device, tp.max_steps, t.saved_window)

@@ -36,7 +36,8 @@ def finish(t) -> dict[str, Any] | None:
         metrics = {**final_metrics(t.state, tp, final_model, len(t.inputs.train_samples)
                                    * t.params.model.block_size),
                    "steps": last, **early_stop.metrics(t),
-                   "state_bytes_per_rank": t.state_bytes, **t.precision.metrics(), **t.pinned}
+                   "state_bytes_per_rank": t.state_bytes, **t.precision.metrics(),
+                   "matmul": t.matmul[0], "matmul_reason": t.matmul[1], **t.pinned}
         card = export.model_card(t.params, metrics, dvc_hashes(
             [t.paths.tokenized, t.paths.rare, t.paths.weights]))
         save_model(final_model, t.inputs.data, t.paths, run, card, t.params.model.save_dtype)
@@ -45,7 +46,7 @@ def finish(t) -> dict[str, Any] | None:
         run.log_metrics(summary_metrics(metrics), step=last)  # the rest: final/train.json
         run.log_json(metrics, "final/train.json")
         run.set_tags({"precision": t.precision.name, "precision_reason": t.precision.reason,
-                      **t.pinned})
+                      "matmul": t.matmul[0], **t.pinned})
         run.log_model(t.paths.model, t.params.tracking)  # a pyfunc (rarelm/serving.py); registered if asked
         t.store.clear()  # finished: a later run with these params starts afresh
     t.dist.barrier()
