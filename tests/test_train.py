@@ -638,6 +638,40 @@ def _untracked_params(root: Path, monkeypatch) -> Params:
     return dataclasses.replace(base, tracking=dataclasses.replace(base.tracking, required=False))
 
 
+@pytest.mark.parametrize("backend", ["mkl", "onednn"])
+def test_precision_probe_times_fp32_through_the_products_fp32_training_runs(
+        trained, monkeypatch, tmp_path, backend):
+    """`auto`'s probe times its fp32 side as fp32 training runs (rarelm.train.matmul: the model's
+    linear layers routed through oneDNN where that is the faster, forced here), and keeps the
+    answers of the two backends apart in its cache."""
+    from rarelm.train import matmul, setup
+    from rarelm.train.inputs import Paths, load_inputs
+
+    if backend == "onednn" and not matmul.onednn_available():
+        pytest.skip("no oneDNN in this torch")
+    root, _, _ = trained
+    params = _untracked_params(root, monkeypatch)
+    monkeypatch.setenv(matmul.MATMUL_ENV, backend)
+    timed = []
+
+    def probe(model, x, y):
+        layers = [m for m in model.modules() if type(m).__name__ in ("Conv1D", "Linear")]
+        timed.append([hasattr(module, "_rarelm_plain_forward") for module in layers])
+        return {"fp32": 0.2, "bf16": 0.3}
+
+    monkeypatch.setattr(setup, "probe_seconds", probe)
+    seconds = setup._probe(params, load_inputs(params, Paths()), torch.device("cpu"), tmp_path)
+    assert seconds == {"fp32": 0.2, "bf16": 0.3}
+    assert len(timed) == 1 and len(timed[0]) == 4 + 1  # the 4 Conv1D of its one block, the lm_head
+    assert set(timed[0]) == {backend == "onednn"}
+    written = list((tmp_path / "precision").glob("*.json"))
+    monkeypatch.setenv(matmul.MATMUL_ENV, "mkl" if backend == "onednn" else "onednn")
+    if matmul.onednn_available():  # the other backend: another key, timed again
+        setup._probe(params, load_inputs(params, Paths()), torch.device("cpu"), tmp_path)
+        assert len(timed) == 2 and len(list((tmp_path / "precision").glob("*.json"))) == 2
+    assert len(written) == 1
+
+
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_grad_accumulation_and_checkpointing_match_one_big_batch(trained, tmp_path, monkeypatch,
                                                                  precision):

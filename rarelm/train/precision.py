@@ -195,10 +195,11 @@ def probe_seconds(model, x, y, steps: int = PROBE_STEPS) -> dict[str, float]:
     return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
 
 
-def probe_key(model, batch_shape: tuple[int, ...]) -> str:
+def probe_key(model, batch_shape: tuple[int, ...], fp32_products: str = "mkl") -> str:
     """The probe's cache key: CPU model name, torch version, threads, micro-batch shape, the
-    model's parameter names, shapes and trainability (so LoRA and every size change it) and its
-    attention implementation (rarelm.train.model.ATTENTION made bf16 faster than plain "sdpa").
+    model's parameter names, shapes and trainability (so LoRA and every size change it), its
+    attention implementation (rarelm.train.model.ATTENTION made bf16 faster than plain "sdpa")
+    and the backend of its fp32 products (rarelm.train.matmul: oneDNN can make fp32 the faster).
 
     >>> from transformers import GPT2Config, GPT2LMHeadModel
     >>> small = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=8, vocab_size=16, n_positions=8))
@@ -212,7 +213,8 @@ def probe_key(model, batch_shape: tuple[int, ...]) -> str:
     shape = [(name, list(q.shape), q.requires_grad) for name, q in model.named_parameters()]
     what = {"cpu": cpu_model_name(), "torch": torch.__version__,
             "threads": torch.get_num_threads(), "batch": list(batch_shape), "model": shape,
-            "attention": getattr(model.config, "_attn_implementation", None)}
+            "attention": getattr(model.config, "_attn_implementation", None),
+            "fp32_products": fp32_products}
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -137,13 +137,19 @@ def _precision(params: Params, dist: Dist, inputs: Inputs, cache: Path) -> Preci
 def _probe(params: Params, inputs: Inputs, device, cache: Path) -> dict[str, Any]:
     """Seconds per forward + backward step of this run's model at its micro-batch, fp32 and
     bf16 (rarelm.train.precision.probe_seconds), from the cache if this CPU, torch, model shape
-    and micro-batch were timed before. The RNGs are left as they were."""
+    and micro-batch were timed before. Its fp32 side runs the products as fp32 training would
+    (oneDNN where rarelm.train.matmul measures it faster): timed by MKL, fp32 lost to bf16 on a
+    CPU where oneDNN makes it the faster. The RNGs are left as they were."""
     with torch.random.fork_rng(devices=[]):
         model = build_model(params.model, inputs.data).to(device).train()
+        backend, _ = pick_backend(model, device, cache,
+                                  params.train.strategy != "fsdp" and not params.train.compile)
+        if backend == "onednn":
+            route_linear_layers(model)  # bf16 autocast steps run the layers' own forward
         block, samples = params.model.block_size, inputs.train_samples
         starts = np.arange(params.train.batch_size) % len(samples) * block
         x, y = to_batch(samples, starts, block, device)
-        return cached_probe(cache, probe_key(model, tuple(x.shape)),
+        return cached_probe(cache, probe_key(model, tuple(x.shape), backend),
                             lambda: probe_seconds(model, x, y))
 
 
