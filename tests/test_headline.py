@@ -523,3 +523,21 @@ def test_register_takes_the_final_winner_within_the_guard(monkeypatch, tmp_path)
         "chosen: rarelm headline (headline, test split, seeds 4), best nll_per_char over all occurrences "
         "among 3 configurations, baseline included: b, seed 4 (run 1 of 1)")
     assert version.tags["experiment"] == "hl-b-s4" and not client.get_registered_model("hl-win").aliases
+
+
+def test_rules_sentence_names_every_guard_and_the_tie_metric_the_plan_fixed():
+    """The results page's rules line says what the plan ranked by: the general-text guard where
+    the runs score general text, and the plan's tie metric (it said term-token accuracy always)."""
+    from rarelm.report.headline_outputs import _rules
+
+    plan = {"screen_split": "val", "screen_seeds": [1337], "final_split": "test",
+            "final_seeds": [1, 2, 3], "finalists": 2, "ppl_tolerance": 0.02,
+            "insertion_tolerance": 0.1, "insertion_metric": "false_insertion_start_mass",
+            "general_tolerance": 0.03, "tie_metric": "completion_match",
+            "common": ["eval.general_text=data/general/zh.txt"]}
+    rules = _rules(plan)
+    assert ("within 2% of the baseline's overall perplexity, 3% of its general-text perplexity "
+            "and 10% (relative) of its term-start mass off terms") in rules
+    assert "(then the completion given the term's first token)" in rules
+    plain = _rules({**plan, "common": ['eval.general_text=""'], "tie_metric": "token_acc"})
+    assert "general-text" not in plain and "(then term-token accuracy)" in plain

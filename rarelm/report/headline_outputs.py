@@ -194,11 +194,17 @@ def _rules(plan: dict) -> str:
     metric = plan.get("insertion_metric", "false_insertion_rate")
     insertion = "false-insertion rate" if metric == "false_insertion_rate" else \
         f"{INSERTION_METRICS[metric]} (`{metric}`)"
+    general = (f", {plan.get('general_tolerance', 0.02):.0%} of its general-text perplexity"
+               if any(o.startswith("eval.general_text=") and o.split("=", 1)[1].strip("'\"")
+                      for o in plan["common"]) else "")
+    tie = {"token_acc": "term-token accuracy",
+           "completion_match": "the completion given the term's first token"}[
+        plan.get("tie_metric", "token_acc")]
     return (f"Rules fixed in the plan before any result was seen: configurations are chosen on the "
             f"{plan['screen_split']} split with seed(s) {', '.join(map(str, plan['screen_seeds']))}; only "
-            f"those within {plan['ppl_tolerance']:.0%} of the baseline's overall perplexity and "
-            f"{plan['insertion_tolerance']:.0%} (relative) of its {insertion} are ranked, by term "
-            f"NLL per character (then term-token accuracy); the {plan['finalists']} best are confirmed on "
+            f"those within {plan['ppl_tolerance']:.0%} of the baseline's overall perplexity"
+            f"{general} and {plan['insertion_tolerance']:.0%} (relative) of its {insertion} are "
+            f"ranked, by term NLL per character (then {tie}); the {plan['finalists']} best are confirmed on "
             f"the {plan['final_split']} split with seeds {', '.join(map(str, plan['final_seeds']))}, which "
             "took no part in the choice.")
 
