@@ -19,7 +19,7 @@ from pathlib import Path
 from rarelm.errors import RarelmError
 from rarelm.files import atomic_file, write_json
 from rarelm.report.compare import report_row
-from rarelm.report.headline_plan import INSERTION_METRICS, RANK_SLICE
+from rarelm.report.headline_plan import INSERTION_METRICS, RANK_SLICE, TIE_METRIC, TIE_METRICS
 from rarelm.report.page import curve_svg, figures, write_report
 
 START, END = "<!-- headline:start -->", "<!-- headline:end -->"
@@ -197,9 +197,7 @@ def _rules(plan: dict) -> str:
     general = (f", {plan.get('general_tolerance', 0.02):.0%} of its general-text perplexity"
                if any(o.startswith("eval.general_text=") and o.split("=", 1)[1].strip("'\"")
                       for o in plan["common"]) else "")
-    tie = {"token_acc": "term-token accuracy",
-           "completion_match": "the completion given the term's first token"}[
-        plan.get("tie_metric", "token_acc")]
+    tie = TIE_METRICS[plan.get("tie_metric", TIE_METRIC)]
     return (f"Rules fixed in the plan before any result was seen: configurations are chosen on the "
             f"{plan['screen_split']} split with seed(s) {', '.join(map(str, plan['screen_seeds']))}; only "
             f"those within {plan['ppl_tolerance']:.0%} of the baseline's overall perplexity"

@@ -22,7 +22,8 @@ RANK_SLICE = "all"
 RANK_METRIC, TIE_METRIC = "nll_per_char", "token_acc"  # lower first; then higher first (a plan's tie_metric)
 # what a plan may break ties by (higher first): term-token accuracy, or the completion of a term
 # given its first token (spelling, apart from when to say it)
-TIE_METRICS = ("token_acc", "completion_match")
+TIE_METRICS = {"token_acc": "term-token accuracy",
+               "completion_match": "the completion given the term's first token"}  # -> the page's words
 # "nll" (NLL per term token) is asked for so that compare derives term perplexity (term_ppl) from it
 TABLE_METRICS = (RANK_METRIC, TIE_METRIC, "nll", "completion_match", "exact_match", "exact_match_ci")
 # the false-insertion figures a plan's guard can use (eval.json), with their name in the tables:

@@ -142,8 +142,7 @@ def _probe(params: Params, inputs: Inputs, device, cache: Path) -> dict[str, Any
     CPU where oneDNN makes it the faster. The RNGs are left as they were."""
     with torch.random.fork_rng(devices=[]):
         model = build_model(params.model, inputs.data).to(device).train()
-        backend, _ = pick_backend(model, device, cache,
-                                  params.train.strategy != "fsdp" and not params.train.compile)
+        backend, _ = pick_backend(model, device, cache, _may_route(params.train))
         if backend == "onednn":
             route_linear_layers(model)  # bf16 autocast steps run the layers' own forward
         block, samples = params.model.block_size, inputs.train_samples
@@ -199,11 +198,17 @@ def build(t: Trainer) -> None:
     t.model.train()
 
 
+def _may_route(tp) -> bool:
+    """Whether fp32 products may go through oneDNN: not under FSDP (sharded weights) or compile
+    (it traces the model's own forward)."""
+    return tp.strategy != "fsdp" and not tp.compile
+
+
 def _matmul(t: Trainer, model) -> tuple[str, str]:
     """The fp32 products' backend, chosen on rank 0 (measured once per machine and shape) and
     taken by every rank; oneDNN routes the model's linear layers. Not under autocast, FSDP
     (sharded weights) or compile."""
-    eligible = t.precision.dtype is None and t.tp.strategy != "fsdp" and not t.tp.compile
+    eligible = t.precision.dtype is None and _may_route(t.tp)
     answer = None
     if t.dist.main:
         # the MLflow run connects in a background thread (imports, the store); a probe in a run's
