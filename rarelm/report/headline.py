@@ -33,12 +33,13 @@ interrupted command picks up where it stopped, in this clone or in another one w
 Then two comparisons (`rarelm.report.compare.compare`): the screening round (screening seeds, val,
 every configuration) and the final one (final seeds, test, baseline and finalists), written to
 `<out>/screen/` and `<out>/final/` (index.html, report.md, report.json; `<out>` is
-docs/headline by default, kept in git), the exact-match curve to
-`<out>/exact_match_by_train_count.svg`, and both tables with the rounds' durations into the
-results page (docs/results.md) between `<!-- headline:start -->` and `<!-- headline:end -->`
+docs/headline by default, kept in git), the term NLL per character and exact match by train
+count to `<out>/term_nll_by_train_count.svg` and `<out>/exact_match_by_train_count.svg`
+(headline_outputs.FIGURES), and both tables with the rounds' durations into the results page
+(docs/results.md) between `<!-- headline:start -->` and `<!-- headline:end -->`
 (`<!-- <section>:start -->` for a plan with its own `section`); README.md only links there. No
-figure is typed by hand. The plan and its rules: headline_plan.py; the queue: dvc_queue.py; the tables:
-headline_outputs.py.
+figure is typed by hand. The plan and its rules: headline_plan.py; the queue: dvc_queue.py; the
+tables: headline_outputs.py.
 """
 
 from __future__ import annotations

@@ -32,7 +32,11 @@ def markers(section: str) -> tuple[str, str]:
     ('<!-- realtext-foldoc_en:start -->', '<!-- realtext-foldoc_en:end -->')
     """
     return f"<!-- {section}:start -->", f"<!-- {section}:end -->"
-FIGURE = "exact_match_by_train_count.svg"
+# The final round's figures, by train-count band: the metric the plan ranks by, then exact match
+# (on real text mostly 0 for every configuration, so it cannot show a remedy's effect alone).
+FIGURES = {"nll_per_char": "term_nll_by_train_count.svg", "exact_match": "exact_match_by_train_count.svg"}
+FIGURE_TITLES = {"nll_per_char": "term NLL per character by train count",
+                 "exact_match": "exact match by train count"}
 
 
 def read_json(path: Path) -> dict:
@@ -152,9 +156,9 @@ def run_table(report: dict, insertion: str = "false_insertion_rate") -> str:
     return "\n".join(lines)
 
 
-def results_section(result: dict, figure: str) -> str:
+def results_section(result: dict, figures: dict[str, str]) -> str:
     """The results page's section of a plan, markers included: the rules, the rounds' tables, the
-    figure (`figure`: its path relative to the page)."""
+    figures (`figures`: metric -> the figure's path relative to the page)."""
     plan, screened = result["plan"], result.get("screen") is not None
     insertion = plan.get("insertion_metric", "false_insertion_rate")  # older headline.json: the rate
     start, end = markers(plan.get("section", "headline"))
@@ -181,7 +185,7 @@ def results_section(result: dict, figure: str) -> str:
              "", table(result["final"], insertion), "",
              "Per run (mean over seeds [95% interval over seeds]; change to the baseline [interval], "
              "paired by seed):", "", run_table(result["final"], insertion), "",
-             f"![exact match by train count]({figure})"]
+             " ".join(f"![{FIGURE_TITLES[m]}]({path})" for m, path in figures.items())]
     if screened:
         lines += ["", f"**Screening round** ({plan['screen_split']} split, seed(s) "
                       f"{', '.join(map(str, plan['screen_seeds']))}; finalists: "
@@ -208,7 +212,7 @@ def _rules(plan: dict) -> str:
 
 
 def write_outputs(result: dict, out: Path, page: Path | None) -> None:
-    """Both rounds' reports, the final round's exact-match figure, headline.json, and the plan's
+    """Both rounds' reports, the final round's figures (FIGURES), headline.json, and the plan's
     section on the results page `page` (None: leave it alone)."""
     for name in ("screen", "final"):
         if result[name] is not None:  # no screening round in a fixed comparison
@@ -216,8 +220,9 @@ def write_outputs(result: dict, out: Path, page: Path | None) -> None:
             write_report(result[name], out / name)
     plt = figures()
     if plt is not None:
-        with atomic_file(out / FIGURE) as f:
-            f.write(curve_svg(result["final"], plt))
+        for metric, name in FIGURES.items():
+            with atomic_file(out / name) as f:
+                f.write(curve_svg(result["final"], plt, metric))
     write_json(out / "headline.json", {k: v for k, v in result.items() if k not in ("screen", "final")})
     if page is not None:
         start, end = markers(result["plan"].get("section", "headline"))
@@ -230,4 +235,5 @@ def write_outputs(result: dict, out: Path, page: Path | None) -> None:
         head, rest = text.split(start, 1)
         tail = rest.split(end, 1)[1]
         with atomic_file(page) as f:
-            f.write(head + results_section(result, os.path.relpath(out / FIGURE, page.parent)) + tail)
+            shown = {m: os.path.relpath(out / name, page.parent) for m, name in FIGURES.items()}
+            f.write(head + results_section(result, shown) + tail)
