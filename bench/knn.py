@@ -9,11 +9,16 @@ IndexIVFFlat with its recall against the exact neighbours: the exact-vs-index cr
 Model part (`--model`): `--tokens` random token ids run through the model as the stage does
 (build: final hidden states -> keys), then score_tokens on the same ids with and without the mix
 (kNN over that store at `--k`, plus a cache of `--cache-window`), one thread as eval.threads.
+With `--text` (a corpus, .gz or plain, tokenized by the model's tokenizer): the store is its first
+`--tokens` tokens and the scored text the `--score-tokens` after them, as a train split's store
+serves a held-out split; the IVF recall is then measured on that text's own hidden states.
 
     python bench/knn.py --entries 1000000 --hidden 128 --queries 2048
     PYTHONPATH=/tmp/faiss_pkg python bench/knn.py --entries 100000   # pip install --target /tmp/faiss_pkg
     python bench/knn.py --entries 1000000 --hidden 128 --queries 2048 --model base/model --tokens 20000
     python bench/knn.py --entries 0 --model base/model --tokens 20000 --index ivf --cache-window 0
+    python bench/knn.py --entries 0 --model base/model --index ivf \
+        --text data/raw/foldoc_en.txt.gz --tokens 500000 --score-tokens 20000
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from pathlib import Path
 sys.path[0] = str(Path(__file__).resolve().parents[1])  # bench/tokenize.py would shadow tokenize
 
 import argparse  # noqa: E402
+import gzip  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import platform  # noqa: E402
@@ -106,8 +112,24 @@ def _faiss(keys: np.ndarray, q: np.ndarray, k: int, exact: np.ndarray, rng) -> d
     return out
 
 
+def text_ids(path: Path, model_dir: Path, needed: int) -> np.ndarray:
+    """The first `needed` token ids of a corpus (.gz or plain text) in the model's tokenizer."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    ids: list[int] = []
+    with (gzip.open if path.suffix == ".gz" else open)(path, "rt", encoding="utf-8") as f:
+        for line in f:
+            ids += tokenizer.encode(line, add_special_tokens=False)
+            if len(ids) >= needed:
+                break
+    if len(ids) < needed:
+        raise SystemExit(f"{path}: {len(ids)} tokens, fewer than the {needed} asked for")
+    return np.asarray(ids[:needed], dtype=np.int64)
+
+
 def with_model(folder: Path, model_dir: Path, tokens: int, k: int, cache_window: int, index: str = "exact",
-               nprobe: int = 8) -> dict:
+               nprobe: int = 8, text: Path | None = None, score_tokens_n: int = 20_000) -> dict:
     from rarelm.evaluate.decoding import context_length
     from rarelm.evaluate.model_folder import load_causal_lm
     from rarelm.evaluate.token_scoring import score_tokens
@@ -116,7 +138,11 @@ def with_model(folder: Path, model_dir: Path, tokens: int, k: int, cache_window:
 
     model = load_causal_lm(model_dir, "cpu")
     vocab, block = model.config.vocab_size, context_length(model) or 128
-    ids = np.random.default_rng(1).integers(1, vocab, tokens).astype(np.uint16)
+    if text is None:  # random ids, scored against their own store
+        ids = scored = np.random.default_rng(1).integers(1, vocab, tokens).astype(np.uint16)
+    else:  # the store from the text's start, the scored text after it
+        both = text_ids(text, model_dir, tokens + score_tokens_n)
+        ids, scored = both[:tokens], both[tokens:]
     started = time.perf_counter()
     meta = build(model, ids, block, 32, folder, "float16", index=index)
     (folder / "meta.json").write_text(json.dumps(meta))
@@ -124,13 +150,13 @@ def with_model(folder: Path, model_dir: Path, tokens: int, k: int, cache_window:
     store = Datastore.open(folder, nprobe=nprobe)
     buckets = np.zeros(vocab, dtype=np.int64)
     started = time.perf_counter()
-    score_tokens(model, ids, buckets, block, 32)
+    score_tokens(model, scored, buckets, block, 32)
     plain_s = time.perf_counter() - started
     knn = SimpleNamespace(enabled=True, k=k, weight=0.25, temperature=1.0, cache_window=cache_window,
                           cache_weight=0.1 if cache_window else 0.0, cache_temperature=1.0)
     with attached(model, store, knn, 0):
         started = time.perf_counter()
-        score_tokens(model, ids, buckets, block, 32)
+        score_tokens(model, scored, buckets, block, 32)
         mixed_s = time.perf_counter() - started
     recall = {}
     if index == "ivf":  # the IVF neighbours against the exact ones, for the model's own hidden states
@@ -138,7 +164,8 @@ def with_model(folder: Path, model_dir: Path, tokens: int, k: int, cache_window:
 
         from rarelm.knn.datastore import final_hidden
 
-        probe = torch.as_tensor(np.random.default_rng(2).integers(1, vocab, (8, block)))
+        probe = torch.as_tensor(np.random.default_rng(2).integers(1, vocab, (8, block)) if text is None
+                                else scored[:8 * block].reshape(8, block))
         queries = final_hidden(model, probe).reshape(-1, meta["hidden"])
         exact_store = dataclasses.replace(store, ivf=None, values=torch.arange(len(store)))
         ivf_store = dataclasses.replace(store, values=torch.arange(len(store)))
@@ -147,6 +174,7 @@ def with_model(folder: Path, model_dir: Path, tokens: int, k: int, cache_window:
         recall["ivf_recall_at_k"] = round(float(np.mean([len(set(a) & set(b)) / len(a) for a, b in
                                                          zip(exact_ids, ivf_ids, strict=True)])), 3)
     return {**recall, "model": str(model_dir), "hidden": meta["hidden"], "tokens": tokens,
+            "text": str(text) if text else "random ids", "scored_tokens": len(scored),
             "store_entries": meta["entries"],
             "build_s": round(build_s, 2), "build_tokens_per_s": round(tokens / build_s),
             "score_plain_s": round(plain_s, 2), "score_mixed_s": round(mixed_s, 2),
@@ -162,7 +190,9 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=2048)
     parser.add_argument("--k", type=int, default=16)
     parser.add_argument("--model", type=Path, default=None)
-    parser.add_argument("--tokens", type=int, default=20_000)
+    parser.add_argument("--tokens", type=int, default=20_000, help="the model part's store, in tokens")
+    parser.add_argument("--text", type=Path, default=None, help="a corpus for the store and the scored text")
+    parser.add_argument("--score-tokens", type=int, default=20_000, help="with --text: tokens scored")
     parser.add_argument("--cache-window", type=int, default=64)
     parser.add_argument("--index", choices=["exact", "ivf"], default="exact", help="the model part's store")
     parser.add_argument("--nprobe", type=int, default=8)
@@ -179,7 +209,7 @@ def main() -> None:
             folder = Path(tmp) / "model_store"
             folder.mkdir()
             out["model"] = with_model(folder, args.model, args.tokens, args.k, args.cache_window, args.index,
-                                      args.nprobe)
+                                      args.nprobe, args.text, args.score_tokens)
     out["load_1min_after"] = round(os.getloadavg()[0], 2)
     print(json.dumps(out, indent=1))
 

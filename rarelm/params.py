@@ -276,12 +276,13 @@ class KnnParams:
     """kNN-LM and the continuous cache at decode time (rarelm/knn/, docs/knn.md); off by default.
 
     p = (1 - weight - cache_weight) p_LM + weight p_kNN + cache_weight p_cache. Choose weight and the
-    temperatures on val, never on test.
+    temperatures on val, never on test. The two parts switch on apart: kNN-LM with `enabled` (the
+    datastore stage builds its store), the cache with cache_window and cache_weight > 0 (no store).
     """
 
-    enabled: bool = False  # build the datastore and mix; false = the model as trained, bit for bit
+    enabled: bool = False  # kNN-LM: build the datastore and mix it with `weight`; false: no kNN part
     k: int = param(16, ge=1, le=4096)  # nearest datastore entries that vote
-    weight: float = param(0.25, ge=0.0, le=1.0)  # lambda of kNN-LM; 0 = no kNN part
+    weight: float = param(0.25, ge=0.0, le=1.0)  # lambda of kNN-LM (> 0 when enabled)
     temperature: float = param(1.0, gt=0.0, le=1e6)  # of exp(-squared L2 distance / T)
     cache_window: int = param(0, ge=0, le=100_000)  # earlier positions of the document; 0 = no cache
     cache_weight: float = param(0.0, ge=0.0, le=1.0)  # lambda of the continuous cache
@@ -297,7 +298,10 @@ class KnnParams:
     nprobe: int = param(32, ge=1, le=1_000_000)
 
     def __post_init__(self) -> None:
-        if self.weight + self.cache_weight > 1.0:
+        if self.enabled and self.weight == 0:
+            raise RarelmError("params: knn.enabled = true with knn.weight = 0 is not allowed (it builds a "
+                              "datastore nothing reads; the cache alone needs knn.enabled false)")
+        if self.enabled and self.weight + self.cache_weight > 1.0:
             raise RarelmError(f"params: knn.weight + knn.cache_weight = {self.weight + self.cache_weight:g} "
                               "is not allowed (must be <= 1)")
 

@@ -19,6 +19,7 @@ import typer
 from rarelm import paths
 from rarelm.prepare import demo as demo_corpora
 from stages.compare import compare
+from stages.datastore import datastore
 from stages.evaluate import evaluate
 from stages.generate import generate
 from stages.headline import headline
@@ -51,6 +52,7 @@ app.command()(tokenize)
 app.command(name="rare_terms")(rare_terms)
 app.command()(weights)
 app.command()(train)
+app.command()(datastore)
 app.command()(evaluate)
 app.command()(generate)
 app.command()(compare)

@@ -6,7 +6,8 @@ the memory kNN-LM looks up at decode time (rarelm/knn/, docs/knn.md).
 
 Writes data/datastore/ (rarelm/knn/datastore.py: keys.npy, values.npy, meta.json), atomically.
 With knn.enabled false it writes meta.json alone, `{"enabled": false}`, in well under a second:
-DVC needs an output, and the stage stays cheap while kNN is off. It reads knn.enabled,
+DVC needs an output, and the stage stays cheap while kNN-LM is off (the continuous cache alone
+needs no store: it is on with knn.cache_window and knn.cache_weight > 0). It reads knn.enabled,
 knn.max_entries, knn.key_dtype, knn.index and knn.nlist (with `ivf`, also a faiss index,
 keys.ivf), and eval.block_size, eval.batch_size, eval.device, eval.threads as evaluate uses
 them: changing k, nprobe, the weights or the temperatures re-runs evaluate only.

@@ -57,6 +57,7 @@ def evaluate(
         from rarelm.artifacts.terms import load_terms
         from rarelm.artifacts.tokenized import TokenizedData, load_tokenizer
         from rarelm.evaluate.mlflow_log import log_eval_files, log_eval_metrics
+        from rarelm.knn.hook import active as knn_active
         from rarelm.tracking.run import open_run
         from rarelm.tracking.uri import logs_text
 
@@ -80,7 +81,7 @@ def evaluate(
         try:
             # the training run's params are fixed at training time: the tau behind these metrics goes too
             mixed = {f"knn_{k}": v for k, v in vars(params.knn).items() if isinstance(v, (int, float))} \
-                if params.knn.enabled else {}  # the kNN settings behind these metrics; off: as before
+                if knn_active(params.knn) else {}  # the kNN settings behind these metrics; off: as before
             log_eval_metrics(run, {**out, "logit_adjust_tau": tau, **mixed},
                              inputs=[prepared, tokenized, rare])
         except BaseException:
@@ -158,11 +159,12 @@ def _knn(params, model, datastore: Path, eot_id: int):
     import sys
 
     from rarelm.knn.datastore import Datastore
-    from rarelm.knn.hook import active, attached, describe
+    from rarelm.knn.hook import active, attached, describe, uses_store
 
     if not active(params.knn):
         return contextlib.nullcontext()
-    store = Datastore.open(datastore, str(model.device), params.knn.nprobe) if params.knn.weight > 0 else None
+    knn = params.knn
+    store = Datastore.open(datastore, str(model.device), knn.nprobe) if uses_store(knn) else None
     print(f"evaluate: mixing in {describe(params.knn, store)}", file=sys.stderr, flush=True)
     return attached(model, store, params.knn, eot_id)
 

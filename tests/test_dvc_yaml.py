@@ -144,6 +144,16 @@ def test_every_stage_of_the_main_pipeline_runs_a_module_of_this_repo():
                        ("prepare", "tokenize", "rare_terms", "weights", "train", "datastore", "evaluate")}
 
 
+def test_every_stage_of_the_main_pipeline_is_a_rarelm_subcommand():
+    """`rarelm <stage>` runs each stage outside DVC (stages/cli.py), the same function as dvc.yaml's."""
+    from stages.cli import app
+
+    commands = {c.name or c.callback.__name__: c.callback for c in app.registered_commands}
+    for name, stage in _stages("dvc.yaml").items():
+        module = __import__(stage_module(stage["cmd"]), fromlist=[name])
+        assert commands.get(name) is getattr(module, name), name
+
+
 def test_removing_a_declared_folder_shows_the_files_it_covered():
     """The check fails when a folder dep goes: drop `rarelm/train` from a copy of train's deps and
     the report names exactly the closure's files under it, for train alone."""

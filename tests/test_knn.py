@@ -123,7 +123,8 @@ def test_off_and_neutral_settings_are_the_model_bit_for_bit(tiny):
     with torch.no_grad():
         logits = model(ids).logits
     store = Datastore(np.ones((3, 8), np.float32), torch.tensor([1, 2, 3]))
-    for knn in (knn_params(enabled=False, weight=0.5, cache_window=4, cache_weight=0.3),
+    for knn in (knn_params(enabled=False, weight=0.5, cache_window=4, cache_weight=0.0),
+                knn_params(enabled=False, weight=0.5, cache_window=0, cache_weight=0.3),
                 knn_params(weight=0.0, cache_weight=0.0, cache_window=8)):
         with attached(model, store, knn, 0) as state:
             assert state is None
@@ -173,6 +174,23 @@ def test_the_hook_mixes_what_the_formulas_say(tiny):
         (nll, _), = continuation_scores(model, [ids[:10]], [ids[10:]], pad_id=0)
     true = expected[9:-1].gather(-1, torch.tensor(ids[10:])[:, None])[:, 0]
     assert np.allclose(nll, -true.double().numpy(), atol=1e-5)
+
+
+def test_the_cache_alone_needs_no_datastore(tiny):
+    """knn.enabled false with the cache on (the remedies plans' `cache`): the hook mixes the cache
+    alone, with no store, as the formulas say with lambda_knn 0."""
+    model, tokens = tiny
+    cache = dict(cache_window=5, cache_weight=0.2, cache_temperature=2.0)
+    ids = [int(t) for t in tokens[30:52]]
+    unused = Datastore(np.zeros((1, 8), np.float32), torch.tensor([1]))  # by_hand's kNN part, weighed 0
+    expected = by_hand(model, ids, unused, knn_params(k=1, weight=0.0, **cache), 0)
+    with attached(model, None, knn_params(enabled=False, weight=0.5, **cache), 0) as state:
+        assert state is not None and state.uses_cache and not state.uses_knn
+        with torch.no_grad():
+            got = model(torch.tensor([ids])).logits[0]
+    assert torch.allclose(got, expected, atol=1e-5)
+    with torch.no_grad():
+        assert not torch.allclose(got, torch.log_softmax(model(torch.tensor([ids])).logits[0], -1), atol=1e-3)
 
 
 def test_generation_with_the_kv_cache_matches_full_forwards(tiny):
@@ -300,6 +318,13 @@ def test_evaluate_stage_mixes_the_datastore_in(workspace, tmp_path):  # noqa: F8
     off = stage("evaluate", ws, env=env)
     assert off.returncode == 0 and off.stderr == "", off.stderr
     plain = json.loads((ws / "metrics/eval.json").read_text())
+
+    set_params(ws, **{"knn.cache_window": 16, "knn.cache_weight": 0.2})  # the cache alone: no store
+    assert stage("datastore", ws, env=env).stdout.startswith("datastore: knn.enabled is false")
+    cached = stage("evaluate", ws, env=env)
+    assert cached.stderr.strip() == "evaluate: mixing in continuous cache (window 16, lambda 0.2, T 1)"
+    alone = json.loads((ws / "metrics/eval.json").read_text())
+    assert alone["n_eval_tokens"] == plain["n_eval_tokens"] and alone["ppl"] != plain["ppl"]
 
     set_params(ws, **{"knn.enabled": True, "knn.weight": 0.3, "knn.k": 8, "knn.temperature": 10.0,
                       "knn.cache_window": 16, "knn.cache_weight": 0.2})

@@ -79,12 +79,23 @@ def test_exponent_without_a_dot_is_a_number(tmp_path):
     ({"seed": 2**32}, "params: seed = 4294967296 is not allowed (must be <= 4294967295)"),
     ({"corpus": {"split_seed": 2**32}},
      "params: corpus.split_seed = 4294967296 is not allowed (must be <= 4294967295)"),
+    # kNN-LM on with no weight would build a datastore nothing reads (the cache needs none)
+    ({"knn": {"enabled": True, "weight": 0, "cache_window": 8, "cache_weight": 0.1}},
+     "params: knn.enabled = true with knn.weight = 0 is not allowed (it builds a datastore nothing reads;"),
+    ({"knn": {"enabled": True, "weight": 0.5, "cache_window": 8, "cache_weight": 0.6}},
+     "params: knn.weight + knn.cache_weight = 1.1 is not allowed (must be <= 1)"),
 ])
 def test_bad_values_name_key_value_and_allowed(raw, message):
     with pytest.raises(RarelmError) as err:
         Params.from_dict(raw)
     assert str(err.value).startswith(message)
     assert "\n" not in str(err.value)
+
+
+def test_the_cache_alone_needs_no_knn_switch():
+    """The cache's weight is checked against kNN-LM's only when kNN-LM is on."""
+    knn = Params.from_dict({"knn": {"cache_window": 8, "cache_weight": 0.9}}).knn
+    assert not knn.enabled and knn.weight == 0.25 and knn.cache_weight == 0.9
 
 
 def test_load_params_file_errors(tmp_path):

@@ -154,13 +154,13 @@ def run(model_dir: str | Path, prompt: str, sampling: Sampling, device: str = "a
     mixed into every step's distribution (rarelm/knn/hook.py), and one line on `err` says so.
     """
     from rarelm.knn.datastore import Datastore  # on use: only with knn on
-    from rarelm.knn.hook import active, attached, describe
+    from rarelm.knn.hook import active, attached, describe, uses_store
 
     model = load_causal_lm(model_dir, device)
     tokenizer = load_model_tokenizer(model_dir)
     prior = load_log_prior(counts, tokenizer) if sampling.logit_adjust else None
     on = knn is not None and active(knn)
-    store = Datastore.open(datastore, str(model.device), knn.nprobe) if on and knn.weight > 0 else None
+    store = Datastore.open(datastore, str(model.device), knn.nprobe) if on and uses_store(knn) else None
     if on:
         print(f"rarelm generate: mixing in {describe(knn, store)}", file=err or sys.stderr, flush=True)
     out.write(printable(prompt))  # a pasted escape sequence must not drive the terminal

@@ -4,7 +4,8 @@ The `datastore` stage writes, in data/datastore/:
 
     keys.npy     float16 or float32 [entries, hidden], memory-mapped (np.load(mmap_mode="r"))
     values.npy   int32 [entries]: the token that followed each key
-    meta.json    entries, hidden, key dtype, block size, the model folder's weight hash
+    meta.json    entries, hidden, key dtype, block size (a store of another model is caught by its
+                 key width only: DVC rebuilds the stage when models/model changes)
 
 or, with knn.enabled false, meta.json alone with `"enabled": false` (DVC needs an output).
 

@@ -8,7 +8,8 @@ While attached, the output layer returns log p of the interpolation (rarelm.knn.
 instead of logits. A log-probability vector is a valid logit vector (log_softmax leaves it as
 it is), so perplexity, term NLL, ranks, greedy and sampled decoding all read the mixed
 distribution with no change of their own; a logit bias (eval.logit_adjust_tau) is added after
-the mix. With knn.enabled false nothing is attached: the model is the model, bit for bit.
+the mix. With kNN-LM and the cache both off (knn.enabled false, knn.cache_weight or
+knn.cache_window 0) nothing is attached: the model is the model, bit for bit.
 
 Two hooks: one on the base model (before the output layer) records the forward's input ids,
 attention mask and every position's final hidden state (the cache needs the history, which
@@ -54,11 +55,11 @@ class Interpolation:
 
     @property
     def uses_knn(self) -> bool:
-        return self.store is not None and self.knn.k > 0 and self.knn.weight > 0 and len(self.store) > 0
+        return self.store is not None and uses_store(self.knn) and self.knn.k > 0 and len(self.store) > 0
 
     @property
     def uses_cache(self) -> bool:
-        return self.knn.cache_weight > 0 and self.knn.cache_window > 0
+        return uses_cache(self.knn)
 
     # -- hook on the base model: what this forward holds ----------------------------------------
     def before_base(self, _module, args, kwargs):
@@ -139,9 +140,19 @@ def _join(a: _History | None, b: _History) -> _History:
                     torch.cat([a.mask, b.mask], 1))
 
 
+def uses_store(knn) -> bool:
+    """Whether kNN-LM is on: the datastore is built, opened and mixed in."""
+    return bool(knn.enabled) and knn.weight > 0
+
+
+def uses_cache(knn) -> bool:
+    """Whether the continuous cache is on (it needs no datastore)."""
+    return knn.cache_weight > 0 and knn.cache_window > 0
+
+
 def active(knn) -> bool:
-    """Whether the knn params change the distribution at all (enabled, and a weight > 0)."""
-    return bool(knn.enabled) and (knn.weight > 0 or (knn.cache_weight > 0 and knn.cache_window > 0))
+    """Whether the knn params change the distribution at all: kNN-LM or the cache on."""
+    return uses_store(knn) or uses_cache(knn)
 
 
 @contextlib.contextmanager
@@ -169,10 +180,10 @@ def attached(model, store, knn, eot_id: int | None) -> Iterator[Interpolation | 
 def describe(knn, store) -> str:
     """One line for stderr: what is mixed in."""
     parts = []
-    if knn.weight > 0:
+    if uses_store(knn):
         parts.append(f"kNN-LM over {len(store) if store is not None else 0:,} datastore entries "
                      f"(k {knn.k}, lambda {knn.weight:g}, T {knn.temperature:g})")
-    if knn.cache_weight > 0 and knn.cache_window > 0:
+    if uses_cache(knn):
         parts.append(f"continuous cache (window {knn.cache_window}, lambda {knn.cache_weight:g}, "
                      f"T {knn.cache_temperature:g})")
     return " + ".join(parts) if parts else "kNN-LM and cache off"

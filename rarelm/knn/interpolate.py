@@ -20,8 +20,8 @@ Where a part has nothing to say (an empty datastore; the first position of a doc
 no history) its weight goes to the model, so every row still sums to 1.
 
 Worked example (tests/test_knn.py): a vocabulary of 3, p_LM = (0.5, 0.3, 0.2), three neighbours
-at squared distances (0, ln 2, ln 2) with values (1, 1, 2) and T = 1: weights (1, 1/2, 1/2) / 2,
-so p_kNN = (0, 0.75, 0.25); with lam_knn = 0.5 and no cache, p = (0.25, 0.525, 0.225).
+at squared distances (0, ln 2, ln 4) with values (1, 1, 2) and T = 1: weights (1, 1/2, 1/4) / (7/4),
+so p_kNN = (0, 6/7, 1/7); with lam_knn = 0.5 and no cache, p = (0.25, 0.5786, 0.1714).
 """
 
 from __future__ import annotations
