@@ -129,7 +129,8 @@ def text_ids(path: Path, model_dir: Path, needed: int) -> np.ndarray:
 
 
 def with_model(folder: Path, model_dir: Path, tokens: int, k: int, cache_window: int, index: str = "exact",
-               nprobe: int = 8, text: Path | None = None, score_tokens_n: int = 20_000) -> dict:
+               nprobe: int = 8, text: Path | None = None, score_tokens_n: int = 20_000,
+               knn_weight: float = 0.25) -> dict:
     from rarelm.evaluate.decoding import context_length
     from rarelm.evaluate.model_folder import load_causal_lm
     from rarelm.evaluate.token_scoring import score_tokens
@@ -144,22 +145,26 @@ def with_model(folder: Path, model_dir: Path, tokens: int, k: int, cache_window:
         both = text_ids(text, model_dir, tokens + score_tokens_n)
         ids, scored = both[:tokens], both[tokens:]
     started = time.perf_counter()
-    meta = build(model, ids, block, 32, folder, "float16", index=index)
-    (folder / "meta.json").write_text(json.dumps(meta))
+    if knn_weight > 0:
+        meta = build(model, ids, block, 32, folder, "float16", index=index)
+        (folder / "meta.json").write_text(json.dumps(meta))
+    else:  # the cache alone: no store (knn.enabled false)
+        meta = {"entries": 0, "hidden": model.get_output_embeddings().weight.shape[1]}
     build_s = time.perf_counter() - started
-    store = Datastore.open(folder, nprobe=nprobe)
+    store = Datastore.open(folder, nprobe=nprobe) if knn_weight > 0 else None
     buckets = np.zeros(vocab, dtype=np.int64)
     started = time.perf_counter()
     score_tokens(model, scored, buckets, block, 32)
     plain_s = time.perf_counter() - started
-    knn = SimpleNamespace(enabled=True, k=k, weight=0.25, temperature=1.0, cache_window=cache_window,
-                          cache_weight=0.1 if cache_window else 0.0, cache_temperature=1.0)
+    knn = SimpleNamespace(enabled=knn_weight > 0, k=k, weight=knn_weight, temperature=1.0,
+                          cache_window=cache_window, cache_weight=0.1 if cache_window else 0.0,
+                          cache_temperature=1.0)
     with attached(model, store, knn, 0):
         started = time.perf_counter()
         score_tokens(model, scored, buckets, block, 32)
         mixed_s = time.perf_counter() - started
     recall = {}
-    if index == "ivf":  # the IVF neighbours against the exact ones, for the model's own hidden states
+    if index == "ivf" and store is not None:  # the IVF neighbours against the exact ones
         import dataclasses
 
         from rarelm.knn.datastore import final_hidden
@@ -176,9 +181,11 @@ def with_model(folder: Path, model_dir: Path, tokens: int, k: int, cache_window:
     return {**recall, "model": str(model_dir), "hidden": meta["hidden"], "tokens": tokens,
             "text": str(text) if text else "random ids", "scored_tokens": len(scored),
             "store_entries": meta["entries"],
-            "build_s": round(build_s, 2), "build_tokens_per_s": round(tokens / build_s),
+            "build_s": round(build_s, 2),
+            "build_tokens_per_s": round(tokens / build_s) if meta["entries"] else 0,
             "score_plain_s": round(plain_s, 2), "score_mixed_s": round(mixed_s, 2),
-            "mixed_over_plain": round(mixed_s / plain_s, 2), "k": k, "cache_window": cache_window,
+            "mixed_over_plain": round(mixed_s / plain_s, 2), "k": k, "knn_weight": knn_weight,
+            "cache_window": cache_window,
             "index": index, **({"nlist": meta["nlist"], "nprobe": nprobe} if index == "ivf" else {})}
 
 
@@ -196,6 +203,8 @@ def main() -> None:
     parser.add_argument("--cache-window", type=int, default=64)
     parser.add_argument("--index", choices=["exact", "ivf"], default="exact", help="the model part's store")
     parser.add_argument("--nprobe", type=int, default=8)
+    parser.add_argument("--knn-weight", type=float, default=0.25,
+                        help="lambda of kNN-LM; 0: the cache alone, no store built")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (eval.threads' default: 1)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -209,7 +218,7 @@ def main() -> None:
             folder = Path(tmp) / "model_store"
             folder.mkdir()
             out["model"] = with_model(folder, args.model, args.tokens, args.k, args.cache_window, args.index,
-                                      args.nprobe, args.text, args.score_tokens)
+                                      args.nprobe, args.text, args.score_tokens, args.knn_weight)
     out["load_1min_after"] = round(os.getloadavg()[0], 2)
     print(json.dumps(out, indent=1))
 
