@@ -507,7 +507,23 @@ def test_select_round_robin_prefers_breadth():
     per_term = [[Occurrence(0, 0, p, p, p + 1, "", "first") for p in range(10)],
                 [Occurrence(1, 0, 50, 50, 51, "", "first")], []]
     chosen = term_search.select_round_robin(per_term, 4)
-    assert [(o.term, o.start) for o in chosen] == [(0, 0), (1, 50), (0, 1), (0, 2)]
+    assert sorted(o.term for o in chosen) == [0, 0, 0, 1]  # term 1's only occurrence is never crowded out
+    assert len({o.start for o in chosen}) == 4
+    assert chosen == sorted(chosen, key=lambda o: (o.start if o.term == 0 else 0, o.term))  # text order
+    everything = term_search.select_round_robin(per_term, 100)  # under the cap: all, in text order
+    assert [(o.term, o.start) for o in everything] == [(0, 0), (1, 50)] + [(0, p) for p in range(1, 10)]
+
+
+def test_a_capped_sample_holds_repeated_mentions_as_the_text_does():
+    # 400 terms, each mentioned 4 times in its own document: one first mention, three repeats. A cap
+    # of one occurrence per term drew only first mentions when each term's were taken in text order.
+    per_term = [[Occurrence(t, t, 10 * i, 0, 1, "", "first" if i == 0 else "repeat") for i in range(4)]
+                for t in range(400)]
+    chosen = term_search.select_round_robin(per_term, 400)
+    assert sorted(o.term for o in chosen) == list(range(400))
+    repeats = sum(o.mention == "repeat" for o in chosen) / 400
+    assert 0.70 <= repeats <= 0.80, repeats  # 3 of 4 in the text
+    assert chosen == term_search.select_round_robin(per_term, 400)  # fixed: every run scores the same
 
 
 def tiny_random_lm(arch: str):

@@ -42,8 +42,12 @@ term as written at that occurrence ("PKI" where the text says "PKI", for the
 term "pki").
 
 When there are more occurrences than `eval.max_terms`, they are chosen round
-robin over terms (every term's first occurrence, then every term's second, ...),
-so the cap never crowds out the rarest terms, and the choice is deterministic.
+robin over terms (one occurrence of every term, then a second of every term, ...),
+so the cap never crowds out the rarest terms; each term's occurrences are taken in
+a fixed pseudo-random order (a hash of document and position), so a capped sample
+holds first and repeated mentions about as the text does (in text order, a term's
+first pick would always be a first mention), and the choice is deterministic and
+the same for every tokenizer.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import functools
+import hashlib
 import re
 import sys
 from collections.abc import Iterable
@@ -293,16 +298,27 @@ def find_occurrences(tokenizer, documents: list[str], tokens: np.ndarray, offset
 
 
 def select_round_robin(per_term: list[list[Occurrence]], cap: int) -> list[Occurrence]:
-    """At most `cap` occurrences: every term's first, then every term's second, and so on.
+    """At most `cap` occurrences: one of every term, then a second of every term, and so on,
+    each term's in the fixed pseudo-random order of `_sample_order`; returned in the order
+    (the occurrence's place in its term's text order, term), so with no more than `cap`
+    occurrences this is every occurrence in the order it always had.
 
     >>> occ = [[Occurrence(0, 0, p, p, p + 1, "", "first") for p in (3, 8, 9)],
     ...        [Occurrence(1, 0, 5, 5, 6, "", "first")]]
     >>> [(o.term, o.start) for o in select_round_robin(occ, 3)]
-    [(0, 3), (1, 5), (0, 8)]
+    [(0, 3), (1, 5), (0, 9)]
     """
-    ranked = sorted(((rank, o.term, o) for occurrences in per_term
-                     for rank, o in enumerate(occurrences)), key=lambda x: (x[0], x[1]))
-    return [o for _, _, o in ranked[:cap]]
+    ranked = sorted((pick, o.term, place, o) for occurrences in per_term
+                    for pick, (place, o) in enumerate(sorted(enumerate(occurrences),
+                                                             key=lambda x: _sample_order(x[1]))))
+    return [o for _, _, _, o in sorted(ranked[:cap], key=lambda x: (x[2], x[1]))]
+
+
+def _sample_order(o: Occurrence) -> tuple[bytes, int, int]:
+    """A fixed pseudo-random rank of an occurrence within its term: a BLAKE2b hash of
+    "doc:char_start" (positions in characters, so every tokenizer and every run draws the same
+    sample; CRC-32, linear, ranks such near-identical strings far from at random)."""
+    return hashlib.blake2b(f"{o.doc}:{o.char_start}".encode(), digest_size=8).digest(), o.doc, o.char_start
 
 
 # ---------------------------------------------------------------- bands and prompts
