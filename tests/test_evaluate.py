@@ -509,7 +509,8 @@ def test_select_round_robin_prefers_breadth():
     chosen = term_search.select_round_robin(per_term, 4)
     assert sorted(o.term for o in chosen) == [0, 0, 0, 1]  # term 1's only occurrence is never crowded out
     assert len({o.start for o in chosen}) == 4
-    assert chosen == sorted(chosen, key=lambda o: (o.start if o.term == 0 else 0, o.term))  # text order
+    # in the order (place in its term's text order, term): term 1's only occurrence is at place 0
+    assert chosen == sorted(chosen, key=lambda o: (o.start if o.term == 0 else 0, o.term))
     everything = term_search.select_round_robin(per_term, 100)  # under the cap: all, in text order
     assert [(o.term, o.start) for o in everything] == [(0, 0), (1, 50)] + [(0, p) for p in range(1, 10)]
 

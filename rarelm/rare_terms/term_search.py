@@ -308,10 +308,9 @@ def select_round_robin(per_term: list[list[Occurrence]], cap: int) -> list[Occur
     >>> [(o.term, o.start) for o in select_round_robin(occ, 3)]
     [(0, 3), (1, 5), (0, 9)]
     """
-    ranked = sorted((pick, o.term, place, o) for occurrences in per_term
-                    for pick, (place, o) in enumerate(sorted(enumerate(occurrences),
-                                                             key=lambda x: _sample_order(x[1]))))
-    return [o for _, _, _, o in sorted(ranked[:cap], key=lambda x: (x[2], x[1]))]
+    drawn = [sorted(range(len(occ)), key=lambda i: _sample_order(occ[i])) for occ in per_term]
+    ranked = sorted((pick, t, place) for t, order in enumerate(drawn) for pick, place in enumerate(order))
+    return [per_term[t][place] for place, t in sorted((place, t) for _, t, place in ranked[:cap])]
 
 
 def _sample_order(o: Occurrence) -> tuple[bytes, int, int]:
