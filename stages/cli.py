@@ -5,6 +5,7 @@
     rarelm generate "The patient" --model models/model   # continue a prompt, streaming
     rarelm compare exp-a exp-b --baseline HEAD --out reports   # paired intervals, HTML report
     rarelm headline                        # every remedy vs the baseline, queued DVC experiments (~90 min)
+    rarelm run-plan --plan p.yaml --out d  # a fixed plan's experiments as processes, no DVC (a GPU machine)
     rarelm register exp-name --champion    # register a run's model in MLflow, mark it to serve
     rarelm champion 2                      # move the `champion` alias (roll back)
     rarelm release v1.0.0                  # git tag rarelm@v1.0.0: `dvc artifacts get . rarelm` finds it
@@ -27,6 +28,7 @@ from stages.prepare import prepare
 from stages.rare_terms import rare_terms
 from stages.register import champion, register
 from stages.release import release
+from stages.run_plan import run_plan
 from stages.tokenize import tokenize
 from stages.train import train
 from stages.weights import weights
@@ -60,6 +62,7 @@ app.command()(headline)
 app.command()(register)
 app.command()(champion)
 app.command()(release)
+app.command(name="run-plan")(run_plan)
 
 
 @app.command()

@@ -42,20 +42,26 @@ from collections.abc import Callable
 
 import torch
 
-# Logits per chunk: 8 MB of fp32, within this machine kind's L3. One thread's CPU time per
+# Logits per chunk on a CPU: 8 MB of fp32, within this machine kind's L3. One thread's CPU time per
 # step was the same from 256 to 2,048 rows a chunk at vocabularies 1,712 and 8,192 (30% under the
 # full logits'); fewer chunks mean fewer of the small parallel ops that a loaded machine's
 # thread scheduling makes costly.
 CHUNK_ELEMENTS = 2**21
+# On a GPU a chunk is sized by memory, not cache: 512 MB of fp32 logits, ~2,600 rows at GPT-2's
+# vocabulary of 50,257. CPU-sized chunks there (41 rows) made 400 small matmuls and ~3,000 kernel
+# launches a step of 16 x 1,024 tokens: most of the 350 ms step that issue 54 measured on an H200.
+GPU_CHUNK_ELEMENTS = 2**27
 
 
-def chunk_rows(vocab: int) -> int:
-    """Tokens per chunk for a vocabulary of `vocab`: CHUNK_ELEMENTS logits, at least 16 rows.
+def chunk_rows(vocab: int, device_type: str = "cpu") -> int:
+    """Tokens per chunk for a vocabulary of `vocab` on a device of `device_type`: CHUNK_ELEMENTS
+    logits on a CPU, GPU_CHUNK_ELEMENTS elsewhere, at least 16 rows.
 
-    >>> chunk_rows(4096), chunk_rows(8192), chunk_rows(200_000)
-    (512, 256, 16)
+    >>> chunk_rows(4096), chunk_rows(8192), chunk_rows(200_000), chunk_rows(50_257, "cuda")
+    (512, 256, 16, 2670)
     """
-    return max(16, CHUNK_ELEMENTS // vocab)
+    elements = CHUNK_ELEMENTS if device_type == "cpu" else GPU_CHUNK_ELEMENTS
+    return max(16, elements // vocab)
 
 
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
@@ -71,7 +77,7 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: to
     ce, lse and plain are fp32 [N]; plain is ce without the bias (detached). `mm(a, b)` makes
     the three products a @ b (None: torch's; the training step passes rarelm.train.matmul.mm,
     oneDNN for fp32 on CPUs where that is faster)."""
-    chunk = chunk or chunk_rows(weight.size(0))
+    chunk = chunk or chunk_rows(weight.size(0), hidden.device.type)
     return _LinearCrossEntropy.apply(hidden, weight, targets, bias, coef, aux, row_loss, chunk,
                                      mm or torch.matmul)
 

@@ -34,4 +34,5 @@ class TargetCountNormalization(Remedy):
         return cls() if params.normalize == "targets" else None
 
     def denominator(self, weights: torch.Tensor | None) -> torch.Tensor | None:
-        return None if weights is None else weights.new_tensor(float(weights.numel()))
+        # a fill, not a copy from the host: no wait for the GPU inside the step
+        return None if weights is None else torch.full((), float(weights.numel()), device=weights.device)

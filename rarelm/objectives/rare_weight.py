@@ -82,7 +82,8 @@ def weighted_mean(loss: torch.Tensor, weights: torch.Tensor | None) -> torch.Ten
 def plain_stats(ce: torch.Tensor, rare: torch.Tensor) -> torch.Tensor:
     """Detached float32 [ce_sum, tokens, rare_ce_sum, rare_tokens] of per-target CE [N], rare [N]."""
     with torch.no_grad():
-        return torch.stack([ce.sum(), torch.tensor(float(ce.numel()), device=ce.device),
+        # the count as a fill on the device, not a tensor copied from the host (a GPU sync)
+        return torch.stack([ce.sum(), torch.full((), float(ce.numel()), device=ce.device),
                             (ce * rare).sum(), rare.sum().float()])
 
 

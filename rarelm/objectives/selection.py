@@ -59,5 +59,14 @@ class TargetSelection:
         if self.targets == "rare_bucket":
             return rare
         skip_first = self.targets == "terms_after_first"
-        terms = torch.from_numpy(self.term_index.target_mask(starts, y.size(1), skip_first)).to(y.device)
+        terms = _to_device(self.term_index.target_mask(starts, y.size(1), skip_first), y.device)
         return terms | rare if self.targets == "both" else terms
+
+
+def _to_device(mask: np.ndarray, device) -> torch.Tensor:
+    """The host mask on `device`; to a GPU through pinned memory, without waiting for the GPU (a
+    plain copy from pageable memory waits for every kernel queued before it)."""
+    tensor = torch.from_numpy(mask)
+    if device.type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)

@@ -126,6 +126,8 @@ def run_batch(repo: Path, batch: list[tuple[str, list[str]]], log: Callable[[str
     One already queued or running (an earlier, interrupted command's) is waited for, not queued
     again. Returns how many experiments it ran or waited for.
     """
+    if {name for name, _ in batch} <= set(done):  # all recorded (e.g. by rarelm run-plan): no DVC needed
+        return 0
     pending, lost = queue_state(repo)
     for name in sorted(lost & {name for name, _ in batch}):
         log(f"{name} was left running by a worker that died: marked failed, queued again")

@@ -27,6 +27,9 @@ from rarelm.report.runs import for_split, read_file
 
 RECORDS = "runs"  # <out>/runs/<experiment>/
 COMMIT = "commit"  # the experiment's commit, written last: a record without it is not one
+# in a record that `rarelm run-plan` wrote (rarelm/report/plan_runner.py): the experiment ran as stage
+# processes, not as a DVC experiment; its `commit` is then the code's, which its siblings share
+RUN_PLAN = "run-plan.json"
 ZIPPED = {EVAL_OCCURRENCES: EVAL_OCCURRENCES + ".gz"}  # the one large file (~0.5 KB per occurrence)
 
 
@@ -70,6 +73,8 @@ def load_recorded(repo: Path, out: Path, name: str, split: str = "") -> RunData:
             raise RarelmError(f"{path / ZIPPED[rel]}: cannot read ({exc})") from None
 
     commit = (path / COMMIT).read_text(encoding="utf-8").strip()
-    run = load_files(name, name, "git", commit, read)
+    # a run-plan record's commit is its code's, shared with the plan's other records: not its identity
+    source, ident = ("run-plan", f"{commit}/{name}") if (path / RUN_PLAN).is_file() else ("git", commit)
+    run = load_files(name, name, source, ident, read)
     run.experiment = name
     return for_split(run, split)

@@ -30,7 +30,7 @@ from rarelm.train import early_stop, setup
 from rarelm.train.inputs import Paths
 from rarelm.train.meter import Meter
 from rarelm.train.optim import lr_at, set_lr
-from rarelm.train.report import progress_bar, report
+from rarelm.train.report import progress_bar, report, start_line
 from rarelm.train.saving import finish
 from rarelm.train.state import rank_state
 from rarelm.train.step import train_step
@@ -46,8 +46,7 @@ def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict
         setup.build(t)
         bar = progress_bar(t.dist.main and progress, tp.max_steps, t.start_step)
         if t.dist.main:
-            bar.console.print(f"train: {t.precision.describe()}; fp32 products by {t.matmul[0]} "
-                              f"({t.matmul[1]})")
+            bar.console.print(start_line(t))  # what runs the step: precision, kernels, device
         if t.found and t.dist.main:
             bar.console.print(f"train: resuming from {t.found} (step {t.start_step})")
         meter = Meter(t.device, tp.max_steps, t.saved_window)

@@ -219,7 +219,7 @@ def probe_key(shapes: list[tuple[int, int]]) -> str:
 
 def pick_backend(model, device, cache: Path | None = None, eligible: bool = True,
                  before_probe=None) -> tuple[str, str]:
-    """(backend, why) for training `model`: "mkl" (torch's own route) off a CPU, where not
+    """(backend, why) for training `model`: "cublas" on a CUDA device; "mkl" (torch's own route) where not
     `eligible` (autocast, FSDP, compile) or without oneDNN; else RARELM_MATMUL's, or the faster
     by `probe_seconds`, cached per machine (rarelm.train.precision.machine_cache) so that every
     run of these layer shapes on this machine trains through the same kernels. `before_probe()`
@@ -229,6 +229,8 @@ def pick_backend(model, device, cache: Path | None = None, eligible: bool = True
     from rarelm.train.precision import machine_cache
 
     forced = forced_backend()
+    if device.type == "cuda":
+        return "cublas", "a CUDA device"
     if device.type != "cpu" or not eligible:
         return "mkl", "not fp32 on a CPU (or FSDP, compile)"
     if not onednn_available():

@@ -40,6 +40,28 @@ def show(bar: Progress, row: dict[str, Any], max_steps: int) -> None:
     bar.console.print(" | ".join(parts))
 
 
+def start_line(t) -> str:
+    """The log line a run starts with: what runs the step. On a CPU `train: precision fp32 (...);
+    fp32 products by onednn (...)`; on a GPU its name, the attention kernel and the loss's chunking:
+    `train: precision bf16 (pinned) on NVIDIA H200 (CUDA 13.0, torch 2.11.0); attention sdpa;
+    fused AdamW; loss from hidden states in chunks of 2,670 tokens`."""
+    head = f"train: {t.precision.describe()}"
+    if t.device.type != "cuda":
+        return f"{head}; fp32 products by {t.matmul[0]} ({t.matmul[1]})"
+    import torch
+
+    from rarelm.objectives.linear_ce import chunk_rows
+
+    gpu = (f"{torch.cuda.get_device_name(t.device)} (CUDA {torch.version.cuda}, torch "
+           f"{torch.__version__.split('+')[0]})")
+    attention = getattr(t.raw_model.config, "_attn_implementation", None) or "default"
+    vocab = t.raw_model.get_output_embeddings().weight.size(0)
+    loss = (f"loss from hidden states in chunks of {chunk_rows(vocab, 'cuda'):,} tokens" if t.output.chunked
+            else "loss from the full logits")
+    compiled = "; torch.compile" if t.tp.compile else ""
+    return f"{head} on {gpu}; attention {attention}; fused AdamW; {loss}{compiled}"
+
+
 def step_metrics(row: dict[str, Any]) -> dict[str, float]:
     """A curve row's MLflow metrics: `train/<key>`, and `val/<key>` for the val_* keys.
 
