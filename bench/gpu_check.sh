@@ -9,9 +9,13 @@
 #                         the model of run 1: its loss and the bytes each rank holds
 #   5. LoRA               model.lora rank 8 on run 1's model as the pretrained one (1 GPU), bf16:
 #                         only the adapters train, the merged model is saved
-#   6. pinned memory      rarelm.train.batches.to_batch gives CUDA tensors copied from pinned host memory;
+#   6. profile + Trainer  bench/train_step_profile.py on run 3's model and batch: the host syncs of
+#                         one step, a torch.profiler table and trace of 5 steps ($PROFILE_OUT), and
+#                         transformers' Trainer on the same model, windows and precision (tokens/s, ratio)
+#   7. pinned memory      rarelm.train.batches.to_batch gives CUDA tensors copied from pinned host memory;
 #      and MFU            model FLOPs/s of run 3 over the bf16 matmul peak measured on the same
 #                         GPU (8192^3 matmuls), not a datasheet figure
+#   COMPILE=1 adds run 3 again with train.compile (60 steps; its tokens/s and wall time, compile included)
 #
 #   bash bench/gpu_check.sh                 # from the repo root; PYTHON=... to pick the interpreter
 #
@@ -24,6 +28,7 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
+PROFILE_OUT=${PROFILE_OUT:-$WORK/profile}  # profile.txt and trace.json of step 6 (kept if set outside)
 export MLFLOW_TRACKING_URI="sqlite:///$WORK/mlflow.db"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
@@ -108,18 +113,18 @@ else
 fi
 COMMON="train.nproc=1 train.log_every=5 train.eval_every=1000 train.eval_batches=2 train.checkpoint_every=1000"
 
-echo "gpu_check: 1/6 bf16 autocast through the train stage"
+echo "gpu_check: 1/7 bf16 autocast through the train stage"
 params bf16 $SMALL $COMMON train.max_steps=30 train.precision=bf16 train.warmup_steps=5
 train bf16
 if [ "$DEVICE" = cuda ]; then
-    echo "gpu_check: 2/6 fp16 with GradScaler through the train stage"
+    echo "gpu_check: 2/7 fp16 with GradScaler through the train stage"
     params fp16 $SMALL $COMMON train.max_steps=30 train.precision=fp16 train.warmup_steps=5
     train fp16
 else
-    echo "gpu_check: 2/6 skipped: fp16 with a GradScaler needs CUDA"
+    echo "gpu_check: 2/7 skipped: fp16 with a GradScaler needs CUDA"
 fi
 if [ "$DEVICE" = cuda ]; then
-    echo "gpu_check: 3/6 throughput of the GPT-2-124M-sized model"
+    echo "gpu_check: 3/7 throughput of the GPT-2-124M-sized model"
     params big $BIG $COMMON train.max_steps=40 train.precision=bf16 train.warmup_steps=5
     train big
 else  # the tiny model again would add nothing: run 1 stands in for it
@@ -129,21 +134,34 @@ fi
 
 FSDP_RANKS=$(( GPUS > 8 ? 8 : GPUS ))
 if [ "$DEVICE" = cpu ]; then  # FSDP over gloo is what tests/test_train.py and test_reliability.py run
-    echo "gpu_check: 4/6 skipped on CPU: the test suite runs FSDP over gloo"
+    echo "gpu_check: 4/7 skipped on CPU: the test suite runs FSDP over gloo"
 elif [ "$FSDP_RANKS" -ge 2 ]; then
-    echo "gpu_check: 4/6 FSDP over $FSDP_RANKS processes through the train stage"
+    echo "gpu_check: 4/7 FSDP over $FSDP_RANKS processes through the train stage"
     params fsdp $SMALL $COMMON train.max_steps=30 train.precision=bf16 train.warmup_steps=5 \
         train.strategy=fsdp train.nproc=$FSDP_RANKS
     train fsdp "$FSDP_RANKS"
 else
-    echo "gpu_check: 4/6 skipped: FSDP needs 2 GPUs, this machine has $GPUS"
+    echo "gpu_check: 4/7 skipped: FSDP needs 2 GPUs, this machine has $GPUS"
 fi
-echo "gpu_check: 5/6 LoRA on run 1's model through the train stage"
+echo "gpu_check: 5/7 LoRA on run 1's model through the train stage"
 params lora $SMALL $COMMON train.max_steps=30 train.precision=bf16 train.warmup_steps=5 train.lr=0.002 \
     "model.name_or_path=$WORK/models/bf16" "model.lora={rank: 8, alpha: 16.0}"
 train lora
 
-echo "gpu_check: 6/6 pinned memory, and the bf16 matmul peak for MFU"
+if [ "$DEVICE" = cuda ] && [ -n "${COMPILE:-}" ]; then
+    echo "gpu_check: 5b/7 the GPT-2-124M-sized model with train.compile (COMPILE=1; its compile time counted)"
+    params compiled $BIG $COMMON train.max_steps=60 train.precision=bf16 train.warmup_steps=5 train.compile=true
+    train compiled
+fi
+echo "gpu_check: 6/7 where our step's time goes (torch.profiler, host syncs) and the HF Trainer on the same"
+echo "gpu_check:     model and batch (bench/train_step_profile.py; PROFILE_OUT=$PROFILE_OUT)"
+params profile $BIG $COMMON train.max_steps=1000 train.precision=bf16 train.warmup_steps=5
+"$PYTHON" bench/train_step_profile.py --params "$WORK/profile.yaml" --tokenized "$WORK/tokenized" \
+    --rare "$WORK/rare" --weights "$WORK/weights-profile" --out "$PROFILE_OUT" --steps 30 --warmup 5 \
+    | tee "$WORK/profile.log" | tail -n 1 > "$WORK/profile.json"
+grep -v '^{' "$WORK/profile.log" | head -n 40
+
+echo "gpu_check: 7/7 pinned memory, and the bf16 matmul peak for MFU"
 "$PYTHON" - "$WORK" "$DEVICE" <<'EOF'
 import csv
 import json
@@ -196,6 +214,10 @@ for name in ("bf16", "fp16", "big", "fsdp", "lora"):
     metrics = json.loads((work / "metrics" / f"{name}.json").read_text())
     if name in ("bf16", "fsdp", "lora"):
         result[f"{name}_state_bytes_per_rank"] = metrics["state_bytes_per_rank"]
+result["profile"] = json.loads((work / "profile.json").read_text())  # bench/train_step_profile.py
+if (work / "metrics" / "compiled.json").is_file():  # COMPILE=1: tokens/s and wall time with compile
+    compiled = json.loads((work / "metrics" / "compiled.json").read_text())
+    result["compiled"] = {k: compiled.get(k) for k in ("tokens_per_s", "wall_time_s", "steps")}
 lora_metrics = json.loads((work / "metrics" / "lora.json").read_text())
 result["lora_trainable_parameters"] = lora_metrics["trainable_parameters"]
 assert (work / "models" / "lora" / "adapter" / "adapter_config.json").is_file(), "no adapter saved"

@@ -139,6 +139,8 @@ def _evaluate(params, model, tokenizer, data, buckets, terms, prepared: Path, pr
             documents = _documents(prepared, split)
             results[split] = evaluate_split(model, tokenizer, data, documents, split, buckets, terms,
                                             params.eval, params.seed, progress, prior)
+            console.print(f"evaluate: {split} split: " + ", ".join(  # where the time went
+                f"{name} {seconds:.1f} s" for name, seconds in results[split].seconds.items()), soft_wrap=True)
     return combine(results), results
 
 

@@ -1068,4 +1068,7 @@ def test_gpu_check_falls_back_to_cpu_without_a_gpu(tmp_path):
     assert summary["lora_trainable_parameters"] == 8 * 32 + 96 * 8
     assert summary["lora_state_bytes_per_rank"] < summary["bf16_state_bytes_per_rank"] / 2
     assert all(map(math.isfinite, summary["lora_loss_first_last"]))
+    profile = summary["profile"]  # bench/train_step_profile.py: our step profiled, the Trainer beside it
+    assert profile["ours_tokens_per_s"] > 0 and profile["trainer_tokens_per_s"] > 0
+    assert profile["syncs_per_step"] == 0 and profile["loss_chunked"] is True
     assert not list(tmp_path.glob("gpu_check.*"))  # its work folder is cleaned up
