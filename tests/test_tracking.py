@@ -325,7 +325,7 @@ def test_experiment_kind_run_name_and_source_tags(store, workspace, monkeypatch)
     run.finish()
     client = mlflow.MlflowClient(store)
     mlrun = client.get_run(run.run_id)
-    assert mlrun.info.run_name == f"train-{commit[:7]}"
+    assert mlrun.info.run_name == f"train-{commit[:7]}-demo_en-gpt2-4x128"  # corpus and model: defaults
     tags = mlrun.data.tags
     assert tags["mlflow.source.git.commit"] == tags["git_commit"] == commit
     assert tags["mlflow.source.name"] == "stages/train.py" and tags["mlflow.source.type"] == "LOCAL"
@@ -335,7 +335,9 @@ def test_experiment_kind_run_name_and_source_tags(store, workspace, monkeypatch)
     experiment = client.get_experiment(mlrun.info.experiment_id)
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
     assert experiment.tags["mlflow.note.content"] == EXPERIMENT_NOTE  # its description
-    assert tags["mlflow.note.content"].startswith(f"train-{commit[:7]} at commit {commit[:7]}: alpha 0,")
+    assert tags["mlflow.note.content"].startswith(
+        f"train-{commit[:7]}-demo_en-gpt2-4x128 at commit {commit[:7]}; corpus data/raw/demo_en.txt.gz (en); "
+        "model: GPT-2-style, 4 layers x 128, from scratch; alpha 0, ")
 
     client.delete_experiment_tag(experiment.experiment_id, "mlflow.experimentKind")  # an older store
     monkeypatch.setenv("DVC_EXP_NAME", "lumpy-gaur")  # as under `dvc exp run`
@@ -343,9 +345,11 @@ def test_experiment_kind_run_name_and_source_tags(store, workspace, monkeypatch)
     run = start_run(params, stage="train")
     run.finish()
     mlrun = client.get_run(run.run_id)
-    assert mlrun.info.run_name == mlrun.data.tags["DVC_EXP_NAME"] == "lumpy-gaur"
+    assert mlrun.info.run_name == mlrun.data.tags["DVC_EXP_NAME"] == "lumpy-gaur"  # as `dvc exp show`
     assert mlrun.data.tags["mlflow.source.git.commit"] == mlrun.data.tags["DVC_EXP_BASELINE_REV"]
-    assert mlrun.data.tags["mlflow.note.content"].startswith("DVC experiment lumpy-gaur at commit fffffff:")
+    note = mlrun.data.tags["mlflow.note.content"]
+    assert note.startswith("DVC experiment lumpy-gaur at commit fffffff; corpus data/raw/demo_en.txt.gz")
+    assert "changed from" not in note  # no such commit here: no comparison
     assert client.get_experiment(experiment.experiment_id).tags["mlflow.experimentKind"] == \
         "custom_model_development"
     assert experiment_id(store, "kinds") == experiment.experiment_id
@@ -529,7 +533,7 @@ def test_tensorboard_writes_the_step_curves_under_runs(workspace, store, monkeyp
     run.log_metrics({"upstream/prepare/documents": 5.0}, step=0)
     run.finish()
     (folder,) = (workspace / "runs").iterdir()
-    assert folder.name == f"train-{git_commit()[:7]}"
+    assert folder.name == f"train-{git_commit()[:7]}-demo_en-gpt2-4x128"
     events = EventAccumulator(str(folder))
     events.Reload()
     assert sorted(events.Tags()["scalars"]) == ["train/loss", "val/ce"]
@@ -855,3 +859,30 @@ def test_test_corpus_text_goes_to_mlflow_only_when_log_text_says(store, workspac
     assert logged == {"false": {"eval/eval.json"},
                       "true": {"eval/eval.json", "eval/eval_occurrences.jsonl", "eval/term_samples.json"}}
     assert logs_text("auto", store) and not logs_text("auto", "http://mlflow.internal:5000")
+
+
+def test_description_names_what_differs_from_the_commits_params(tmp_path, monkeypatch):
+    """`dvc exp run -S alpha=0.7` leaves alpha 0.7 in params.yaml: the next run's description says
+    so against the commit's params.yaml (the one beside the stage, ./params.yaml, as under base/)."""
+    from rarelm.params import load_params
+    from rarelm.tracking.naming import committed_params, run_note
+
+    (tmp_path / "base").mkdir()
+    params_file = tmp_path / "base/params.yaml"
+    params_file.write_text("alpha: 0.0\ncorpus:\n  path: data/raw/pg15.txt.gz\n"
+                           "model:\n  name_or_path: base/model\n")
+    for cmd in (["git", "init", "-q"], ["git", "add", "-A"],
+                ["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "init"]):
+        subprocess.run(cmd, cwd=tmp_path, check=True, capture_output=True)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True,
+                            text=True).stdout.strip()
+    params_file.write_text(params_file.read_text().replace("alpha: 0.0", "alpha: 0.7\nseed: 2"))
+    monkeypatch.chdir(tmp_path / "base")
+    committed = committed_params(commit)
+    assert committed is not None and committed["alpha"] == 0.0 and committed["seed"] == 1337
+    note = run_note(load_params("params.yaml"), {"mlflow.runName": "r", "git_commit": commit}, committed)
+    assert note.startswith(f"r at commit {commit[:7]}; corpus data/raw/pg15.txt.gz (en); model: base/model; "
+                           "alpha 0.7, ")
+    assert note.endswith("; changed from the commit's params.yaml: seed 1337 -> 2, alpha 0 -> 0.7. "
+                         "Read summary/ first.")
+    assert committed_params("f" * 40) is None and committed_params("") is None

@@ -37,7 +37,7 @@ from rarelm.process import sigterm_deferred
 from rarelm.tracking import model_log
 from rarelm.tracking.datasets import dataset_inputs
 from rarelm.tracking.experiment import ensure_experiment
-from rarelm.tracking.naming import param_str, run_note, run_tags
+from rarelm.tracking.naming import committed_params, param_str, run_note, run_tags
 from rarelm.tracking.redaction import reason, redact
 from rarelm.tracking.store import prepare_store
 from rarelm.tracking.tables import write_table
@@ -278,9 +278,9 @@ def start_run(params, stage: str, run_id: str | None = None, background: bool = 
     """
     run = Run(stage, tracking_uri(), params.tracking.experiment, run_id,
               system_metrics=params.tracking.system_metrics, required=params.tracking.required)
-    tags = run_tags(stage)
+    tags = run_tags(stage, params)
     if run_id is None:
-        tags["mlflow.note.content"] = run_note(params, tags)
+        tags["mlflow.note.content"] = run_note(params, tags, committed_params(tags["git_commit"]))
     if params.tracking.tensorboard:
         run._tensorboard = _tensorboard_writer(params.tracking, stage, tags["mlflow.runName"])
     datasets = ((list(inputs), "training"),) if inputs else ()
@@ -345,7 +345,7 @@ def open_run(run_file: str | Path, stage: str, params) -> Run:
     run.run_id, run.experiment = None, params.tracking.experiment
     model_run = {"rarelm.model_run_id": info["run_id"]} if info.get("run_id") else {}
     try:
-        run._connect(params.flat(), run_tags(stage) | model_run, resume=False)
+        run._connect(params.flat(), run_tags(stage, params) | model_run, resume=False)
     except Exception as exc:
         run.run_id = None
         run._fail(exc)
