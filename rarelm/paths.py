@@ -27,6 +27,9 @@ RARE_TERMS_METRICS = f"{METRICS}/rare_terms.json"
 WEIGHTS_METRICS = f"{METRICS}/weights.json"
 TRAIN_METRICS = f"{METRICS}/train.json"
 EVAL_METRICS = f"{METRICS}/eval.json"
+# the headline figures (evaluate writes it): the one file dvc.yaml declares as `metrics:`, so that
+# `dvc exp show` and `dvc metrics show` open on them; the files above are plain outputs
+SUMMARY_METRICS = f"{METRICS}/summary.json"
 EVAL_OCCURRENCES = f"{METRICS}/eval_occurrences.jsonl"  # one row per evaluated term occurrence
 WEIGHTS_PLOT = f"{PLOTS}/weights.csv"
 TRAIN_PLOT = f"{PLOTS}/train.csv"
@@ -41,5 +44,5 @@ OUTPUTS = {
     "weights": (WEIGHTS, WEIGHTS_METRICS, WEIGHTS_PLOT),
     "train": (MODEL, TRAIN_PLOT, TRAIN_METRICS),
     "datastore": (DATASTORE,),
-    "evaluate": (EVAL_OCCURRENCES, EVAL_METRICS, EVAL_BUCKETS_PLOT, EVAL_BANDS_PLOT),
+    "evaluate": (EVAL_OCCURRENCES, EVAL_METRICS, SUMMARY_METRICS, EVAL_BUCKETS_PLOT, EVAL_BANDS_PLOT),
 }

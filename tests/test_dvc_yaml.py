@@ -221,3 +221,19 @@ def test_check_names_the_uncovered_file_and_the_unused_dep(root):
 def test_closure_of_a_package_run_with_dash_m_includes_its_main(root):
     (root / "pkg/__main__.py").write_text("from pkg import b\n")
     assert import_closure("pkg", root) == ["pkg/__init__.py", "pkg/__main__.py", "pkg/b.py"]
+
+
+def test_side_pipelines_are_dvc_projects_of_their_own():
+    """base/ and smollm2/ carry their own .dvc/ (`dvc init --subdir`): the main project's `dvc status`,
+    `dvc exp show` and `dvc exp apply` list only dvc.yaml's stages (a fresh clone lacks the side
+    pipelines' outputs, and their stages filled `dvc status` with 126 stale lines), while
+    `cd base && dvc repro` (`make base`) still finds its own."""
+    from tests.conftest import run
+
+    listed = run(["dvc", "stage", "list", "--all", "--name-only"], REPO, check=True).stdout.split()
+    assert listed == list(_stages("dvc.yaml"))
+    for side in ("base", "smollm2"):
+        assert (REPO / side / ".dvc/config").is_file()
+        own = run(["dvc", "stage", "list", "--name-only"], REPO / side, check=True).stdout.split()
+        assert own == list(_stages(f"{side}/dvc.yaml"))
+        assert f"\tcd {side} && dvc repro\n" in (REPO / "Makefile").read_text(encoding="utf-8")

@@ -754,9 +754,23 @@ def test_stage_writes_metrics_plots_and_logs_into_the_training_run(workspace, tm
     set_params(ws, **{"eval.splits": ["test", "val"]})
     result = stage("evaluate", ws, env={"OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr
-    assert result.stderr == ""
-    assert result.stdout.count("\n") == 1 and result.stdout.startswith("evaluate: test ppl ")
+    assert [line.split(" finding terms ")[0] for line in result.stderr.splitlines()] == [
+        "evaluate: test split:", "evaluate: val split:"]  # where the time went, per split
     m = json.loads((ws / "metrics/eval.json").read_text())
+    # the summary: a block of short lines per split, then the time; the headline file for DVC
+    from rarelm.tracking.metrics import summary_file
+    from stages.evaluate import _summary
+
+    lines = result.stdout.splitlines()
+    assert lines[0] == (f"evaluate: test split, {m['n_eval_tokens']:,} tokens, "
+                        f"{m['n_eval_terms']:,} term occurrences")
+    assert result.stdout.startswith(_summary("test", m) + "\n" + _summary("val", m["val"]) + "\n")
+    assert len(lines) == 2 * 9 + 1 and max(map(len, lines)) <= 100
+    assert lines[-1].startswith("evaluate: ") and lines[-1].endswith(" s; every figure in metrics/eval.json, "
+                                                                     "the headline in metrics/summary.json")
+    headline = json.loads((ws / "metrics/summary.json").read_text())
+    assert headline == summary_file(m, ["test", "val"]) and "tokens_per_s" not in headline  # no train.json
+    assert headline["ppl"] == m["ppl"] and headline["val"]["ppl"] == m["val"]["ppl"]
     test_tokens = np.asarray(TokenizedData.open(ws / "data/tokenized").tokens("test"))
     ppl, n = _hf_ppl(ws / "models/model", test_tokens, block=64)
     assert m["n_eval_tokens"] == n == len(test_tokens) - 1

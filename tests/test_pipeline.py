@@ -6,7 +6,7 @@ import json
 import pytest
 
 from rarelm.files import read_json
-from tests.conftest import assert_user_error, run, set_params, stage
+from tests.conftest import REPO, assert_user_error, run, set_params, stage
 
 
 def test_dvc_repro_prepare_tokenize_then_nothing_to_do(repo):
@@ -57,6 +57,31 @@ def test_chinese_demo_by_params_alone(repo):
     assert len(bands) >= 2 and all(m[k] > 0 for k in bands)
     rows = [json.loads(line) for line in (repo / "metrics/eval_occurrences.jsonl").open(encoding="utf-8")]
     assert len(rows) == m["n_eval_terms"] and all(r["expected"] == r["term"] for r in rows)  # no lead
+    _exp_show_opens_on_the_summary_and_status_is_clean(repo, m)
+
+
+def _exp_show_opens_on_the_summary_and_status_is_clean(repo, eval_metrics: dict) -> None:
+    """After the whole DAG: metrics/summary.json is eval.json's headline and train.json's tokens/s;
+    `dvc exp show` as the README gives it, in a 160-column terminal, holds it in the first 200
+    characters of its header and workspace rows (DVC prints numbers with 5 significant digits);
+    `dvc status` has nothing stale (base/ and smollm2/ are DVC projects of their own)."""
+    from rarelm.tracking.metrics import summary_file
+
+    summary = read_json(repo / "metrics/summary.json")
+    assert summary == summary_file(eval_metrics, ["test"], read_json(repo / "metrics/train.json"))
+    numbers = {k: v for k, v in summary.items() if isinstance(v, (int, float))}
+    assert {"term_nll_per_char", "term_exact_match", "ppl", "tokens_per_s"} <= set(numbers)
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert "\n    dvc exp show                # HEAD and every experiment: summary metrics first" in readme
+    lines = run(["dvc", "exp", "show"], repo, check=True, env={"COLUMNS": "160"}).stdout.splitlines()
+    header = next(line for line in lines if "Experiment" in line)[:200]
+    workspace = next(line for line in lines if line.split()[:1] == ["workspace"])[:200]
+    assert [k for k in numbers if f" {k} " in header] == list(numbers), header
+    assert [header.index(f" {k} ") for k in numbers] == sorted(header.index(f" {k} ") for k in numbers)
+    assert all(f" {v:.5g} " in f"{workspace} " for v in numbers.values()), (workspace, numbers)
+    assert "n_eval_terms" not in "".join(lines) and "precision_reason" not in "".join(lines)
+    status = run(["dvc", "status"], repo, check=True).stdout
+    assert status.strip() == "Data and pipelines are up to date.", status
 
 
 @pytest.mark.parametrize(("params", "raw", "message"), [

@@ -156,3 +156,29 @@ def test_workflow_runs_tests_dag_reproducibility_and_metrics_diff():
     result = subprocess.run([str(BIN / "python"), "-m", "rarelm.report.reprocheck", "--help"], cwd=root,
                             capture_output=True, text=True)
     assert result.returncode == 0 and "reproduce" in result.stdout and "metrics" in result.stdout
+
+
+def test_json_outputs_that_are_no_dvc_metrics_are_checked_as_metrics(tmp_path):
+    """dvc.yaml declares only metrics/summary.json as `metrics:` (so that `dvc exp show` fits);
+    metrics/train.json, a cached output, is still compared by content, wall clock aside, and
+    against the reference (`dvc metrics diff --targets`)."""
+    code = ("import json, time; json.dump({'loss': 1.5, 'precision': 'fp32', 'tokens_per_s': time.time()},"
+            " open('metrics/train.json', 'w')); json.dump({'ppl': 4.0}, open('metrics/summary.json', 'w'))")
+    stages = {"train": {"cmd": f"mkdir -p metrics && python -c \"{code}\"",
+                        "outs": ["metrics/train.json"],
+                        "metrics": [{"metrics/summary.json": {"cache": False}}]}}
+    root = toy_repo(tmp_path / "toy", stages)
+    assert reprocheck.metrics_files(root) == ["metrics/summary.json", "metrics/train.json"]
+    log: list[str] = []
+    reprocheck.reproduce(root, runs=2, save_reference=".ci/reference", log=log.append)
+    assert "reprocheck: metrics/train.json: differs only in wall-clock fields" in log
+    assert json.loads((root / ".ci/reference/metrics/train.json").read_text())["loss"] == 1.5
+    rows = reprocheck.compare_metrics(root, ".ci/reference", log=lambda _: None)
+    assert {(r[0], r[1]): r[5] for r in rows} == {
+        ("metrics/summary.json", "ppl"): "ok", ("metrics/train.json", "loss"): "ok",
+        ("metrics/train.json", "precision"): "ok",
+        ("metrics/train.json", "tokens_per_s"): "wall clock, not compared"}
+    reference = json.loads((root / ".ci/reference/metrics/train.json").read_text())
+    (root / ".ci/reference/metrics/train.json").write_text(json.dumps({**reference, "loss": 2.0}))
+    with pytest.raises(reprocheck.ReproError, match=r"metrics/train.json:loss 2.0 -> 1.5"):
+        reprocheck.compare_metrics(root, ".ci/reference", log=lambda _: None)

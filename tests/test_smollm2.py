@@ -278,7 +278,8 @@ def test_smollm2_pins_the_wheel_and_its_pipeline_stays_out_of_the_main_one():
         assert "smollm2/params.yaml" in stage["deps"], name
         assert all(list(out.values())[0] == {"cache": False} for out in stage["outs"]), name
     assert (REPO / "smollm2/.gitignore").read_text().split() == ["/gguf", "/model"]
-    assert "dvc repro smollm2/dvc.yaml" in (REPO / "Makefile").read_text()
+    assert "\tcd smollm2 && dvc repro\n" in (REPO / "Makefile").read_text()
+    assert (REPO / "smollm2/.dvc/config").is_file()  # a DVC project of its own: out of the main `dvc status`
 
 
 def test_results_plan_names_smollm2_and_each_configuration_validates(tmp_path):

@@ -1,8 +1,9 @@
 """`make show` and `make diff`: the summary metrics of DVC experiments first, in <= 160 columns.
 
-`dvc exp show` has ~360 columns (every metric, param and dep hash) in file order, and squeezes
-long values to "…" when the terminal is narrow. `show` prints the `summary/` family
-(rarelm.tracking.metrics.SUMMARY) under short headers, then every param whose value differs
+`dvc exp show` opens on the same summary metrics (metrics/summary.json, the one file dvc.yaml
+declares as metrics), then has ~190 columns of every param and dep hash in file order. `show`
+prints the `summary/` family (rarelm.tracking.metrics.SUMMARY) under short headers, then every
+param whose value differs
 between the rows, whole; params that do not fit the width go to a second block with the
 experiment names again. `diff` prints two revisions or experiments side by side, one row per
 summary metric, with the change, then the params that differ. `dvc exp show` and
@@ -39,7 +40,7 @@ HEADERS = {"term_nll_per_char": "nll/char", "term_token_acc": "tok_acc", "term_e
 LEGEND = ("nll/char: term NLL per character (lower is better); tok_acc, exact, exact_le15: term token "
           "accuracy, exact match, exact match of terms seen <= 15 times in train; false_ins: false "
           "insertion rate; ppl, ppl_freq: perplexity, frequent bucket; em50_n: train count at 50% exact "
-          "match; tok/s: training tokens/s. Everything: dvc exp show.")
+          "match; tok/s: training tokens/s. Every figure: metrics/eval.json.")
 SEP = "  "
 
 
@@ -204,7 +205,7 @@ def diff(a: str = typer.Argument("HEAD", help="a git revision or DVC experiment 
     with user_errors("diff"):
         metrics, params = experiment_diff(repo, a, b)
         if not metrics:
-            raise RarelmError(f"no summary metrics in {a} or {b or 'the workspace'} (metrics/eval.json)")
+            raise RarelmError(f"no summary metrics in {a} or {b or 'the workspace'} (metrics/summary.json)")
         print(render_diff(a, b or "workspace", metrics, params))
         print(f"\nEvery metric: dvc exp diff {a}{' ' + b if b else ''} --all")
 

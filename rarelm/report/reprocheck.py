@@ -8,7 +8,8 @@ Two checks, each a subcommand of `python -m rarelm.report.reprocheck`:
                 files may differ only in wall-clock fields (tokens/s, seconds), which are
                 compared with those fields left out; an output folder only in the file that
                 names its MLflow run (mlflow_run.json, a new run id each time).
-    metrics     `dvc metrics diff` of the workspace against committed reference metrics, each
+    metrics     `dvc metrics diff` of the workspace against committed reference metrics (the
+                metrics files and the JSON files among the outs: metrics_files), each
                 metric within |new - old| <= atol + rtol * |old|; a Markdown table of the diff
                 goes to stdout and, in GitHub Actions, to $GITHUB_STEP_SUMMARY.
 
@@ -140,15 +141,14 @@ def apply_params(root: Path, overlay: str | Path) -> None:
 
 
 def _small_outputs(root: Path) -> list[str]:
-    """Metrics and plots files that dvc.yaml declares (compared by content, not only hash): in a
-    stage's `metrics`/`plots`, or as data of a top-level plot (its id, or the files of its `y`)."""
+    """Metrics and plots files that dvc.yaml declares (compared by content, not only hash): the
+    metrics files (metrics_files), a stage's `plots`, and the data of a top-level plot (its id, or
+    the files of its `y`)."""
     dvcyaml = yaml.safe_load((root / "dvc.yaml").read_text(encoding="utf-8")) or {}
-    paths = []
+    paths = metrics_files(root)
     for stage in (dvcyaml.get("stages") or {}).values():
-        for kind in ("metrics", "plots"):
-            for entry in stage.get(kind) or []:
-                path = next(iter(entry)) if isinstance(entry, dict) else entry
-                paths.append(path)
+        for entry in stage.get("plots") or []:
+            paths.append(next(iter(entry)) if isinstance(entry, dict) else entry)
     for entry in dvcyaml.get("plots") or []:
         name, spec = next(iter(entry.items())) if isinstance(entry, dict) else (entry, None)
         y = (spec or {}).get("y")
@@ -235,9 +235,26 @@ def reproduce(root: str | Path, runs: int = 2, clean: tuple[str, ...] = CHECKPOI
 # ---------------------------------------------------------------- metrics against a reference
 
 def metrics_files(root: Path) -> list[str]:
+    """dvc.yaml's `metrics:` files and the JSON files among its `outs:` (metrics/train.json,
+    metrics/eval.json ...: plain outputs so that `dvc exp show` opens on metrics/summary.json, and
+    compared here all the same).
+
+    >>> import tempfile
+    >>> root = Path(tempfile.mkdtemp())
+    >>> _ = (root / "dvc.yaml").write_text("stages: {s: {outs: [data, m/a.json, {m/b.json: {cache: false}}],"
+    ...                                    " metrics: [{m/summary.json: {cache: false}}]}}")
+    >>> metrics_files(root)
+    ['m/summary.json', 'm/a.json', 'm/b.json']
+    """
     stages = (yaml.safe_load((root / "dvc.yaml").read_text(encoding="utf-8")) or {}).get("stages", {})
-    return [next(iter(e)) if isinstance(e, dict) else e
-            for s in stages.values() for e in s.get("metrics") or []]
+    found = []
+    for kind in ("metrics", "outs"):
+        for stage in stages.values():
+            for entry in stage.get(kind) or []:
+                path = next(iter(entry)) if isinstance(entry, dict) else entry
+                if kind == "metrics" or path.endswith(".json"):
+                    found.append(path)
+    return found
 
 
 def save_metrics(root: Path, folder: str | Path) -> None:
@@ -275,8 +292,9 @@ def reference_revision(root: Path, reference: str) -> str:
 
 
 def metrics_diff(root: Path, revision: str) -> dict:
-    """`dvc metrics diff --json --all <revision>` (workspace against revision)."""
-    result = subprocess.run(["dvc", "metrics", "diff", "--json", "--all", revision], cwd=root,
+    """`dvc metrics diff --json --all <revision>` of metrics_files (workspace against revision)."""
+    targets = ["--targets", *metrics_files(root)]
+    result = subprocess.run(["dvc", "metrics", "diff", "--json", "--all", revision, *targets], cwd=root,
                             capture_output=True, text=True, env=_env())
     if result.returncode != 0:
         raise ReproError(f"dvc metrics diff failed: {result.stderr.strip()}")

@@ -79,6 +79,31 @@ def summary_metrics(metrics: dict[str, Any]) -> dict[str, float]:
             if isinstance(metrics.get(key), (int, float)) and not isinstance(metrics[key], bool)}
 
 
+def summary_file(eval_metrics: dict[str, Any], splits: list[str],
+                 train_metrics: dict[str, Any] | None = None) -> dict[str, Any]:
+    """metrics/summary.json, the one file dvc.yaml declares as `metrics:` (what `dvc exp show` and
+    `dvc metrics show` open on): SUMMARY's figures and `ppl_general` (the forgetting guard, where
+    measured) of eval.json, the first split's at the top level and the others' under their name as
+    in eval.json, then training's `tokens_per_s` (train.json). None stays None: a figure that is
+    undefined for this run (em50_train_count) keeps its column.
+
+    >>> summary_file({"ppl": 2.0, "em50_train_count": None, "n_eval_terms": 9, "val": {"ppl": 3.0}},
+    ...              ["test", "val"], {"tokens_per_s": 9.5, "loss": 1.0})
+    {'ppl': 2.0, 'em50_train_count': None, 'tokens_per_s': 9.5, 'val': {'ppl': 3.0}}
+    """
+    keys = [key for key in SUMMARY.values() if key != "tokens_per_s"] + ["ppl_general"]
+
+    def headline(metrics: dict[str, Any]) -> dict[str, Any]:
+        return {key: metrics[key] for key in keys if key in metrics}
+
+    out = headline(eval_metrics)
+    if train_metrics and "tokens_per_s" in train_metrics:
+        out["tokens_per_s"] = train_metrics["tokens_per_s"]
+    for split in splits[1:]:
+        out[split] = headline(eval_metrics.get(split) or {})
+    return out
+
+
 def measured(metrics: dict[str, float]) -> dict[str, float]:
     """The MLflow metrics of `metrics`: the CHARTED families, without counts and constants
     (NOT_MEASURED, `n_*`); `final/`, `eval/` and the rest stay in the stage's JSON artifact.
