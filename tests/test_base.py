@@ -59,6 +59,27 @@ def test_committed_base_model_is_small_and_has_no_run_file():
     assert max(files.values()) < 5 * 2**20  # no large file in git: the weights are stored in fp16
 
 
+def test_committed_base_model_card_names_both_languages_the_corpora_and_their_licences():
+    """The card says what base/model was trained on: the registry's base corpora (English and
+    Chinese), each licence, and the figures of base/metrics/train.json (it said `language: zh`, no
+    licence, before the card was written from the run's corpus records)."""
+    from huggingface_hub import ModelCard
+
+    from rarelm.prepare.corpora import load_registry
+
+    records = load_registry(REPO / "data/raw/corpora.json")
+    base_corpora = sorted(n for n, r in records.items() if r["use"] == "base")
+    text = (BASE / "model/README.md").read_text(encoding="utf-8")
+    data = ModelCard(text).data
+    assert (data.language, data.datasets) == (["en", "zh"], base_corpora)
+    assert (data.license, data.license_name) == ("other", "mixed-data-licences")
+    for name in base_corpora:
+        assert f"- `{name}`: {records[name]['licence']} (data/raw/corpora.json)" in text
+    val_ppl = yaml.safe_load(text.split("---")[1])["model-index"][0]["results"][0]["metrics"][0]["value"]
+    train = yaml.safe_load((BASE / "metrics/train.json").read_text())
+    assert val_ppl == round(train["val_ppl"], 6) and f"{train['steps']} optimizer steps" in text
+
+
 def test_committed_base_model_loads_and_has_learned_both_languages(base_model):
     """Loss on general English and Chinese sentences well under the uniform guess, ln(vocab)
     (measured: 0.53 and 0.35 of it; the 200-step base before had a validation loss of 0.67 of it)."""
