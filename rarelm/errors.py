@@ -77,9 +77,12 @@ def error_line(stage: str, exc: BaseException) -> str | None:
         return f"rarelm {stage}: error: {message}"
     reason = disk_error(exc)
     if reason is not None:
-        where = f" {exc.filename}:" if getattr(exc, "filename", None) else ""
-        return (f"rarelm {stage}: error: cannot write outputs:{where} {reason} "
-                f"(disk full or file size limit); no half-written output is left")
+        filename = getattr(exc, "filename", None)
+        where = f" {real_path(os.fsdecode(filename))}:" if isinstance(filename, (str, bytes)) else ""
+        why = ("the file system is mounted read-only: remount it writable or write elsewhere"
+               if reason == os.strerror(errno.EROFS) else "disk full or file size limit")
+        return (f"rarelm {stage}: error: cannot write outputs:{where} {reason} ({why}); "
+                "no half-written output is left")
     message = os_error(exc) or memory_error(exc, stage)
     return None if message is None else f"rarelm {stage}: error: {message}"
 
@@ -123,8 +126,23 @@ def os_error(exc: BaseException) -> str | None:
                 "create its target or remove the link")
     if exc.errno not in OS_FIXES:
         return None
-    where = f"{path}: " if path else ""
+    where = f"{real_path(os.fsdecode(path))}: " if path else ""
     return f"{where}{os.strerror(exc.errno)} ({OS_FIXES[exc.errno]})"
+
+
+# `.<name>.tmp-<pid>` / `.<name>.old-<pid>`: rarelm.files' temporaries beside an output <name>
+_TEMPORARY = re.compile(r"(?:(?<=/)|^)\.([^/]+)\.(?:tmp|old)-\d+(?=/|$)")
+
+
+def real_path(path: str) -> str:
+    """The output a path inside a stage's temporary stands for: what an error line names.
+
+    >>> real_path("data/.prepared.tmp-123/train.jsonl"), real_path(".train.json.tmp-9")
+    ('data/prepared/train.jsonl', 'train.json')
+    >>> real_path("data/prepared/.hidden")
+    'data/prepared/.hidden'
+    """
+    return _TEMPORARY.sub(r"\1", path)
 
 
 def bad_link(path: str | os.PathLike) -> tuple[str, bool] | None:

@@ -9,6 +9,14 @@ never a half-written file:
 
 A process killed half-way (SIGKILL, power loss) cannot clean up: the next write of
 the same target removes the temporary siblings of processes that no longer run.
+
+A stage with several outputs writes them as one transaction: inside `outputs_together()`
+every atomic_dir / atomic_file waits, written, beside its target; at the block's end all targets
+are checked, then all are put in place, or none (a failure half-way moves the ones put back):
+
+    with outputs_together():
+        with atomic_dir("models/model") as tmp: ...
+        write_json("metrics/train.json", metrics)     # `mkdir metrics/train.json`: no output changes
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ import hashlib
 import json
 import os
 import shutil
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -84,44 +93,161 @@ def _running(pid: int) -> bool:
     return True
 
 
+# This thread's open outputs_together() block: its written (temporary, target) pairs, in order.
+_TOGETHER = threading.local()
+
+
 @contextlib.contextmanager
 def atomic_dir(path: str | Path) -> Iterator[Path]:
-    """Yield an empty temporary folder that replaces `path` when the block succeeds."""
+    """Yield an empty temporary folder that replaces `path` when the block succeeds (inside
+    `outputs_together()`: when that block does)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_siblings(path)
     tmp = _tmp_sibling(path)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
+    waiting = False
     try:
         yield tmp
-        check_held_params()  # not under params other than those the stage started with
-        old = path.with_name(f".{path.name}.old-{os.getpid()}")
-        if path.exists():
-            path.rename(old)
-        tmp.rename(path)
-        shutil.rmtree(old, ignore_errors=True)
+        waiting = _put_in_place_or_wait(tmp, path)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if not waiting:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 @contextlib.contextmanager
 def atomic_file(path: str | Path, mode: str = "w") -> Iterator[Any]:
-    """Open a temporary file that replaces `path` (fsynced) when the block succeeds."""
+    """Open a temporary file that replaces `path` (fsynced) when the block succeeds (inside
+    `outputs_together()`: when that block does)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_siblings(path)
     tmp = _tmp_sibling(path)
     kwargs = {} if "b" in mode else {"encoding": "utf-8", "newline": "\n"}
+    waiting = False
     try:
         with open(tmp, mode, **kwargs) as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
-        check_held_params()  # not under params other than those the stage started with
-        os.replace(tmp, path)
+        waiting = _put_in_place_or_wait(tmp, path)
     finally:
-        tmp.unlink(missing_ok=True)
+        if not waiting:
+            tmp.unlink(missing_ok=True)
+
+
+def _put_in_place_or_wait(tmp: Path, path: Path) -> bool:
+    """Put `tmp` in place of `path` now, or (True) leave it to the open outputs_together()."""
+    written = getattr(_TOGETHER, "written", None)
+    if written is not None:
+        written.append((tmp, path))
+        return True
+    put_in_place([(tmp, path)])
+    return False
+
+
+@contextlib.contextmanager
+def outputs_together() -> Iterator[None]:
+    """Put every output written inside the block in place at its end, all of them or none (see
+    the module docstring); a block inside another joins it."""
+    if getattr(_TOGETHER, "written", None) is not None:
+        yield
+        return
+    written: list[tuple[Path, Path]] = []
+    _TOGETHER.written = written
+    try:
+        yield
+    except BaseException:
+        _remove_all(tmp for tmp, _ in written)
+        raise
+    finally:
+        _TOGETHER.written = None
+    try:
+        put_in_place(written)
+    finally:
+        _remove_all(tmp for tmp, _ in written)  # the ones put in place are gone already
+
+
+def put_in_place(written: list[tuple[Path, Path]]) -> None:
+    """Rename each temporary onto its target: first every target checked (a folder where a file
+    goes, or the reverse: refused, nothing moved), then each present version kept aside and the
+    new one renamed in; a failing rename puts back the ones done. An error names the target."""
+    check_held_params()  # not under params other than those the stage started with
+    for tmp, path in written:
+        _check_target(tmp, path)
+    moved: list[tuple[Path, Path | None]] = []  # (target, its previous version moved aside)
+    try:
+        for tmp, path in written:
+            moved.append((path, _keep_aside(path) if os.path.lexists(path) else None))
+            _named(os.rename, tmp, path, target=path)
+    except BaseException:
+        _put_back(moved, [tmp for tmp, _ in written])
+        raise
+    _remove_all(old for _, old in moved if old is not None)
+
+
+def _check_target(tmp: Path, path: Path) -> None:
+    """Refuse a target of the other kind (a folder where a file goes, or a file where a folder
+    goes), naming it: a rename would fail half-way, or replace it."""
+    import errno
+
+    is_dir = os.path.isdir(path) and not os.path.islink(path)
+    if tmp.is_dir() and os.path.lexists(path) and not is_dir:
+        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(path))
+    if not tmp.is_dir() and is_dir:
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+
+
+def _keep_aside(path: Path) -> Path:
+    """Keep `path`'s present version as `.<name>.old-<pid>` until the new one is in: a file (or
+    link) by a hard link, so the target never goes missing (the rename replaces it atomically);
+    a folder by moving it aside."""
+    old = path.with_name(f".{path.name}.old-{os.getpid()}")
+    if not os.path.isdir(path) or os.path.islink(path):
+        with contextlib.suppress(OSError):  # no hard links here: moved aside as a folder is
+            os.link(path, old, follow_symlinks=False)
+            return old
+    _named(os.rename, path, old, target=path)
+    return old
+
+
+def _named(rename: Callable[[Path, Path], None], src: Path, dst: Path, target: Path) -> None:
+    """`rename(src, dst)`, an OSError of it naming `target` (not a temporary or aside name)."""
+    try:
+        rename(src, dst)
+    except OSError as exc:
+        raise type(exc)(exc.errno, exc.strerror, str(target)) from None
+
+
+def _put_back(moved: list[tuple[Path, Path | None]], temporaries: list[Path]) -> None:
+    """Undo put_in_place's renames done so far: each new target back to its temporary (removed
+    later), each previous version back in place."""
+    for (path, old), tmp in zip(reversed(moved), reversed(temporaries[:len(moved)]), strict=True):
+        if not os.path.lexists(tmp) and os.path.lexists(path):
+            os.rename(path, tmp)  # it was renamed in: the new version goes
+        if old is not None and os.path.lexists(old):
+            if _same_file(old, path):  # kept by a hard link, never replaced: rename would do nothing
+                os.unlink(old)
+            else:
+                os.rename(old, path)
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        sa, sb = os.lstat(a), os.lstat(b)
+    except OSError:
+        return False
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
+
+
+def _remove_all(paths: Iterable[Path]) -> None:
+    for path in paths:
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)
 
 
 def write_json(path: str | Path, data: Any) -> None:

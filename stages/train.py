@@ -4,9 +4,9 @@
     torchrun --standalone --nproc-per-node 2 -m stages.train     # the same, by hand
 
 Run plainly, it checks params and inputs, then launches `train.nproc` worker
-processes through torchrun's own launcher (torch.distributed.run, standalone
-rendezvous, `train.max_restarts` restarts; a restarted worker resumes from the
-last checkpoint). Run under torchrun (multi-node: one torchrun per node with
+processes through torchrun's own launcher (torch.distributed.run, a one-node
+rendezvous listening on 127.0.0.1 only, `train.max_restarts` restarts; a restarted
+worker resumes from the last checkpoint). Run under torchrun (multi-node: one torchrun per node with
 rendezvous params, see README), it is a worker: rarelm.train.loop does the work.
 
 Writes models/model/ (Hugging Face format + tokenizer + mlflow_run.json),
@@ -18,6 +18,7 @@ import os
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import typer
@@ -37,6 +38,8 @@ def _launch(nproc: int, max_restarts: int, argv: list[str]) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
+    from rarelm.train import loopback
+
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (cores or 1) // nproc)))
     # Restarted workers (train.max_restarts) must not rendezvous through the agent's shared
@@ -46,8 +49,11 @@ def _launch(nproc: int, max_restarts: int, argv: list[str]) -> int:
     # The workers' one-line errors are printed below (or by a worker, for a traceback); the
     # launcher's logging would add a traceback-sized report for the same failure.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    # one node: torchrun's rendezvous, its agent and the workers on 127.0.0.1 only, where
+    # `--standalone` listens on every interface (rarelm.train.loopback)
+    loopback.register_rendezvous()
     args = get_args_parser().parse_args(
-        ["--standalone", "--nproc-per-node", str(nproc), "--max-restarts", str(max_restarts),
+        [*loopback.launcher_args(nproc, str(uuid.uuid4())), "--max-restarts", str(max_restarts),
          "-m", "stages.train", *argv])
     # The workers leave their one-line errors here and this launcher prints the first rank's:
     # torchrun stops all workers once one fails, often before rank 0 has printed anything.
@@ -92,7 +98,10 @@ def train(
 ) -> None:
     """Train the model (DDP or FSDP over train.nproc processes), resuming from a checkpoint if any."""
     # on use: torch and transformers take seconds to import, which every `rarelm` command would pay
+    import torch
+
     from rarelm.train import lora
+    from rarelm.train.bounds import check_batch_fits
     from rarelm.train.checkpoint import signing_key
     from rarelm.train.dist import EveryRankError
     from rarelm.train.inputs import Paths, load_inputs
@@ -105,6 +114,9 @@ def train(
     worker = "LOCAL_RANK" in os.environ
     with user_errors("train"):
         params = load_params(params_file, hold=True)  # outputs refused if it changes meanwhile
+        # a micro-batch that cannot fit, refused before anything is allocated
+        check_batch_fits(params, int(os.environ.get("LOCAL_WORLD_SIZE", params.train.nproc)),
+                         cpu=not torch.cuda.is_available())
         if not worker:  # under torchrun, each worker checks the world size it is in
             check_world_size(params.train.strategy, params.train.nproc)
             lora.check(params.model)  # before the workers: one line, not a race of them
@@ -138,4 +150,8 @@ def train(
 
 
 if __name__ == "__main__":
+    if "LOCAL_RANK" in os.environ:  # a torchrun worker: its exit must not race gloo's threads
+        from rarelm.train.dist import end_worker
+
+        end_worker(app)
     app()

@@ -33,3 +33,64 @@ def test_write_csv_leaves_the_old_file_when_rows_fail(tmp_path):
     with pytest.raises(ValueError):
         write_csv(path, ["a"], rows())
     assert path.read_text() == "old\n"
+
+
+def _outputs(tmp_path, model: str, metrics: dict, curve: str) -> None:
+    """A stage's three outputs, written as one transaction."""
+    from rarelm.files import atomic_dir, atomic_file, outputs_together, write_json
+
+    with outputs_together():
+        with atomic_dir(tmp_path / "model") as tmp:
+            (tmp / "weights").write_text(model)
+        write_json(tmp_path / "train.json", metrics)
+        with atomic_file(tmp_path / "train.csv") as f:
+            f.write(curve)
+
+
+def _state(tmp_path) -> dict:
+    return {p.relative_to(tmp_path).as_posix(): p.read_text() if p.is_file() else "<folder>"
+            for p in sorted(tmp_path.rglob("*"))}
+
+
+def test_outputs_together_all_change_or_none(tmp_path):
+    _outputs(tmp_path, "w1", {"step": 1}, "c1")
+    assert _state(tmp_path) == {"model": "<folder>", "model/weights": "w1", "train.csv": "c1",
+                                "train.json": '{\n  "step": 1\n}\n'}
+    (tmp_path / "train.csv").unlink()
+    (tmp_path / "train.csv").mkdir()  # the last output blocked: the first two are not put in place
+    with pytest.raises(IsADirectoryError) as caught:
+        _outputs(tmp_path, "w2", {"step": 2}, "c2")
+    assert caught.value.filename == str(tmp_path / "train.csv")
+    assert _state(tmp_path) == {"model": "<folder>", "model/weights": "w1", "train.csv": "<folder>",
+                                "train.json": '{\n  "step": 1\n}\n'}
+    (tmp_path / "train.csv").rmdir()
+    (tmp_path / "model").rename(tmp_path / "m")
+    (tmp_path / "model").write_text("mine")  # a file where the folder goes: refused, kept
+    with pytest.raises(FileExistsError):
+        _outputs(tmp_path, "w2", {"step": 2}, "c2")
+    assert (tmp_path / "model").read_text() == "mine" and not (tmp_path / "train.csv").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m", "model", "train.json"]
+
+
+def test_outputs_together_puts_back_what_it_moved_when_a_rename_fails(tmp_path, monkeypatch):
+    import os
+
+    import rarelm.files
+
+    _outputs(tmp_path, "w1", {"step": 1}, "c1")
+    before = _state(tmp_path)
+    rename = os.rename
+
+    def failing(src, dst):  # the last target's rename fails (EACCES), once
+        if str(dst) == str(tmp_path / "train.csv") and ".tmp-" in str(src):
+            raise PermissionError(13, "Permission denied", str(src))
+        rename(src, dst)
+
+    monkeypatch.setattr(rarelm.files.os, "rename", failing)
+    with pytest.raises(PermissionError) as caught:
+        _outputs(tmp_path, "w2", {"step": 2}, "c2")
+    assert caught.value.filename == str(tmp_path / "train.csv")  # the target, not the temporary
+    assert _state(tmp_path) == before  # the model and metrics put back, nothing left beside them
+    monkeypatch.undo()
+    _outputs(tmp_path, "w2", {"step": 2}, "c2")
+    assert _state(tmp_path)["model/weights"] == "w2" and _state(tmp_path)["train.csv"] == "c2"

@@ -1014,7 +1014,8 @@ def test_an_unwritable_output_folder_is_one_line_naming_it(tiny_raw, tmp_path):
         result = _prepare_os_error(tiny_raw, tmp_path, tmp_path / "data" / "prepared")
         assert list((tmp_path / "data").iterdir()) == []
     why = "Operation not permitted" if os.geteuid() == 0 else "Permission denied"
-    assert_one_line_error(result, f"rarelm prepare: error: {tmp_path}/data/.prepared.tmp-", f": {why} (give "
+    # the output it names, not its temporary (`data/.prepared.tmp-<pid>`, as it did)
+    assert_one_line_error(result, f"rarelm prepare: error: {tmp_path}/data/prepared: {why} (give "
                           "your user access to it")
     assert result.returncode == 2 and not (tmp_path / "prepare.json").exists()
 
@@ -1092,6 +1093,110 @@ def test_out_of_memory_in_training_is_one_line_naming_the_batch_size(upto_weight
                           "rarelm train: error: out of memory (", "); lower train.batch_size")
     assert result.returncode == 2
     assert not any((tmp_path / name).exists() for name in ("model", "train.json", "train.csv"))
+
+
+def run_statuses(db: Path) -> list[str]:
+    """The status of every MLflow run in a SQLite store, oldest first."""
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(db)) as con:
+        return [status for (status,) in con.execute("SELECT status FROM runs ORDER BY start_time")]
+
+
+@pytest.mark.parametrize(("blocked", "message"), [
+    ("model", "File exists (something other than a folder is where a folder is needed: move it aside)"),
+    ("train.csv", "Is a directory (a folder is where a file is needed: move the folder aside)"),
+    ("train.json", "Is a directory (a folder is where a file is needed: move the folder aside)"),
+], ids=["first", "middle", "last"])
+def test_train_outputs_change_together_or_not_at_all(upto_weights, tmp_path, blocked, message):
+    """The first, a middle or the last of train's outputs (models/model, plots/train.csv,
+    metrics/train.json) blocked by a thing of the other kind, then training with another seed.
+    Was (`mkdir plots/train.csv`): exit 2 and "no half-written output is left", but models/model
+    replaced by the new weights beside the old run's metrics and curves; the file where the model
+    folder goes silently replaced, exit 0."""
+    assert train_stage(upto_weights, tmp_path).returncode == 0
+    outputs = [tmp_path / "model", tmp_path / "train.csv", tmp_path / "train.json"]
+    before = tree_digest(*outputs)
+    target = tmp_path / blocked
+    shutil.rmtree(target) if target.is_dir() else target.unlink()
+    if blocked == "model":
+        target.write_text("mine")
+    else:
+        target.mkdir()
+    before = {k: v for k, v in before.items() if not k.startswith(str(target))}
+    result = train_stage(upto_weights, tmp_path, seed=1341)
+    *log, error = result.stderr.strip().splitlines()
+    assert all(line.startswith(("train: ", "step ")) for line in log), result.stderr  # its progress
+    assert error == f"rarelm train: error: {target}: {message}"
+    assert result.returncode == 2
+    assert tree_digest(*(p for p in outputs if p != target)) == before
+    assert target.read_text() == "mine" if blocked == "model" else list(target.iterdir()) == []
+    assert leftovers(tmp_path) == []
+    assert run_statuses(tmp_path / "m.db") == ["FINISHED", "FAILED"]
+
+
+def test_a_batch_size_that_cannot_fit_is_one_line_before_allocating(upto_weights, tmp_path):
+    """`train.batch_size: 1000000000`: was validated, then 96 s and 16 GB of resident memory
+    before the MemoryError's line. Now the launcher refuses it from the batch, the window and the
+    model's size (rarelm/train/bounds.py) before it allocates anything."""
+    params = yaml.safe_load((upto_weights / "params.yaml").read_text())
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    set_params(tmp_path, **{"train.batch_size": 10**9, "train.nproc": 2})
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+           "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'm.db'}"}
+    with open(tmp_path / "err", "w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "stages.train", "--params", str(tmp_path / "params.yaml"),
+             "--cache", str(tmp_path / "cache"), "--out", str(tmp_path / "model"),
+             "--metrics", str(tmp_path / "train.json"), "--plots", str(tmp_path / "train.csv"),
+             "--no-progress"], cwd=upto_weights, env=env, stdout=subprocess.DEVNULL, stderr=err)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    # block_size 32, 32 dims, 1 layer: 10^9 x 33 x 16 bytes of windows + 10^9 x 32 x 32 x 2 x 2 of activations
+    need = 10**9 * 33 * 16 + 10**9 * 32 * 32 * 2 * 2
+    assert need == 4_624_000_000_000
+    result = subprocess.CompletedProcess(proc.args, proc.returncode, "", (tmp_path / "err").read_text())
+    line = assert_one_line_error(
+        result, "rarelm train: error: params: train.batch_size = 1000000000 does not fit: one step needs at "
+        "least 4624.0 GB a process (1000000000 x 33 token positions and their activations (32 dims x 2 "
+        "layer outputs)), and this machine has ",
+        " available for 2 process(es); lower train.batch_size (raise train.grad_accum to keep the batch) "
+        "or model.block_size")
+    free_gb = float(re.search(r"this machine has ([0-9.]+) GB", line).group(1))
+    assert 0 < free_gb * 1e9 < 2 * need
+    assert result.returncode == 2
+    assert usage.ru_maxrss < 2 * 2**20, usage.ru_maxrss  # KiB: the launcher's imports, no batch
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["err", "params.yaml"]
+
+
+def test_a_training_listens_on_loopback_only(upto_weights, tmp_path):
+    """Every socket a two-rank training listens on, sampled while it runs: the launcher's
+    rendezvous store, rank 0's process-group store, both ranks' gloo pairs. Was: the torchrun
+    agent's store and rank 0's on every interface (`:::36135`, `:::56227`), unauthenticated."""
+    params = yaml.safe_load((upto_weights / "params.yaml").read_text())
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    set_params(tmp_path, **{"train.max_steps": 40, "train.nproc": 2})
+    log = tmp_path / "train.log"
+    proc = start([sys.executable, "-m", "stages.train", "--params", str(tmp_path / "params.yaml"),
+                  "--cache", str(tmp_path / "cache"), "--out", str(tmp_path / "model"), "--metrics",
+                  str(tmp_path / "train.json"), "--plots", str(tmp_path / "train.csv"), "--no-progress"],
+                 upto_weights, log, env={"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'm.db'}"})
+    listening: dict[tuple[int, str, int], str] = {}
+    deadline = time.monotonic() + 600
+    while proc.poll() is None and time.monotonic() < deadline:
+        with contextlib.suppress(psutil.Error):
+            launcher = psutil.Process(proc.pid)
+            for p in [launcher, *launcher.children(recursive=True)]:
+                with contextlib.suppress(psutil.Error):
+                    for c in p.net_connections(kind="inet"):
+                        if c.status == psutil.CONN_LISTEN:
+                            listening[(p.pid, c.laddr.ip, c.laddr.port)] = " ".join(p.cmdline()[1:3])
+        time.sleep(0.05)
+    assert proc.wait(timeout=60) == 0, log.read_text()[-3000:]
+    assert {ip for _, ip, _ in listening} == {"127.0.0.1"}, listening
+    assert len({pid for pid, _, _ in listening}) == 3, listening  # the launcher and both ranks
+    assert (proc.pid, "127.0.0.1") in {(pid, ip) for pid, ip, _ in listening}, listening
+    assert json.loads((tmp_path / "train.json").read_text())["steps"] == 40
 
 
 # ------------------------------------------------------------------ numeric CLI options bounded

@@ -3,6 +3,8 @@
     dist = Dist.setup()          # process group (gloo on CPU, NCCL on GPU) under torchrun
     dist.all_reduce(tensor)      # the collectives the loop uses: no-ops in one process
     dist.close()
+
+    end_worker(app)              # a torchrun worker's entry: its exit, safe with gloo's threads
 """
 
 from __future__ import annotations
@@ -10,13 +12,18 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
-from typing import Any
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as td
+from torch.distributed.constants import default_pg_timeout
 
 from rarelm.errors import RarelmError
 from rarelm.process import follow_parent
+from rarelm.train import loopback
 
 # The last barrier's work, referenced until the process ends. Gloo's worker thread drops its own
 # reference just after the barrier completes; were that the last one, it would free the barrier's
@@ -26,6 +33,8 @@ from rarelm.process import follow_parent
 # run: ~ProcessGroupGloo in std::thread::join, the worker in ~AsyncBarrierWork waiting for the
 # GIL). Kept here, the work is freed by Python, with the GIL, after the threads are gone.
 _BARRIERS: list[Any] = []
+# Whether this process started a process group (Dist.setup): see end_worker.
+_GROUP = {"started": False}
 
 
 class EveryRankError(RarelmError):
@@ -71,8 +80,8 @@ class Dist:
         # Under torchrun always a process group (and DDP or FSDP), even for one process: the same
         # code path (NCCL or gloo) whatever the world size.
         if "LOCAL_RANK" in os.environ:
-            td.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                                  device_id=device if device.type == "cuda" else None)
+            _init_process_group("nccl" if device.type == "cuda" else "gloo", rank, world,
+                                device if device.type == "cuda" else None)
         return cls(rank, local, world, device)
 
     @property
@@ -108,3 +117,60 @@ class Dist:
         if self.ddp and td.is_initialized():
             td.destroy_process_group()
 
+
+
+def _init_process_group(backend: str, rank: int, world: int, device_id) -> None:
+    """torchrun's process group; on one node through loopback only (rarelm.train.loopback), across
+    nodes by its env:// rendezvous (MASTER_ADDR, MASTER_PORT), as the multi-node README says."""
+    if loopback.single_node() and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        loopback.use_loopback_interface()
+        store = loopback.loopback_store(rank, world, int(os.environ["MASTER_PORT"]), default_pg_timeout)
+        td.init_process_group(backend, store=store, rank=rank, world_size=world, device_id=device_id)
+    else:  # across nodes, or workers that share the agent's store (it listens, not they)
+        td.init_process_group(backend, device_id=device_id)
+    _GROUP["started"] = True
+
+
+def end_worker(main: Callable[[], Any]) -> NoReturn:
+    """Run a torchrun worker's `main` and end the process with its exit code; after a failure
+    in a process that started a process group, without the interpreter's finalization.
+
+    A failed worker's process group is never joined: its gloo threads may be blocked on a peer
+    that still waits for this rank (joining would hang until gloo's 30-minute timeout, where
+    exiting lets torchrun stop the job), and a thread that ends a collective after the main
+    code frees that collective's tensors, which needs the GIL. During finalization a thread
+    that takes the GIL is ended by pthread_exit, whose unwinding through a noexcept destructor
+    is std::terminate: "terminate called without an active exception" and SIGABRT (1 run in ~10
+    under load: rank 1's broadcast failed when rank 0 ran out of memory, and its gloo thread freed
+    the broadcast's tensors while the interpreter was finalizing). Everything this process must
+    do on the way out has been done by then: the MLflow run ended, temporaries removed, the error
+    line said or left for the launcher (`finally` and `except` blocks run before `main` returns);
+    os._exit then ends gloo's threads with the process. A run that succeeded closed its group
+    after the last barrier and ends normally."""
+    try:
+        main()
+        code = 0
+    except SystemExit as exc:
+        code = _exit_code(exc.code)
+    except BaseException:  # a bug: its traceback, as the interpreter would print it
+        traceback.print_exc()
+        code = 1
+    if code != 0 and _GROUP["started"]:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
+def _exit_code(code: Any) -> int:
+    """The exit status `sys.exit(code)` gives (a message is printed, status 1).
+
+    >>> _exit_code(None), _exit_code(2), _exit_code(True)
+    (0, 2, 1)
+    """
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return int(code)
+    print(code, file=sys.stderr)
+    return 1

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from transformers.utils import logging as hf_logging
 
-from rarelm.files import atomic_dir, write_csv, write_json
+from rarelm.files import atomic_dir, outputs_together, write_csv, write_json
 from rarelm.tracking import export
 from rarelm.tracking.datasets import dvc_hashes
 from rarelm.tracking.metrics import summary_metrics
@@ -40,9 +40,10 @@ def finish(t) -> dict[str, Any] | None:
                    "matmul": t.matmul[0], "matmul_reason": t.matmul[1], **t.pinned}
         card = export.model_card(t.params, metrics, dvc_hashes(
             [t.paths.tokenized, t.paths.rare, t.paths.weights]))
-        save_model(final_model, t.inputs.data, t.paths, run, card, t.params.model.save_dtype)
-        write_curves(t.paths.plots, t.state.curves)
-        write_json(t.paths.metrics, metrics)
+        with outputs_together():  # the model, curves and metrics change together or not at all
+            save_model(final_model, t.inputs.data, t.paths, run, card, t.params.model.save_dtype)
+            write_curves(t.paths.plots, t.state.curves)
+            write_json(t.paths.metrics, metrics)
         run.log_metrics(summary_metrics(metrics), step=last)  # the rest: final/train.json
         run.log_json(metrics, "final/train.json")
         run.set_tags({"precision": t.precision.name, "precision_reason": t.precision.reason,
