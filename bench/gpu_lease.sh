@@ -10,6 +10,9 @@
 #                                         # in the packed commit's code (/tmp/persist/proj)
 #   bash bench/gpu_lease.sh plan          # call 2 (carry .lease/c2), at once after call 1: join and
 #                                         # convert the GGUF, rarelm run-plan the plan on the GPU
+#   bash bench/gpu_lease.sh shape         # one call alone (carry .lease/c1 and .lease/smtok; gguf.00
+#                                         # unused): SmolLM2's shape with random weights through
+#                                         # smollm2/gpu_timing.yaml, train and evaluate timings only
 #
 # PLAN (smollm2/foldoc_en.yaml), JOBS (9: every training and the as-is evaluations at once), PART1
 # (bytes of the GGUF in call 1), SETS (extra --set's on every experiment; default: tracking off).
@@ -19,7 +22,7 @@
 # rarelm headline --plan smollm2/foldoc_en.yaml --out docs/realtext/smollm2_foldoc_en.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-MODE=${1:?usage: bash bench/gpu_lease.sh pack|check|plan}
+MODE=${1:?usage: bash bench/gpu_lease.sh pack|check|plan|shape}
 PLAN=${PLAN:-smollm2/foldoc_en.yaml}
 JOBS=${JOBS:-9}
 PART1=${PART1:-39000000}
@@ -42,6 +45,7 @@ pack)
     head -c "$PART1" "$GGUF" > .lease/c1/gguf.00
     tail -c +$(( PART1 + 1 )) "$GGUF" > .lease/c2/gguf.01
     git rev-parse HEAD > .lease/c1/commit
+    mkdir -p .lease/smtok && find smollm2/model -maxdepth 1 -type f ! -name '*.safetensors' -exec cp {} .lease/smtok/ \;
     # the code that runs there: this commit's, whatever the work tree holds meanwhile
     git archive --format=tar.gz -o .lease/c1/proj.tgz HEAD rarelm stages bench params.yaml dvc.yaml smollm2 \
         data/general/en.txt
@@ -84,5 +88,22 @@ plan)
     tar czf "$OUT/logs.tgz" -C .lease/work logs $(cd .lease/work && ls -d train-*/train.csv train-*/train.json 2>/dev/null)
     log "call 2 done"
     ;;
-*) echo "usage: bash bench/gpu_lease.sh pack|check|plan" >&2; exit 2 ;;
+shape)
+    mkdir -p "$P/proj" && tar xzf .lease/c1/proj.tgz -C "$P/proj"
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        .lease/c1/whl/*.whl
+    export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+    SMTOK=$PWD/.lease/smtok COMMIT=$(cat .lease/c1/commit)
+    mkdir -p "$P/proj/.lease/work" && tar xzf .lease/c1/data.tgz -C "$P/proj/.lease/work"
+    cd "$P/proj"
+    python3 -c 'import shutil, sys, torch; from pathlib import Path; from transformers import AutoConfig, LlamaForCausalLM
+src, out = Path(sys.argv[1]), Path("smollm2/model"); torch.manual_seed(0)
+LlamaForCausalLM(AutoConfig.from_pretrained(src)).save_pretrained(out)  # the shape, random weights
+[shutil.copy(f, out / f.name) for f in src.iterdir() if not (out / f.name).exists()]' "$SMTOK"
+    timeout "${SHAPE_S:-170}" python3 -m stages.run_plan --plan smollm2/gpu_timing.yaml --out /tmp/t \
+        --work .lease/work --jobs 6 $SETS --commit "$COMMIT" 2>&1 | tee -a "$OUT/log.txt" || log "run-plan rc=$?"
+    grep -h "split:\|^train:\|^step " .lease/work/logs/*.log | cut -c1-300
+    tar czf "$OUT/logs.tgz" -C .lease/work logs
+    ;;
+*) echo "usage: bash bench/gpu_lease.sh pack|check|plan|shape" >&2; exit 2 ;;
 esac

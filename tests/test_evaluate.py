@@ -529,16 +529,45 @@ def test_a_capped_sample_holds_repeated_mentions_as_the_text_does():
 
 def tiny_random_lm(arch: str):
     """A random causal LM with a large init, so greedy output varies from token to token."""
-    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+    from transformers import (
+        Gemma3ForCausalLM,
+        Gemma3TextConfig,
+        GPT2Config,
+        GPT2LMHeadModel,
+        LlamaConfig,
+        LlamaForCausalLM,
+    )
 
     torch.manual_seed(0)
     if arch == "gpt2":  # learned absolute positions
         return GPT2LMHeadModel(GPT2Config(vocab_size=50, n_positions=64, n_embd=32, n_layer=2, n_head=2,
                                           bos_token_id=0, eos_token_id=0, initializer_range=0.5)).eval()
+    if arch == "gemma3":  # a sliding-window layer (8 positions) and a global one
+        return Gemma3ForCausalLM(Gemma3TextConfig(
+            vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+            num_key_value_heads=1, head_dim=16, sliding_window=8, max_position_embeddings=64, bos_token_id=0,
+            eos_token_id=0, pad_token_id=0, initializer_range=0.5)).eval()
     return LlamaForCausalLM(LlamaConfig(  # rotary positions, grouped-query attention
         vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=64, bos_token_id=0, eos_token_id=0,
         initializer_range=0.5)).eval()
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_closed_set_sums_equal_each_candidate_scored_in_full(arch):
+    """The closed set's candidate NLL sums (a trie over one cached prompt) equal scoring prompt +
+    candidate whole, also for Gemma 3, whose sliding-window cache a tree mask cannot address (it
+    takes the row-per-prefix path; the tree layout stopped with a size mismatch)."""
+    from rarelm.evaluate.scoring import tree_candidates_nll
+
+    model = tiny_random_lm(arch)
+    prompt, candidates = list(range(1, 13)), [[4, 5], [4, 7], [6], [8, 9, 10]]
+    with torch.no_grad():
+        whole = []
+        for c in candidates:
+            logp = torch.log_softmax(model(torch.tensor([prompt + c])).logits[0].double(), -1)
+            whole.append(-sum(logp[len(prompt) - 1 + i, t].item() for i, t in enumerate(c)))
+    assert np.allclose(tree_candidates_nll(model, prompt, candidates), whole, atol=1e-4)
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])

@@ -115,6 +115,10 @@ def test_run_plan_records_a_fixed_plan_and_headline_tables_it_without_dvc(repo, 
     params = yaml.safe_load((records["rp-finetune-tau-s1"] / "params.yaml").read_text())
     assert params["eval"]["logit_adjust_tau"] == 0.5 and params["model"]["name_or_path"] == str(model)
 
+    assert not (repo / "metrics").exists() and not (repo / "models").exists()  # the workspace untouched
+    summary = json.loads((work / "experiments/rp-finetune-s1/metrics/summary.json").read_text())
+    assert summary["ppl"] == evals["rp-finetune-s1"]["ppl"]
+
     again = run(args, repo, env=env, check=True)
     assert "started" not in again.stdout  # every experiment recorded: nothing runs
 

@@ -151,8 +151,12 @@ def tree_candidates_nll(model, prompt: list[int], candidates: list[list[int]], b
     then one forward of one token (4 at position 2, seeing 5, 6, 4) scores 5 and 7. A
     level of 700 prefixes is one forward of 700 tokens against the prompt's cache, where
     candidates_nll copies that cache 700 times (most of its time on 1,000 real terms).
-    A model that returns no cache is scored by candidates_nll.
+    A model that returns no cache, or has sliding-window layers (Gemma 3: their cache keeps the
+    last window only, which a tree mask over every position cannot address), is scored by
+    candidates_nll.
     """
+    if _sliding_window(model):
+        return candidates_nll(model, prompt, candidates, bound, logit_bias)
     device, width = model.device, len(prompt)
     out = np.full(len(candidates), np.inf)
     children, ends = _trie(candidates)
@@ -189,6 +193,18 @@ def tree_candidates_nll(model, prompt: list[int], candidates: list[list[int]], b
             logp = _log_softmax(logits, logit_bias)
             nodes, nll, slots = grown, grown_nll, grown_slots
     return out
+
+
+def _sliding_window(model) -> bool:
+    """Whether any layer of the model attends within a sliding window (config.layer_types).
+
+    >>> from types import SimpleNamespace as NS
+    >>> _sliding_window(NS(config=NS(layer_types=["sliding_attention", "full_attention"])))
+    True
+    >>> _sliding_window(NS(config=NS()))
+    False
+    """
+    return any("sliding" in str(kind) for kind in getattr(model.config, "layer_types", None) or ())
 
 
 def _tree_mask(slots: list[tuple[int, ...]], prompt_width: int, total: int):

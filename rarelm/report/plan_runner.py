@@ -41,7 +41,7 @@ import yaml
 from rarelm.errors import RarelmError
 from rarelm.files import atomic_dir, read_json, write_json
 from rarelm.params import read_yaml
-from rarelm.paths import EVAL_METRICS, EVAL_OCCURRENCES, PARAMS
+from rarelm.paths import EVAL_METRICS, EVAL_OCCURRENCES, PARAMS, SUMMARY_METRICS
 from rarelm.report.headline_plan import Plan
 from rarelm.report.records import COMMIT, RECORDS, RUN_PLAN, ZIPPED, recorded
 
@@ -159,6 +159,7 @@ def _argv(stage: str, root: Path, at: dict[str, Path]) -> list[str]:
                   "--cache", root / "cache", "--no-progress"],
         "evaluate": ["--model", at["train"] / "model", "--prepared", out["prepare"], "--tokenized",
                      out["tokenize"], "--rare", out["rare_terms"], "--metrics", root / EVAL_METRICS,
+                     "--summary", root / SUMMARY_METRICS, "--train-metrics", at["train"] / "train.json",
                      "--occurrences", root / EVAL_OCCURRENCES, "--plots", root / "plots"],
     }[stage]
     return [sys.executable, "-m", f"stages.{stage}", "--params", str(root / PARAMS), *map(str, paths)]

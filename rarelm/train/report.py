@@ -54,7 +54,10 @@ def start_line(t) -> str:
 
     gpu = (f"{torch.cuda.get_device_name(t.device)} (CUDA {torch.version.cuda}, torch "
            f"{torch.__version__.split('+')[0]})")
+    from rarelm.train.model import ATTENTION
+
     attention = getattr(t.raw_model.config, "_attn_implementation", None) or "default"
+    attention = "sdpa" if attention == ATTENTION else attention  # off a CPU it is sdpa itself
     vocab = t.raw_model.get_output_embeddings().weight.size(0)
     loss = (f"loss from hidden states in chunks of {chunk_rows(vocab, 'cuda'):,} tokens" if t.output.chunked
             else "loss from the full logits")
