@@ -17,6 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from rarelm.objectives import linear_ce
 from rarelm.objectives.hidden import HiddenStates
 from rarelm.objectives.linear_ce import chunk_rows, linear_cross_entropy
 from rarelm.objectives.objective import Objective
@@ -37,12 +38,15 @@ def _close(ours: torch.Tensor, theirs: torch.Tensor, rel: float) -> bool:
     return bool((ours - theirs).abs().max() <= rel * theirs.abs().max())
 
 
+@pytest.mark.parametrize("align", [1, 64])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("use", ["weighted", "weighted+bias", "weighted+wide bias", "ce", "ce+lse"])
-def test_losses_and_gradients_equal_the_full_logits(dtype, use):
+def test_losses_and_gradients_equal_the_full_logits(dtype, use, align, monkeypatch):
     """weighted: sum(coef * ce) with its gradients made in the forward (with a bias: logit
     adjustment); ce / ce+lse: a nonlinear use of the per-token losses (and log-sum-exp), the
-    backward recomputing each chunk."""
+    backward recomputing each chunk. align 64: the products padded to 128 vocabulary rows, as on a
+    GPU (linear_ce.ALIGN), the padding's logits at -inf: the same losses and gradients."""
+    monkeypatch.setitem(linear_ce.ALIGN, "cpu", align)
     hidden, weight, y, w, bias = _inputs()
     with_bias = "bias" in use
     bias = bias * 40 if "wide" in use else bias  # over e^60: the plain CE by a second logsumexp
@@ -95,10 +99,14 @@ COUNTS = np.arange(1, V + 1) * 3
     {"token_weight": "face", "face_source": "predictions"},  # these three make the full logits
     {"frequent_unlikelihood": 1.0, "targets": "terms"}, {"logit_adjust_tau": 1.0, "unlikelihood": 0.5},
 ])
-def test_every_objective_is_the_same_from_the_hidden_states(dtype, loss):
+@pytest.mark.parametrize("align", [1, 64])
+def test_every_objective_is_the_same_from_the_hidden_states(dtype, loss, align, monkeypatch):
     """Objective(HiddenStates(...)) against Objective(logits) on the same model output: the
-    loss, the logged sums and the gradients, within the tolerances above."""
+    loss, the logged sums and the gradients, within the tolerances above; align 64 pads the
+    vocabulary's products as on a GPU."""
     from rarelm.artifacts.term_index import TermIndex
+
+    monkeypatch.setitem(linear_ce.ALIGN, "cpu", align)
 
     g = torch.Generator().manual_seed(1)
     b, t = 3, 20

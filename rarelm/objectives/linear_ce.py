@@ -41,6 +41,7 @@ import math  # noqa: F401 (the worked example above)
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 
 # Logits per chunk on a CPU: 8 MB of fp32, within this machine kind's L3. One thread's CPU time per
 # step was the same from 256 to 2,048 rows a chunk at vocabularies 1,712 and 8,192 (30% under the
@@ -51,6 +52,11 @@ CHUNK_ELEMENTS = 2**21
 # vocabulary of 50,257. CPU-sized chunks there (41 rows) made 400 small matmuls and ~3,000 kernel
 # launches a step of 16 x 1,024 tokens: most of the 350 ms step that issue 54 measured on an H200.
 GPU_CHUNK_ELEMENTS = 2**27
+# Vocabulary rows the products are padded to a multiple of, by device type: on an H200 the chunks'
+# three products with GPT-2's 50,257 rows ran in sm75 cutlass kernels (unaligned leading dimensions),
+# 41% of the step's device time (docs/benchmarks.md); padded rows get -inf logits, so nothing changes
+# but the kernels. Not on a CPU, where the products are aligned or not alike.
+ALIGN = {"cuda": 64}
 
 
 def chunk_rows(vocab: int, device_type: str = "cpu") -> int:
@@ -77,18 +83,26 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: to
     ce, lse and plain are fp32 [N]; plain is ce without the bias (detached). `mm(a, b)` makes
     the three products a @ b (None: torch's; the training step passes rarelm.train.matmul.mm,
     oneDNN for fp32 on CPUs where that is faster)."""
-    chunk = chunk or chunk_rows(weight.size(0), hidden.device.type)
+    vocab = weight.size(0)
+    chunk = chunk or chunk_rows(vocab, hidden.device.type)
+    pad = -vocab % ALIGN.get(weight.device.type, 1)
+    if pad:  # differentiable: the real rows' gradient flows back through the pad
+        weight = F.pad(weight, (0, 0, 0, pad))
+        bias = None if bias is None else F.pad(bias, (0, pad))
     return _LinearCrossEntropy.apply(hidden, weight, targets, bias, coef, aux, row_loss, chunk,
-                                     mm or torch.matmul)
+                                     mm or torch.matmul, vocab)
 
 
 RowLoss = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None", slice], torch.Tensor]
 MatMul = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def _chunk_logits(hidden, weight, bias, rows, mm):
-    """The fp32 logits of tokens `rows`: the matmul in the inputs' dtype, as autocast runs lm_head."""
+def _chunk_logits(hidden, weight, bias, rows, mm, vocab: int):
+    """The fp32 logits of tokens `rows`: the matmul in the inputs' dtype, as autocast runs lm_head;
+    the columns of the padding rows past `vocab` (ALIGN) at -inf."""
     z = mm(hidden[rows], weight.t()).float()
+    if z.size(1) > vocab:
+        z[:, vocab:] = float("-inf")
     return z if bias is None else z.add_(bias)
 
 
@@ -125,7 +139,7 @@ def _row_gradients(row_loss, ce, lse, aux, rows):
 class _LinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, bias, coef, aux, row_loss, chunk, mm):
+    def forward(ctx, hidden, weight, targets, bias, coef, aux, row_loss, chunk, mm, vocab):
         n = hidden.size(0)
         ce, lse, plain = (torch.empty(n, device=hidden.device) for _ in range(3))
         needs = ctx.needs_input_grad
@@ -145,7 +159,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         for start in range(0, n, chunk):
             rows = slice(start, start + chunk)
             y = targets[rows, None]
-            z = _chunk_logits(hidden, weight, None, rows, mm)
+            z = _chunk_logits(hidden, weight, None, rows, mm, vocab)
             if bias is not None:
                 plain_logit = z.gather(1, y).squeeze(1)
                 if not low:
@@ -174,7 +188,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
         ctx.set_materialize_grads(False)
         ctx.mark_non_differentiable(plain)
         ctx.save_for_backward(hidden, weight, targets, bias, lse, on_ce, on_lse, on_aux)
-        ctx.chunk, ctx.mm, ctx.eager = chunk, mm, (grad_hidden, grad_weight) if eager else None
+        ctx.chunk, ctx.mm, ctx.vocab = chunk, mm, vocab
+        ctx.eager = (grad_hidden, grad_weight) if eager else None
         return ce, lse, plain, weighted
 
     @staticmethod
@@ -184,12 +199,12 @@ class _LinearCrossEntropy(torch.autograd.Function):
         grad_aux = on_aux * g_weighted if on_aux is not None and g_weighted is not None else None
         if g_ce is None and g_lse is None:  # only `weighted` has a gradient
             if g_weighted is None or ctx.eager is None:
-                return None, None, None, None, None, grad_aux, None, None, None
+                return None, None, None, None, None, grad_aux, None, None, None, None
             grad_hidden, grad_weight = ctx.eager
             ctx.eager = None  # a second backward would need retain_graph: recompute then
             return (grad_hidden * g_weighted.to(grad_hidden.dtype) if grad_hidden is not None else None,
                     (grad_weight * g_weighted).to(weight.dtype) if grad_weight is not None else None,
-                    None, None, None, grad_aux, None, None, None)
+                    None, None, None, grad_aux, None, None, None, None)
         zeros = torch.zeros_like(lse)
         on_target = g_ce if g_ce is not None else zeros
         on_softmax = g_lse if g_lse is not None else zeros
@@ -202,9 +217,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
         grad_weight = torch.zeros(weight.shape, device=weight.device) if needs[1] else None
         for start in range(0, hidden.size(0), ctx.chunk):
             rows = slice(start, start + ctx.chunk)
-            z = _chunk_logits(hidden, weight, bias, rows, ctx.mm)
+            z = _chunk_logits(hidden, weight, bias, rows, ctx.mm, ctx.vocab)
             z.sub_(lse[rows, None]).exp_().mul_(on_softmax[rows, None])
             z.scatter_add_(1, targets[rows, None], -on_target[rows, None])
             _accumulate(z, hidden, weight, rows, grad_hidden, grad_weight, ctx.mm)
         return (grad_hidden, grad_weight.to(weight.dtype) if grad_weight is not None else None,
-                None, None, None, grad_aux, None, None, None)
+                None, None, None, grad_aux, None, None, None, None)
