@@ -14,7 +14,7 @@ import yaml
 
 from rarelm.errors import RarelmError
 from rarelm.report.headline_plan import Plan
-from rarelm.report.plan_runner import DATA_STAGES, needed, plan_tasks, stage_key, with_overrides
+from rarelm.report.plan_runner import DATA_STAGES, needed, plan_tasks, run_plan, stage_key, with_overrides
 from tests.conftest import run
 
 
@@ -82,6 +82,20 @@ def test_stages_are_shared_where_their_declared_params_agree(tmp_path):
     assert [tasks[n].stage for n in chain] == [*DATA_STAGES, "train", "evaluate"]
     assert chain[-2:] == [*tasks["hl-base-s2"].after, "hl-base-tau-s2"]
     assert stage_key({"a": 1}, ["a"], "x") != stage_key({"a": 1}, ["a"], "y")
+
+
+def test_a_plan_it_cannot_run_is_one_line(tmp_path):
+    """A kNN-LM configuration (no datastore stage here) and a plan with a screening round: refused."""
+    repo = Path(__file__).resolve().parents[1]
+    plan_path = tmp_path / "plan.yaml"
+    plan_path.write_text(yaml.safe_dump({"common": [], "screen_seeds": [], "final_seeds": [1],
+                                         "configurations": {"base": [], "knn": ["knn.enabled=true"]}}))
+    with pytest.raises(RarelmError, match="knn.enabled needs the datastore stage"):
+        plan_tasks(Plan.load(plan_path), repo, tmp_path / "work", [])
+    plan_path.write_text(yaml.safe_dump({"common": [], "screen_seeds": [7], "final_seeds": [1],
+                                         "configurations": {"base": []}}))
+    with pytest.raises(RarelmError, match="run-plan runs fixed comparisons"):
+        run_plan(plan_path, repo, tmp_path / "out", tmp_path / "work")
 
 
 @pytest.mark.slow
