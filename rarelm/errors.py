@@ -175,7 +175,7 @@ MEMORY_KNOBS = {
     "train": "lower train.batch_size (raise train.grad_accum to keep the batch) or model.block_size",
     "evaluate": "lower eval.batch_size",
     "compare": "lower --bootstrap",
-    "generate": "lower --max-new-tokens or the prompt's length",
+    "generate": "lower --max-tokens or the prompt's length",
 }
 _TORCH_OOM = re.compile(r"can't allocate memory|out of memory|CUDA out of memory", re.I)
 

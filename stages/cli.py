@@ -12,10 +12,12 @@
     rarelm --version                       # the installed version (pyproject.toml's)
 """
 
+import sys
 from importlib.metadata import version
 from pathlib import Path
 
 import typer
+from typer._click import exceptions as click_errors  # typer 0.29 vendors click (pinned)
 
 from rarelm import paths
 from rarelm.prepare import demo as demo_corpora
@@ -33,7 +35,35 @@ from stages.tokenize import tokenize
 from stages.train import train
 from stages.weights import weights
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+
+class OneLineTyper(typer.Typer):
+    """A Typer app whose usage errors (an unknown option, a missing argument or option, a value of
+    the wrong type) are one line on stderr, exit 2, as every other expected error is:
+
+        rarelm compare: error: Missing option '--baseline' / '-b'. (see rarelm compare --help)
+
+    (Typer prints them as a 5-line box under the usage.) `rarelm` alone still shows the help."""
+
+    def __call__(self, *args, **kwargs):
+        try:
+            code = super().__call__(*args, standalone_mode=False, **kwargs)
+        except click_errors.NoArgsIsHelpError as exc:
+            exc.show()
+            sys.exit(exc.exit_code)
+        except click_errors.ClickException as exc:
+            ctx = getattr(exc, "ctx", None)
+            name = ctx.command_path if ctx is not None else "rarelm"
+            message = " ".join(exc.format_message().split())
+            hint = f" (see {name} --help)" if isinstance(exc, click_errors.UsageError) else ""
+            print(f"{name}: error: {message}{hint}", file=sys.stderr)
+            sys.exit(exc.exit_code)
+        except typer.Abort:  # Ctrl-C or end of input at a prompt
+            print("Aborted!", file=sys.stderr)
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+app = OneLineTyper(add_completion=False, no_args_is_help=True, help=__doc__)
 
 
 def _print_version(value: bool) -> None:

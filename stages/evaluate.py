@@ -25,7 +25,7 @@ import typer
 
 from rarelm import paths
 from rarelm.errors import RarelmError, user_errors
-from rarelm.files import atomic_file, read_json, write_csv, write_json
+from rarelm.files import atomic_file, outputs_together, read_json, write_csv, write_json
 from rarelm.fmt import four_digits
 from rarelm.params import load_params
 from rarelm.prepare.corpus import read_split
@@ -89,28 +89,40 @@ def evaluate(
                 if knn_active(params.knn) else {}  # the kNN settings behind these metrics; off: as before
             log_eval_metrics(run, {**out, "logit_adjust_tau": tau, **mixed},
                              inputs=[prepared, tokenized, rare])
-        except BaseException:
+            headline = summary_file(out, params.eval.splits, _train_figures(model_dir, train_metrics))
+            with outputs_together():  # every output changes, or none does
+                bucket_csv, band_csv = _write_plots(results[params.eval.splits[0]], plots)
+                _write_metrics(out, results, headline, metrics, occurrences, summary)
+        except BaseException:  # no output changed: the run is not left RUNNING
             run.finish("FAILED")
             raise
-        first = results[params.eval.splits[0]]
-        bucket_csv = plots / Path(paths.EVAL_BUCKETS_PLOT).name
-        band_csv = plots / Path(paths.EVAL_BANDS_PLOT).name
-        write_csv(bucket_csv, BUCKET_COLUMNS, first.bucket_rows)
-        write_csv(band_csv, BAND_COLUMNS, first.band_rows)
-        with atomic_file(occurrences) as f:
-            for result in results.values():
-                f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in result.occurrences))
-        write_json(metrics, out)
-        with atomic_file(summary) as f:  # in SUMMARY's order, what to read first: `dvc exp show`'s columns
-            json.dump(summary_file(out, params.eval.splits, _train_figures(model_dir, train_metrics)), f,
-                      indent=2, ensure_ascii=False)
-            f.write("\n")
         log_eval_files(run, [metrics, occurrences, bucket_csv, band_csv],
                        logs_text(params.tracking.log_text, run.tracking_uri))
     for split in params.eval.splits:
         print(_summary(split, out if split == params.eval.splits[0] else out[split]))
     print(f"evaluate: {time.perf_counter() - started:.1f} s; every figure in {metrics}, "
           f"the headline in {summary}")
+
+
+def _write_plots(first, plots: Path) -> tuple[Path, Path]:
+    """plots/eval_buckets.csv and plots/eval_term_bands.csv of the first split's results."""
+    bucket_csv = plots / Path(paths.EVAL_BUCKETS_PLOT).name
+    band_csv = plots / Path(paths.EVAL_BANDS_PLOT).name
+    write_csv(bucket_csv, BUCKET_COLUMNS, first.bucket_rows)
+    write_csv(band_csv, BAND_COLUMNS, first.band_rows)
+    return bucket_csv, band_csv
+
+
+def _write_metrics(out: dict, results: dict, headline: dict, metrics: Path, occurrences: Path,
+                   summary: Path) -> None:
+    """metrics/eval_occurrences.jsonl, metrics/eval.json and the headline, metrics/summary.json."""
+    with atomic_file(occurrences) as f:
+        for result in results.values():
+            f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in result.occurrences))
+    write_json(metrics, out)
+    with atomic_file(summary) as f:  # in SUMMARY's order, what to read first: `dvc exp show`'s columns
+        json.dump(headline, f, indent=2, ensure_ascii=False)
+        f.write("\n")
 
 
 def _summary(split: str, m: dict) -> str:

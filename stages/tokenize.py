@@ -42,8 +42,11 @@ def tokenize(
         except FileNotFoundError:
             raise RarelmError(f"{prepared}: no stats.json; run the prepare stage first") from None
         total = sum(stats[s]["documents"] for s in ("train", "val", "test"))
-        # the bar goes to stderr so stdout holds only the summary line
-        with atomic_dir(out) as tmp, Progress(console=Console(stderr=True), transient=True) as bar:
+        # the bar goes to stderr so stdout holds only the summary line; none in a log (where the
+        # transient bar left a blank line)
+        console = Console(stderr=True)
+        with atomic_dir(out) as tmp, Progress(console=console, transient=True,
+                                              disable=not console.is_terminal) as bar:
             task = bar.add_task("tokenize: encoding documents", total=total)
             meta = tokenization.tokenize(params.tokenizer, prepared, tmp,
                                          progress=lambda n: bar.advance(task, n), rare=params.rare)

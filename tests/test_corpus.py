@@ -339,3 +339,45 @@ def test_bad_group_field_is_one_line(tmp_path, name, content, message):
     (tmp_path / name).write_text(content, encoding="utf-8")
     with pytest.raises(RarelmError, match=message):
         list(corpus.iter_grouped(params(tmp_path / name, group_field="page")))
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_a_byte_order_mark_at_the_start_of_a_file_is_dropped(tmp_path, gz):
+    """Was: kept in the first document of a .txt ('\ufefffirst doc'), and a .jsonl's first line or
+    a .csv's first column name (`text_field`) did not parse."""
+    bom = "\ufeff"
+    suffix = ".gz" if gz else ""
+    files = {f"a.txt{suffix}": "first doc\nsecond\n",
+             f"b.jsonl{suffix}": '{"body": "first doc"}\n{"body": "second"}\n',
+             f"c.csv{suffix}": "body,id\nfirst doc,0\nsecond,1\n"}
+    for name, text in files.items():
+        data = (bom + text).encode("utf-8")
+        (tmp_path / name).write_bytes(gzip.compress(data) if gz else data)
+        assert list(corpus.iter_documents(params(tmp_path / name, text_field="body"))) == \
+            ["first doc", "second"], name
+    (tmp_path / "d.txt").write_text(f"first doc\n{bom}inside\n", encoding="utf-8")  # only at the start
+    assert list(corpus.iter_documents(params(tmp_path / "d.txt"))) == ["first doc", f"{bom}inside"]
+
+
+def test_an_empty_val_or_test_split_is_refused_naming_the_fraction(tmp_path):
+    """Was: a corpus whose documents all hash to train went through every stage with exit 0, val
+    and test empty, metrics/eval.json all null."""
+    from rarelm.params import load_params
+
+    defaults = load_params(REPO / "params.yaml").corpus  # what _prepare_cli runs with
+    docs = [f"document number {i}" for i in range(400)]
+    to_train = [d for d in docs if corpus.split_of(d, defaults.split_seed, defaults.val_fraction,
+                                                    defaults.test_fraction) == "train"][:3]
+    path = tmp_path / "c.txt"
+    path.write_text("\n".join(to_train) + "\n", encoding="utf-8")
+    result = _prepare_cli(tmp_path, path)
+    assert result.returncode == 2 and result.stderr.strip() == (
+        "rarelm prepare: error: corpus: the val split is empty: none of the 3 documents fell into it "
+        f"at corpus.val_fraction = {defaults.val_fraction:g} (corpus.split_seed = {defaults.split_seed}); "
+        "raise corpus.val_fraction or give more documents")
+    assert not (tmp_path / "prepared").exists() and not (tmp_path / "prepare.json").exists()
+    result = _prepare_cli(tmp_path, path, val_fraction=0.0)  # no val split asked for: test's turn
+    assert result.returncode == 2 and "the test split is empty: none of the 3 documents" in result.stderr
+    result = _prepare_cli(tmp_path, path, val_fraction=0.0, test_fraction=0.0)
+    assert result.returncode == 0, result.stderr
+    assert list(corpus.read_split(tmp_path / "prepared", "train")) == to_train

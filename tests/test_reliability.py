@@ -1135,6 +1135,38 @@ def test_train_outputs_change_together_or_not_at_all(upto_weights, tmp_path, blo
     assert run_statuses(tmp_path / "m.db") == ["FINISHED", "FAILED"]
 
 
+EVAL_OUTPUTS = ["plots/eval_buckets.csv", "plots/eval_term_bands.csv", "metrics/eval_occurrences.jsonl",
+                "metrics/eval.json", "metrics/summary.json"]  # in the order evaluate writes them
+
+
+@pytest.mark.parametrize("blocked", [EVAL_OUTPUTS[0], EVAL_OUTPUTS[2], EVAL_OUTPUTS[-1]],
+                         ids=["first", "middle", "last"])
+def test_evaluate_outputs_change_together_or_not_at_all(dag, tmp_path, blocked):
+    """The first, a middle or the last of evaluate's outputs blocked by a folder, then evaluate
+    with other params. Was (`mkdir metrics/eval.json`): exit 2, but the plots and the occurrences
+    replaced, the new summary metrics logged to MLflow and the run left RUNNING."""
+    root = clone(dag, tmp_path / "repo")
+    outputs = [root / rel for rel in EVAL_OUTPUTS]
+    target = root / blocked
+    target.unlink()
+    target.mkdir()
+    before = tree_digest(*(p for p in outputs if p != target))
+    runs_before = run_statuses(root / "mlflow.db")
+    set_params(root, **{"eval.max_terms": 5})  # every output would change
+    result = stage("evaluate", root)
+    *log, error = result.stderr.strip().splitlines()
+    assert "Traceback" not in result.stderr and not any("error" in line for line in log), result.stderr
+    assert error == (f"rarelm evaluate: error: {blocked}: Is a directory (a folder is where a file is "
+                     "needed: move the folder aside)")
+    assert result.returncode == 2
+    assert tree_digest(*(p for p in outputs if p != target)) == before
+    assert list(target.iterdir()) == []
+    assert leftovers(root / "metrics") == [] and leftovers(root / "plots") == []
+    assert "RUNNING" not in runs_before
+    # the DAG trained untracked in its second run: evaluate made a run of its own, now FAILED
+    assert run_statuses(root / "mlflow.db") == [*runs_before, "FAILED"]
+
+
 def test_a_batch_size_that_cannot_fit_is_one_line_before_allocating(upto_weights, tmp_path):
     """`train.batch_size: 1000000000`: was validated, then 96 s and 16 GB of resident memory
     before the MemoryError's line. Now the launcher refuses it from the batch, the window and the

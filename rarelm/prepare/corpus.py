@@ -23,6 +23,7 @@ from train into test. A document with no group (null or "") is a group of its ow
 from __future__ import annotations
 
 import array
+import codecs
 import csv
 import gzip
 import hashlib
@@ -150,9 +151,13 @@ def _raw_lines(path: Path, max_bytes: int) -> Iterator[bytes]:
 
 
 def _decoded_lines(path: Path, errors: str, max_bytes: int) -> Iterator[str]:
-    """Lines of a (possibly gzipped) UTF-8 file; invalid bytes raise with their place."""
+    """Lines of a (possibly gzipped) UTF-8 file, without the byte order mark that some editors put
+    at its start (it was kept in the first document; it broke a .jsonl's first line and a .csv's
+    first column name); invalid bytes raise with their place."""
     offset = 0
     for number, raw in enumerate(_raw_lines(path, max_bytes), start=1):
+        if number == 1 and raw.startswith(codecs.BOM_UTF8):
+            raw, offset = raw[len(codecs.BOM_UTF8):], len(codecs.BOM_UTF8)
         try:
             yield raw.decode("utf-8", errors=errors)
         except UnicodeDecodeError as exc:
@@ -414,12 +419,26 @@ def prepare(params: CorpusParams, out_dir: Path) -> dict:
         raise RarelmError(f"corpus.path: {params.path} holds no document after cleaning")
     if stats["train"]["documents"] == 0:
         raise RarelmError(f"corpus.path: {params.path} left no document for the train split")
+    _check_held_out(params, stats, total)
     language = params.language if params.language != "auto" else detect_language(sample)
     if params.group_field:  # documents without a group count as groups of their own
         for s in SPLITS:
             stats[s]["groups"] = len(groups[s])
     return {**stats, "documents": total, "dropped_short": dropped_short,
             "duplicates": duplicates, "language": language}
+
+
+def _check_held_out(params: CorpusParams, stats: dict, total: int) -> None:
+    """Refuse a val or test split that its fraction asks for but no document fell into (every
+    later stage went on: early stopping and the test metrics all null)."""
+    for split in ("val", "test"):
+        fraction = getattr(params, f"{split}_fraction")
+        if fraction > 0 and stats[split]["documents"] == 0:
+            by = f" (split by their {params.group_field!r} groups)" if params.group_field else ""
+            raise RarelmError(
+                f"corpus: the {split} split is empty: none of the {total} documents{by} fell into it "
+                f"at corpus.{split}_fraction = {fraction:g} (corpus.split_seed = {params.split_seed}); "
+                f"raise corpus.{split}_fraction or give more documents")
 
 
 def read_split(prepared_dir: str | Path, split: str) -> Iterator[str]:
