@@ -245,6 +245,9 @@ class EvalParams:
     block_size: int = param(0, ge=0)  # scoring window in tokens; 0 = the model's context length
     batch_size: int = param(32, ge=1)  # windows / prompts per forward pass
     max_terms: int = param(2000, ge=1)  # most term occurrences generated (round robin over terms)
+    # most split tokens scored for perplexity, in windows spread evenly over the split; 0 = all (a
+    # budget for big models on a CPU: n_eval_tokens says what was scored)
+    max_tokens: int = param(0, ge=0)
     closed_set: bool = True  # also rank the true term among all extracted terms by NLL
     context_tokens: int = param(64, ge=1)  # prompt: up to this many tokens before the term
     diversity_prompts: int = param(64, ge=0)  # free continuations sampled; 0 = skip
@@ -287,6 +290,9 @@ class KnnParams:
     cache_window: int = param(0, ge=0, le=100_000)  # earlier positions of the document; 0 = no cache
     cache_weight: float = param(0.0, ge=0.0, le=1.0)  # lambda of the continuous cache
     cache_temperature: float = param(1.0, gt=0.0, le=1e6)  # of exp(h_t . h_i / T)
+    # dot: h_t . h_i (grows with the hidden width and the states' norms: a temperature chosen on one
+    # model means nothing on another); cosine: cos(h_t, h_i) in [-1, 1], units any model shares
+    cache_similarity: Literal["dot", "cosine"] = "dot"
     max_entries: int = param(0, ge=0)  # datastore entries from the train split's start; 0 = all
     key_dtype: Literal["float16", "float32"] = "float16"  # stored keys (float16: half the disk)
     # exact: torch, every key per query; ivf: a faiss IndexIVFFlat built by the datastore stage, which

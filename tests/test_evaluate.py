@@ -90,6 +90,14 @@ def bits(a: int, b: int) -> int:
     return min((b - a - 1) % V + 1, V - 1)
 
 
+def test_a_token_budget_scores_windows_spread_over_the_split():
+    """eval.max_tokens 6 with windows of 4: two of the four windows (targets 1-4 and 13), the first and
+    the last, 5 targets costing 1 1 2 1 + 2 bits."""
+    m = score_tokens(bigram(), TOKENS, BUCKETS, 4, 2, max_tokens=6).metrics()
+    assert m["n_eval_tokens"] == 5 and m["ppl"] == pytest.approx(2 ** (7 / 5), rel=1e-6)
+    assert score_tokens(bigram(), TOKENS, BUCKETS, 4, 2, max_tokens=100).metrics()["n_eval_tokens"] == 13
+
+
 @pytest.mark.parametrize("block_size,batch_size", [(4, 2), (13, 1), (100, 8)])
 def test_token_metrics_are_exact(block_size, batch_size):
     per_term = term_search.find_occurrences(char_tokenizer(), DOCS, TOKENS, OFFSETS, TERMS)

@@ -26,7 +26,7 @@ P_LM = torch.tensor([[0.5, 0.3, 0.2]]).log()
 
 def knn_params(**kw):
     base = dict(enabled=True, k=16, weight=0.0, temperature=1.0, cache_window=0, cache_weight=0.0,
-                cache_temperature=1.0)
+                cache_temperature=1.0, cache_similarity="dot")
     return SimpleNamespace(**{**base, **kw})
 
 
@@ -151,7 +151,7 @@ def by_hand(model, ids: list[int], store, knn, eot: int) -> torch.Tensor:
         following = torch.tensor([[ids[i + 1] for i in seen]])
         visible = torch.ones(1, len(seen), dtype=torch.bool)
         cache = cache_log_probs(hidden[t:t + 1], hidden[seen][None], following, visible, lm.shape[-1],
-                                knn.cache_temperature)
+                                knn.cache_temperature, knn.cache_similarity)
         out.append(mix(lm[t:t + 1], knn.weight, knn_part, knn.cache_weight, cache)[0])
     return torch.stack(out)
 
@@ -176,11 +176,13 @@ def test_the_hook_mixes_what_the_formulas_say(tiny):
     assert np.allclose(nll, -true.double().numpy(), atol=1e-5)
 
 
-def test_the_cache_alone_needs_no_datastore(tiny):
+@pytest.mark.parametrize("kind", ["dot", "cosine"])
+def test_the_cache_alone_needs_no_datastore(tiny, kind):
     """knn.enabled false with the cache on (the remedies plans' `cache`): the hook mixes the cache
-    alone, with no store, as the formulas say with lambda_knn 0."""
+    alone, with no store, as the formulas say with lambda_knn 0 (dot products or cosines)."""
     model, tokens = tiny
-    cache = dict(cache_window=5, cache_weight=0.2, cache_temperature=2.0)
+    cache = dict(cache_window=5, cache_weight=0.2, cache_temperature=2.0 if kind == "dot" else 0.1,
+                 cache_similarity=kind)
     ids = [int(t) for t in tokens[30:52]]
     unused = Datastore(np.zeros((1, 8), np.float32), torch.tensor([1]))  # by_hand's kNN part, weighed 0
     expected = by_hand(model, ids, unused, knn_params(k=1, weight=0.0, **cache), 0)
@@ -191,6 +193,20 @@ def test_the_cache_alone_needs_no_datastore(tiny):
     assert torch.allclose(got, expected, atol=1e-5)
     with torch.no_grad():
         assert not torch.allclose(got, torch.log_softmax(model(torch.tensor([ids])).logits[0], -1), atol=1e-3)
+
+
+def test_cosine_cache_votes_do_not_depend_on_the_states_scale():
+    """knn.cache_similarity cosine: states 10x longer (a wider or differently normed model) vote the
+    same, so a temperature chosen on one model means the same on another; dot products do not."""
+    gen = torch.Generator().manual_seed(7)
+    queries, history = torch.randn(3, 8, generator=gen), torch.randn(3, 5, 8, generator=gen)
+    following, visible = torch.randint(0, 11, (3, 5), generator=gen), torch.ones(3, 5, dtype=torch.bool)
+
+    def votes(scale: float, kind: str) -> torch.Tensor:
+        return cache_log_probs(queries * scale, history * scale, following, visible, 11, 0.5, kind).exp()
+
+    assert torch.allclose(votes(1.0, "cosine"), votes(10.0, "cosine"), atol=1e-6)
+    assert not torch.allclose(votes(1.0, "dot"), votes(10.0, "dot"), atol=1e-3)
 
 
 def test_generation_with_the_kv_cache_matches_full_forwards(tiny):
@@ -316,13 +332,16 @@ def test_evaluate_stage_mixes_the_datastore_in(workspace, tmp_path):  # noqa: F8
     set_params(ws, **{"eval.splits": ["val"], "eval.closed_set": False})
     assert stage("datastore", ws, env=env).stdout.startswith("datastore: knn.enabled is false")
     off = stage("evaluate", ws, env=env)
-    assert off.returncode == 0 and off.stderr == "", off.stderr
+    # off: nothing mixed in, stderr only the seconds each measurement took
+    assert off.returncode == 0 and off.stderr.startswith("evaluate: val split: finding terms "), off.stderr
+    assert "mixing in" not in off.stderr and off.stderr.count("\n") == 1, off.stderr
     plain = json.loads((ws / "metrics/eval.json").read_text())
 
     set_params(ws, **{"knn.cache_window": 16, "knn.cache_weight": 0.2})  # the cache alone: no store
     assert stage("datastore", ws, env=env).stdout.startswith("datastore: knn.enabled is false")
     cached = stage("evaluate", ws, env=env)
-    assert cached.stderr.strip() == "evaluate: mixing in continuous cache (window 16, lambda 0.2, T 1)"
+    mixing = cached.stderr.splitlines()[0]  # then the seconds each measurement took
+    assert mixing == "evaluate: mixing in continuous cache (window 16, lambda 0.2, T 1)"
     alone = json.loads((ws / "metrics/eval.json").read_text())
     assert alone["n_eval_tokens"] == plain["n_eval_tokens"] and alone["ppl"] != plain["ppl"]
 
@@ -333,8 +352,9 @@ def test_evaluate_stage_mixes_the_datastore_in(workspace, tmp_path):  # noqa: F8
     entries = json.loads((ws / "data/datastore/meta.json").read_text())["entries"]
     on = stage("evaluate", ws, env=env)
     assert on.returncode == 0, on.stderr
-    assert on.stderr.strip() == (f"evaluate: mixing in kNN-LM over {entries:,} datastore entries (k 8, "
-                                 "lambda 0.3, T 10) + continuous cache (window 16, lambda 0.2, T 1)")
+    assert on.stderr.splitlines()[0] == (
+        f"evaluate: mixing in kNN-LM over {entries:,} datastore entries (k 8, lambda 0.3, T 10) + "
+        "continuous cache (window 16, lambda 0.2, T 1)")
     mixed = json.loads((ws / "metrics/eval.json").read_text())
     assert mixed["n_eval_tokens"] == plain["n_eval_tokens"]
     assert mixed["ppl"] < plain["ppl"]

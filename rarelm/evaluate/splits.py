@@ -65,7 +65,7 @@ def evaluate_split(model, tokenizer, data, documents: list[str], split: str, buc
     bias = logit_adjustment(model, log_prior, params.logit_adjust_tau)
     stats = score_tokens(model, tokens, buckets, block, params.batch_size, progress,
                          term_search.term_token_mask(per_term, len(tokens)), logit_bias=bias,
-                         start_mask=term_start_mask(per_term, len(tokens)))
+                         start_mask=term_start_mask(per_term, len(tokens)), max_tokens=params.max_tokens)
     clock.lap("scoring tokens")
     rows = evaluate_terms(model, tokenizer, documents, tokens, offsets, terms, max_terms=params.max_terms,
                           context_tokens=context, batch_size=params.batch_size, eot_id=data.eot_id,

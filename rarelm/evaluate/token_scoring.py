@@ -154,12 +154,13 @@ def _score_batch(model, windows: np.ndarray, buckets: np.ndarray, is_term: np.nd
 
 def score_tokens(model, tokens: np.ndarray, buckets: np.ndarray, block_size: int, batch_size: int,
                  progress: Progress | None = None, term_mask: np.ndarray | None = None,
-                 logit_bias=None, start_mask: np.ndarray | None = None) -> TokenStats:
+                 logit_bias=None, start_mask: np.ndarray | None = None, max_tokens: int = 0) -> TokenStats:
     """Teacher-forced NLL / top-1 / top-5 of every token after the first, summed per class.
 
     `term_mask` (bool per split position) marks the tokens that cover a term occurrence;
     `start_mask` the first covering token of each occurrence: the tokens found there are the
-    term-start tokens whose probability mass TokenStats.start_metrics reports.
+    term-start tokens whose probability mass TokenStats.start_metrics reports. `max_tokens` > 0
+    scores only the windows `budget_windows` keeps, spread evenly over the split.
     """
     stats = TokenStats()
     n = len(tokens)
@@ -170,8 +171,8 @@ def score_tokens(model, tokens: np.ndarray, buckets: np.ndarray, block_size: int
         ids = np.unique(np.asarray(tokens)[start_mask]).astype(np.int64)
         stats.n_start_ids = len(ids)
         start_ids = torch.as_tensor(ids, device=model.device)
-    starts = np.arange(0, max(n - 1, 0), block_size)
-    advance = (progress or silent)("scoring tokens", max(n - 1, 0))
+    starts = budget_windows(np.arange(0, max(n - 1, 0), block_size), block_size, max_tokens)
+    advance = (progress or silent)("scoring tokens", int(np.minimum(block_size, n - 1 - starts).sum()))
     for b in range(0, len(starts), batch_size):
         batch = starts[b:b + batch_size]
         targets = np.minimum(block_size, n - 1 - batch)  # only the split's last window is shorter
@@ -184,3 +185,18 @@ def score_tokens(model, tokens: np.ndarray, buckets: np.ndarray, block_size: int
             _score_batch(model, np.stack(rows), buckets, terms, stats, logit_bias, at_start, start_ids)
         advance(int(targets.sum()))
     return stats
+
+
+def budget_windows(starts: np.ndarray, block_size: int, max_tokens: int) -> np.ndarray:
+    """The window starts to score under a budget of `max_tokens` (0: all): enough windows, spread
+    evenly over the split, the same for every run.
+
+    >>> budget_windows(np.arange(0, 100, 10), 10, 30).tolist()
+    [0, 40, 90]
+    >>> budget_windows(np.arange(0, 30, 10), 10, 0).tolist()
+    [0, 10, 20]
+    """
+    keep = -(-max_tokens // block_size)
+    if not max_tokens or keep >= len(starts):
+        return starts
+    return starts[np.unique(np.linspace(0, len(starts) - 1, keep).round().astype(np.int64))]

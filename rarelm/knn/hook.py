@@ -32,7 +32,7 @@ from collections.abc import Iterator
 import torch
 
 from rarelm.errors import RarelmError
-from rarelm.knn.interpolate import mix_votes, vote_weights
+from rarelm.knn.interpolate import mix_votes, similarity, vote_weights
 
 
 @dataclasses.dataclass
@@ -129,7 +129,7 @@ class Interpolation:
         before = torch.cat([torch.zeros_like(seen[:, :1]), seen[:, :-1]], 1)  # at positions < i
         same_doc = before[:, None, :] == before[:, at][:, :, None]
         visible = earlier[None] & same_doc & c.mask[:, None, :] & c.mask[:, positions][:, :, None]
-        scores = torch.einsum("btd,bld->btl", queries.float(), c.hidden.float()) / self.knn.cache_temperature
+        scores = similarity(queries, c.hidden, self.knn.cache_similarity) / self.knn.cache_temperature
         return next_ids[:, None].expand(-1, scored, -1), vote_weights(scores, visible)
 
 
@@ -184,7 +184,8 @@ def describe(knn, store) -> str:
         parts.append(f"kNN-LM over {len(store) if store is not None else 0:,} datastore entries "
                      f"(k {knn.k}, lambda {knn.weight:g}, T {knn.temperature:g})")
     if uses_cache(knn):
+        cosine = "cosine similarity, " if knn.cache_similarity == "cosine" else ""
         parts.append(f"continuous cache (window {knn.cache_window}, lambda {knn.cache_weight:g}, "
-                     f"T {knn.cache_temperature:g})")
+                     f"{cosine}T {knn.cache_temperature:g})")
     return " + ".join(parts) if parts else "kNN-LM and cache off"
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 
 
 def vote_weights(scores: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
@@ -99,11 +100,26 @@ def knn_log_probs(distances: torch.Tensor, values: torch.Tensor, vocab: int, tem
     return vote_log_probs(-distances / temperature, values, vocab, valid)
 
 
+def similarity(queries: torch.Tensor, history: torch.Tensor, kind: str = "dot") -> torch.Tensor:
+    """[..., T, L] similarities of queries [..., T, d] to the history's states [..., L, d], float32:
+    dot products, or (kind "cosine") cosines, which no hidden width or norm scales.
+
+    >>> q, h = torch.tensor([[[3.0, 4.0]]]), torch.tensor([[[6.0, 8.0], [4.0, -3.0]]])
+    >>> similarity(q, h).tolist(), similarity(q, h, "cosine").tolist()
+    ([[[50.0, 0.0]]], [[[1.0, 0.0]]])
+    """
+    queries, history = queries.float(), history.float()
+    if kind == "cosine":
+        queries, history = F.normalize(queries, dim=-1), F.normalize(history, dim=-1)
+    return torch.einsum("...td,...ld->...tl", queries, history)
+
+
 def cache_log_probs(queries: torch.Tensor, history: torch.Tensor, next_tokens: torch.Tensor,
-                    visible: torch.Tensor, vocab: int, temperature: float) -> torch.Tensor:
+                    visible: torch.Tensor, vocab: int, temperature: float, kind: str = "dot") -> torch.Tensor:
     """p_cache as log-probabilities [..., vocab]: `queries` [..., d], the history's hidden states
-    [..., L, d], the token that followed each [..., L], which of them each query may see [..., L]."""
-    scores = torch.einsum("...d,...ld->...l", queries.float(), history.float()) / temperature
+    [..., L, d], the token that followed each [..., L], which of them each query may see [..., L];
+    `kind` the similarity (`similarity`)."""
+    scores = similarity(queries.unsqueeze(-2), history, kind).squeeze(-2) / temperature
     return vote_log_probs(scores, next_tokens, vocab, visible)
 
 
