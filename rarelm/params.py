@@ -245,8 +245,8 @@ class EvalParams:
     block_size: int = param(0, ge=0)  # scoring window in tokens; 0 = the model's context length
     batch_size: int = param(32, ge=1)  # windows / prompts per forward pass
     max_terms: int = param(2000, ge=1)  # most term occurrences generated (round robin over terms)
-    # most split tokens scored for perplexity, in windows spread evenly over the split; 0 = all (a
-    # budget for big models on a CPU: n_eval_tokens says what was scored)
+    # most tokens scored for perplexity, of the split and of general_text each, in windows spread
+    # evenly; 0 = all (a budget for big models on a CPU: n_eval_tokens, n_general_tokens say what was)
     max_tokens: int = param(0, ge=0)
     closed_set: bool = True  # also rank the true term among all extracted terms by NLL
     context_tokens: int = param(64, ge=1)  # prompt: up to this many tokens before the term

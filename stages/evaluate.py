@@ -208,7 +208,7 @@ def _general(params, model, tokenizer, data, prior) -> dict:
     block = params.eval.block_size or context_length(model) or 1024
     bias = logit_adjustment(model, prior, params.eval.logit_adjust_tau)
     return general_metrics(model, tokenizer, params.eval.general_text, data.eot_id, data.vocab_size, block,
-                           params.eval.batch_size, bias)
+                           params.eval.batch_size, bias, params.eval.max_tokens)
 
 
 def _knn(params, model, datastore: Path, eot_id: int):

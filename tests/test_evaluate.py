@@ -196,6 +196,8 @@ def test_general_text_perplexity_by_hand(tmp_path):
     for block, batch in ((2, 1), (100, 8)):
         m = general_metrics(bigram(), char_tokenizer(), path, 0, V, block, batch)
         assert m["n_general_tokens"] == 4 and m["ppl_general"] == pytest.approx(2 ** (15 / 4), rel=1e-6)
+    budget = general_metrics(bigram(), char_tokenizer(), path, 0, V, 2, 1, max_tokens=2)  # eval.max_tokens
+    assert budget["n_general_tokens"] == 2 and budget["ppl_general"] == pytest.approx(2 ** (7 / 2), rel=1e-6)
     with pytest.raises(RarelmError, match="eval.general_text = .*no such file"):
         general_metrics(bigram(), char_tokenizer(), tmp_path / "missing.txt", 0, V, 4, 1)
 

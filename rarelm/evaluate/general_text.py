@@ -68,13 +68,14 @@ def token_stream(tokenizer, documents: list[str], eot_id: int) -> np.ndarray:
 
 
 def general_metrics(model, tokenizer, path: str | Path, eot_id: int, vocab_size: int, block_size: int,
-                    batch_size: int, logit_bias=None) -> dict:
-    """`ppl_general` (perplexity of every token of the slice after the first) and `n_general_tokens`."""
+                    batch_size: int, logit_bias=None, max_tokens: int = 0) -> dict:
+    """`ppl_general` (perplexity of every token of the slice after the first, or of the windows
+    `max_tokens` keeps: eval.max_tokens) and `n_general_tokens`."""
     from rarelm.evaluate.token_scoring import score_tokens  # torch: on use
 
     tokens = token_stream(tokenizer, read_documents(path), eot_id)
     stats = score_tokens(model, tokens, np.zeros(vocab_size, dtype=np.int64), block_size, batch_size,
-                         logit_bias=logit_bias)
+                         logit_bias=logit_bias, max_tokens=max_tokens)
     m = stats.metrics()
     return {"ppl_general": m["ppl"], "n_general_tokens": m["n_eval_tokens"]}
 
