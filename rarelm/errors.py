@@ -71,6 +71,14 @@ def error_line(stage: str, exc: BaseException) -> str | None:
     'rarelm train: error: train.lr: must be finite'
     >>> error_line("train", KeyError("x")) is None
     True
+
+    A write error names the output, not the temporary it was written to:
+
+    >>> line = error_line("prepare", OSError(errno.EROFS, "Read-only file system", "data/.prepared.tmp-7/a"))
+    >>> line[:line.index(" (")]
+    'rarelm prepare: error: cannot write outputs: data/prepared/a: Read-only file system'
+    >>> line[line.index(" ("):line.index(";")]
+    ' (the file system is mounted read-only: remount it writable or write elsewhere)'
     """
     if isinstance(exc, RarelmError):
         message = " ".join(str(exc).split())  # always one line

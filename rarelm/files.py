@@ -179,7 +179,7 @@ def put_in_place(written: list[tuple[Path, Path]]) -> None:
     moved: list[tuple[Path, Path | None]] = []  # (target, its previous version moved aside)
     try:
         for tmp, path in written:
-            moved.append((path, _keep_aside(path) if os.path.lexists(path) else None))
+            moved.append((path, _keep_aside(path, tmp.is_dir()) if os.path.lexists(path) else None))
             _named(os.rename, tmp, path, target=path)
     except BaseException:
         _put_back(moved, [tmp for tmp, _ in written])
@@ -192,19 +192,18 @@ def _check_target(tmp: Path, path: Path) -> None:
     goes), naming it: a rename would fail half-way, or replace it."""
     import errno
 
-    is_dir = os.path.isdir(path) and not os.path.islink(path)
-    if tmp.is_dir() and os.path.lexists(path) and not is_dir:
+    if tmp.is_dir() and os.path.lexists(path) and not os.path.isdir(path):  # a link to one is one
         raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(path))
-    if not tmp.is_dir() and is_dir:
+    if not tmp.is_dir() and os.path.isdir(path) and not os.path.islink(path):
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
 
 
-def _keep_aside(path: Path) -> Path:
-    """Keep `path`'s present version as `.<name>.old-<pid>` until the new one is in: a file (or
-    link) by a hard link, so the target never goes missing (the rename replaces it atomically);
-    a folder by moving it aside."""
+def _keep_aside(path: Path, new_is_dir: bool) -> Path:
+    """Keep `path`'s present version as `.<name>.old-<pid>` until the new one is in: replaced by a
+    file, by a hard link (of a link: the link), so the target never goes missing (the rename
+    replaces it atomically); else by moving it aside (a folder, or a link where a folder goes)."""
     old = path.with_name(f".{path.name}.old-{os.getpid()}")
-    if not os.path.isdir(path) or os.path.islink(path):
+    if not new_is_dir:
         with contextlib.suppress(OSError):  # no hard links here: moved aside as a folder is
             os.link(path, old, follow_symlinks=False)
             return old
