@@ -118,7 +118,6 @@ class Dist:
             td.destroy_process_group()
 
 
-
 def _init_process_group(backend: str, rank: int, world: int, device_id) -> None:
     """torchrun's process group; on one node through loopback only (rarelm.train.loopback), across
     nodes by its env:// rendezvous (MASTER_ADDR, MASTER_PORT), as the multi-node README says."""
