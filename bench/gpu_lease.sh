@@ -12,7 +12,8 @@
 #                                         # convert the GGUF, rarelm run-plan the plan on the GPU
 #   bash bench/gpu_lease.sh shape         # one call alone (carry .lease/c1 and .lease/smtok; gguf.00
 #                                         # unused): SmolLM2's shape with random weights through
-#                                         # smollm2/gpu_timing.yaml, train and evaluate timings only
+#                                         # pack's timing.yaml (as it is, fine-tune and term loss at
+#                                         # 100 steps, the plan's common params): timings only
 #
 # PLAN (smollm2/foldoc_en.yaml), JOBS (9: every training and the as-is evaluations at once), PART1
 # (bytes of the GGUF in call 1), SETS (extra --set's on every experiment; default: tracking off).
@@ -46,6 +47,19 @@ pack)
     tail -c +$(( PART1 + 1 )) "$GGUF" > .lease/c2/gguf.01
     git rev-parse HEAD > .lease/c1/commit
     mkdir -p .lease/smtok && find smollm2/model -maxdepth 1 -type f ! -name '*.safetensors' -exec cp {} .lease/smtok/ \;
+    # shape's plan, timings only: the plan's common params, as it is, fine-tune and term loss at 100 steps
+    "$PYTHON" - "$PLAN" .lease/c1/timing.yaml <<'EOF'
+import sys
+
+import yaml
+
+plan, out = yaml.safe_load(open(sys.argv[1])), sys.argv[2]
+steps = ["train.max_steps=100", "train.eval_every=50"]
+configurations = {"as-is": ["train.max_steps=0"], "finetune": steps,
+                  "term-loss": [*steps, "loss.targets=terms", "loss.rare_weight=2", "loss.normalize=targets"]}
+yaml.safe_dump({"common": plan["common"], "screen_seeds": [], "final_seeds": [1], "prefix": "timing-",
+                "section": "timing", "configurations": configurations}, open(out, "w"), sort_keys=False)
+EOF
     # the code that runs there: this commit's, whatever the work tree holds meanwhile
     git archive --format=tar.gz -o .lease/c1/proj.tgz HEAD rarelm stages bench params.yaml dvc.yaml smollm2 \
         data/general/en.txt
@@ -93,14 +107,14 @@ shape)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
         .lease/c1/whl/*.whl
     export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-    SMTOK=$PWD/.lease/smtok COMMIT=$(cat .lease/c1/commit)
+    SMTOK=$PWD/.lease/smtok COMMIT=$(cat .lease/c1/commit) TIMING=$PWD/.lease/c1/timing.yaml
     mkdir -p "$P/proj/.lease/work" && tar xzf .lease/c1/data.tgz -C "$P/proj/.lease/work"
     cd "$P/proj"
     python3 -c 'import shutil, sys, torch; from pathlib import Path; from transformers import AutoConfig, LlamaForCausalLM
 src, out = Path(sys.argv[1]), Path("smollm2/model"); torch.manual_seed(0)
 LlamaForCausalLM(AutoConfig.from_pretrained(src)).save_pretrained(out)  # the shape, random weights
 [shutil.copy(f, out / f.name) for f in src.iterdir() if not (out / f.name).exists()]' "$SMTOK"
-    timeout "${SHAPE_S:-170}" python3 -m stages.run_plan --plan smollm2/gpu_timing.yaml --out /tmp/t \
+    timeout "${SHAPE_S:-170}" python3 -m stages.run_plan --plan "$TIMING" --out /tmp/t \
         --work .lease/work --jobs 6 $SETS --commit "$COMMIT" 2>&1 | tee -a "$OUT/log.txt" || log "run-plan rc=$?"
     grep -h "split:\|^train:\|^step " .lease/work/logs/*.log | cut -c1-300
     tar czf "$OUT/logs.tgz" -C .lease/work logs

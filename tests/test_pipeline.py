@@ -143,7 +143,8 @@ def test_dvc_yaml_declares_the_model_artifact_and_one_training_curves_plot(repo)
     and val rare CE of plots/train.csv together, with DVC's `linear` template plus a filter on
     empty cells (checked against this DVC's own template, so an upgrade that changes it shows).
     Every uncached output of train is a metric or plot: DVC saves no run cache for the stage
-    otherwise, and an evaluate-only experiment would train again."""
+    otherwise, and an evaluate-only experiment would train again; metrics/train.json is a cached
+    out (only metrics/summary.json is a DVC metric, so `dvc exp show` fits)."""
     import yaml
 
     from tests.conftest import REPO
@@ -151,7 +152,7 @@ def test_dvc_yaml_declares_the_model_artifact_and_one_training_curves_plot(repo)
     train = dvcyaml["stages"]["train"]
     model = dvcyaml["artifacts"]["rarelm"]
     assert model["type"] == "model" and model["path"] in train["outs"] and model["desc"] and model["labels"]
-    assert train["outs"] == ["models/model"]
+    assert train["outs"] == ["models/model", "metrics/train.json"] and "metrics" not in train
     (curves,) = train["plots"]
     assert curves["plots/train.csv"]["cache"] is False and curves["plots/train.csv"]["y"] == "tokens_per_s"
     (plot,) = [p["training_loss"] for p in dvcyaml["plots"] if "training_loss" in p]

@@ -538,12 +538,15 @@ def test_mlflow_run_holds_params_step_metrics_tags_and_system_metrics(trained, t
                           .read_text())
     assert upstream["upstream/prepare/documents"] > 0 and "upstream/tokenize/vocab_size" in upstream
     note = mlrun.data.tags["mlflow.note.content"]  # the run's description: corpus, model, params
-    model = load_params(root / "params.yaml").model
+    trained_with = load_params(root / "params.yaml")  # the fixture's own params (seed 7, rare_weight 1)
+    model, loss = trained_with.model, trained_with.loss
     assert mlrun.info.run_name == f"train-{commit[:7]}-demo_en-gpt2-{model.n_layer}x{model.n_embd}"
     assert note == (f"{mlrun.info.run_name} at commit {commit[:7]}; corpus data/raw/demo_en.txt.gz (en); "
-                    f"model: GPT-2-style, {model.n_layer} layers x {model.n_embd}, from scratch; alpha 0.5, "
-                    f"loss.rare_weight 0, loss.targets rare_bucket, seed 1337, train.max_steps 300; changed "
-                    "from the commit's params.yaml: nothing. Read summary/ first.")
+                    f"model: GPT-2-style, {model.n_layer} layers x {model.n_embd}, from scratch; "
+                    f"alpha {trained_with.alpha:g}, loss.rare_weight {loss.rare_weight:g}, loss.targets "
+                    f"{loss.targets}, seed {trained_with.seed}, "
+                    f"train.max_steps {trained_with.train.max_steps}; "
+                    "changed from the commit's params.yaml: nothing. Read summary/ first.")
     assert {i.dataset.name for i in mlrun.inputs.dataset_inputs} == {
         "data/tokenized", "data/rare", "data/weights"}  # digests from dvc.lock
     (model,) = mlrun.outputs.model_outputs  # logged (tracking.log_model: auto), not registered
