@@ -232,7 +232,7 @@ def pick_backend(model, device, cache: Path | None = None, eligible: bool = True
     if device.type == "cuda":
         return "cublas", "a CUDA device"
     if device.type != "cpu" or not eligible:
-        return "mkl", "not fp32 on a CPU (or FSDP, compile)"
+        return "mkl", "no fp32 products to route: autocast, FSDP or compile"
     if not onednn_available():
         return "mkl", "this torch has no oneDNN linear op"
     if forced:
