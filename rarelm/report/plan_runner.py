@@ -208,7 +208,8 @@ class Runner:
         return process, time.time()
 
     def _end(self, task: Task, code: int, seconds: float) -> bool:
-        last = _last_line(self.work / "logs" / f"{task.name}.log")
+        # the work folder's own path left out: runner.json travels with the records
+        last = _last_line(self.work / "logs" / f"{task.name}.log").replace(str(self.work), "<work>")
         self.report[task.name] = {"stage": task.stage, "seconds": round(seconds, 1), "rc": code,
                                   "ended_at_s": round(time.time() - self.t0, 1), "last_line": last}
         if code:
