@@ -32,8 +32,13 @@ def run_plan(
 ) -> None:
     """Run a fixed plan's experiments through the stages, without DVC, and record them."""
     with user_errors("run-plan"):
+        import signal
+
         from rarelm.errors import RarelmError
+        from rarelm.process import exit_on_sigterm
         from rarelm.report.plan_runner import run_plan as run
+
+        signal.signal(signal.SIGTERM, exit_on_sigterm)  # the stage processes are stopped too
 
         if only not in ("all", "data"):
             raise RarelmError(f"--only {only!r}: must be all or data")

@@ -144,3 +144,41 @@ def test_run_plan_records_a_fixed_plan_and_headline_tables_it_without_dvc(repo, 
     labels = [c["label"] for c in result["final"]["configurations"]]
     assert labels == ["as-is", "finetune", "finetune-tau"]
     assert json.loads((out / "headline.json").read_text())["rounds_s"]["confirm"] == report["wall_s"]
+
+
+@pytest.mark.slow
+def test_a_stopped_run_plan_stops_its_stage_processes(repo, tmp_path):
+    """SIGTERM to `rarelm run-plan` while a stage runs: that stage process ends too (no orphan keeps
+    the CPU or GPU), the command exits 143, and nothing is recorded."""
+    import signal
+    import subprocess
+    import time
+
+    import psutil
+
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(yaml.safe_dump({"common": ["train.max_steps=500", "train.nproc=1"], "screen_seeds": [],
+                                    "final_seeds": [1], "configurations": {"base": []}}))
+    process = subprocess.Popen([sys.executable, "-m", "stages.run_plan", "--plan", str(plan), "--out",
+                                str(tmp_path / "out"), "--work", str(tmp_path / "work")], cwd=repo,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    work = str(tmp_path / "work")
+
+    def stages_running() -> dict:  # this run-plan's stage processes (torchrun's workers too): command lines
+        found = {}
+        for p in psutil.process_iter(["cmdline"]):
+            line = " ".join(p.info["cmdline"] or [])
+            if work in line and "stages.run_plan" not in line:
+                found[p] = line
+        return found
+
+    deadline = time.time() + 300
+    while time.time() < deadline and not any("stages.train" in line for line in stages_running().values()):
+        time.sleep(0.5)
+    assert stages_running(), "no training started"
+    time.sleep(2)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=120) == 143
+    _, alive = psutil.wait_procs(list(stages_running()), timeout=60)
+    assert not alive, [stages_running().get(p) for p in alive]
+    assert not (tmp_path / "out" / "runs").exists()

@@ -10,8 +10,8 @@ the plan's overrides, then the `--set`s; every stage runs as `python -m stages.<
 under `--work`. A stage's work is keyed as DVC's run cache keys it: by the values of the params
 dvc.yaml declares for it, and the key of the stage before it. So experiments that share a corpus share
 one prepare ... weights, and a decode variant (evaluation params only) evaluates the model its
-configuration trained, trained once. The data stages run first, one at a time; then up to `jobs`
-trainings and evaluations at once, each evaluation as soon as its model is there. A stage whose output
+configuration trained, trained once. The data stages run first; then up to `jobs` trainings and
+evaluations at once, each evaluation as soon as its model is there. A stage whose output
 is already there (`done` beside it) is not run again: a stopped command resumes, and data stages run
 on one machine can travel to another (`--only data`).
 
@@ -175,8 +175,20 @@ class Runner:
         self.report: dict[str, dict[str, Any]] = {}
 
     def run(self, names: list[str]) -> list[str]:
-        """Run `names` (in order where they wait on nothing else); the names that failed."""
+        """Run `names` (in order where they wait on nothing else); the names that failed. Stopped
+        (Ctrl-C, SIGTERM), it stops the stage processes it started before it ends."""
         waiting, running, failed = list(names), {}, []
+        try:
+            self._loop(waiting, running, failed)
+        except BaseException:
+            for process, _ in running.values():
+                process.terminate()  # each stage removes its temporaries and ends its MLflow run
+            for process, _ in running.values():
+                process.wait()
+            raise
+        return failed
+
+    def _loop(self, waiting: list[str], running: dict, failed: list[str]) -> None:
         while waiting or running:
             for name in [n for n in waiting if self._ready(n, running, failed)][:self.jobs - len(running)]:
                 waiting.remove(name)
@@ -192,7 +204,6 @@ class Runner:
                         failed.append(name)
             if running:
                 time.sleep(0.5)
-        return failed
 
     def _ready(self, name: str, running: dict, failed: list[str]) -> bool:
         return not any(a in running or a in failed or not (self.tasks[a].root / DONE).is_file()
