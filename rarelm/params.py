@@ -286,7 +286,10 @@ class KnnParams:
     enabled: bool = False  # kNN-LM: build the datastore and mix it with `weight`; false: no kNN part
     k: int = param(16, ge=1, le=4096)  # nearest datastore entries that vote
     weight: float = param(0.25, ge=0.0, le=1.0)  # lambda of kNN-LM (> 0 when enabled)
-    temperature: float = param(1.0, gt=0.0, le=1e6)  # of exp(-squared L2 distance / T)
+    temperature: float = param(1.0, gt=0.0, le=1e6)  # of exp(-squared L2 distance / T), or exp(cos / T)
+    # l2: -||q - k||^2 (grows with the hidden width and the states' norms, as the cache's dot);
+    # cosine: cos(q, k) in [-1, 1] (keys stored unit-length), units any model shares
+    similarity: Literal["l2", "cosine"] = "l2"
     cache_window: int = param(0, ge=0, le=100_000)  # earlier positions of the document; 0 = no cache
     cache_weight: float = param(0.0, ge=0.0, le=1.0)  # lambda of the continuous cache
     cache_temperature: float = param(1.0, gt=0.0, le=1e6)  # of exp(h_t . h_i / T)

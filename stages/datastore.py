@@ -8,9 +8,9 @@ Writes data/datastore/ (rarelm/knn/datastore.py: keys.npy, values.npy, meta.json
 With knn.enabled false it writes meta.json alone, `{"enabled": false}`, in well under a second:
 DVC needs an output, and the stage stays cheap while kNN-LM is off (the continuous cache alone
 needs no store: it is on with knn.cache_window and knn.cache_weight > 0). It reads knn.enabled,
-knn.max_entries, knn.key_dtype, knn.index and knn.nlist (with `ivf`, also a faiss index,
-keys.ivf), and eval.block_size, eval.batch_size, eval.device, eval.threads as evaluate uses
-them: changing k, nprobe, the weights or the temperatures re-runs evaluate only.
+knn.similarity (cosine: unit-length keys), knn.max_entries, knn.key_dtype, knn.index and knn.nlist
+(with `ivf`, also a faiss index, keys.ivf), and eval.block_size, eval.batch_size, eval.device,
+eval.threads as evaluate uses them: changing k, nprobe, the weights or the temperatures re-runs evaluate only.
 """
 
 import time
@@ -84,7 +84,7 @@ def _build(params, model_dir: Path, tokenized: Path, out: Path) -> dict:
         task = bar.add_task("train entries", total=total)
         meta = build(model, tokens, block, params.eval.batch_size, tmp, params.knn.key_dtype,
                      params.knn.max_entries, lambda n: bar.advance(task, n), params.knn.index,
-                     params.knn.nlist)
+                     params.knn.nlist, params.knn.similarity)
         write_json(tmp / "meta.json", meta)
     return meta
 

@@ -25,8 +25,8 @@ P_LM = torch.tensor([[0.5, 0.3, 0.2]]).log()
 
 
 def knn_params(**kw):
-    base = dict(enabled=True, k=16, weight=0.0, temperature=1.0, cache_window=0, cache_weight=0.0,
-                cache_temperature=1.0, cache_similarity="dot")
+    base = dict(enabled=True, k=16, weight=0.0, temperature=1.0, similarity="l2", cache_window=0,
+                cache_weight=0.0, cache_temperature=1.0, cache_similarity="dot")
     return SimpleNamespace(**{**base, **kw})
 
 
@@ -209,6 +209,39 @@ def test_cosine_cache_votes_do_not_depend_on_the_states_scale():
     assert not torch.allclose(votes(1.0, "dot"), votes(10.0, "dot"), atol=1e-3)
 
 
+def test_cosine_knn_votes_are_cos_over_t_whatever_the_states_scale():
+    """knn.similarity cosine: a neighbour's vote is exp(cos(q, k) / T), by hand; states 10x longer (a
+    wider or differently normed model) vote the same, so a temperature carries across models; squared
+    L2 distances do not. A store built for the other similarity is one error line."""
+    from rarelm.errors import RarelmError
+    from rarelm.knn.hook import Interpolation
+
+    gen = torch.Generator().manual_seed(11)
+    keys, queries = torch.randn(6, 4, generator=gen), torch.randn(2, 1, 4, generator=gen)
+    values, lm = torch.tensor([1, 2, 3, 4, 5, 6]), torch.zeros(2, 1, 7)  # a uniform model over 7 tokens
+
+    def mixed(scale: float, similarity: str) -> torch.Tensor:
+        stored = torch.nn.functional.normalize(keys * scale, dim=-1) if similarity == "cosine" else keys * scale
+        store = Datastore(stored.numpy(), values, similarity=similarity)
+        knn = knn_params(k=3, weight=0.5, temperature=0.25, similarity=similarity)
+        return Interpolation(store, knn, None).after_head(None, (queries * scale,), lm).exp()
+
+    cos = torch.nn.functional.cosine_similarity(queries[:, 0, None, :], keys[None], dim=-1)  # [2, 6]
+    top = cos.topk(3, dim=-1)
+    expected = torch.full((2, 7), 0.5 / 7)
+    expected.scatter_add_(-1, values[top.indices], 0.5 * torch.softmax(top.values / 0.25, -1))
+    assert torch.allclose(mixed(1.0, "cosine")[:, 0], expected, atol=1e-5)
+    assert torch.allclose(mixed(10.0, "cosine"), mixed(1.0, "cosine"), atol=1e-5)
+    assert not torch.allclose(mixed(10.0, "l2"), mixed(1.0, "l2"), atol=1e-3)
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=7, n_positions=8, n_embd=4, n_layer=1, n_head=1))
+    store = Datastore(keys.numpy(), values)  # built for l2
+    with pytest.raises(RarelmError, match="built for knn.similarity = l2, the params say cosine"):
+        with attached(model, store, knn_params(weight=0.5, similarity="cosine"), 0):
+            pass
+
+
 def test_generation_with_the_kv_cache_matches_full_forwards(tiny):
     from rarelm.evaluate.decoding import greedy_continue
 
@@ -238,14 +271,15 @@ def tiny_folders(tmp_path, tiny):
     return tmp_path / "model", tok
 
 
-@pytest.mark.parametrize("index", ["off", "exact", "ivf"])
+@pytest.mark.parametrize("index", ["off", "exact", "ivf", "cosine"])
 def test_datastore_stage(tmp_path, tiny, index):
     model, tokens = tiny
     model_dir, tok = tiny_folders(tmp_path, tiny)
     enabled = index != "off"
+    similarity = "cosine" if index == "cosine" else "l2"
     (tmp_path / "params.yaml").write_text(
         f"knn:\n  enabled: {str(enabled).lower()}\n  max_entries: 150\n  key_dtype: float32\n"
-        f"  index: {'ivf' if index == 'ivf' else 'exact'}\n  nlist: 4\n"
+        f"  index: {'ivf' if index == 'ivf' else 'exact'}\n  nlist: 4\n  similarity: {similarity}\n"
         "eval:\n  block_size: 16\n  batch_size: 3\n  device: cpu\n")
     out = tmp_path / "datastore"
     result = run([sys.executable, "-m", "stages.datastore", "--params", str(tmp_path / "params.yaml"),
@@ -257,13 +291,16 @@ def test_datastore_stage(tmp_path, tiny, index):
         assert meta == {"enabled": False} and sorted(p.name for p in out.iterdir()) == ["meta.json"]
         return
     expected = {"enabled": True, "entries": 150, "hidden": 8, "key_dtype": "float32", "block_size": 16,
-                "index": index}
-    assert meta == (expected if index == "exact" else {**expected, "nlist": 4})
+                "index": "ivf" if index == "ivf" else "exact", "similarity": similarity}
+    assert meta == ({**expected, "nlist": 4} if index == "ivf" else expected)
     store = Datastore.open(out, nprobe=4)
-    assert store.values.tolist() == tokens[1:151].tolist()
-    # entry 20 is position 4 of the second 16-token window (tokens 16..32)
+    assert store.values.tolist() == tokens[1:151].tolist() and store.similarity == similarity
+    # entry 20 is position 4 of the second 16-token window (tokens 16..32); cosine: unit length
     window = torch.as_tensor(tokens[None, 16:32].astype(np.int64))
-    assert np.allclose(store.keys[20], final_hidden(model, window)[0, 4].numpy(), atol=1e-6)
+    state = final_hidden(model, window)[0, 4]
+    assert float(state.norm()) > 1.5  # GPT-2's final layer norm: norms near sqrt(8), not 1
+    key = state / state.norm() if similarity == "cosine" else state
+    assert np.allclose(store.keys[20], key.numpy(), atol=1e-6)
     if index == "ivf":  # every cluster searched: the exact neighbours
         queries = torch.as_tensor(np.asarray(store.keys[:10]))
         exact = dataclasses.replace(store, ivf=None)

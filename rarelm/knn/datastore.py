@@ -4,8 +4,8 @@ The `datastore` stage writes, in data/datastore/:
 
     keys.npy     float16 or float32 [entries, hidden], memory-mapped (np.load(mmap_mode="r"))
     values.npy   int32 [entries]: the token that followed each key
-    meta.json    entries, hidden, key dtype, block size (a store of another model is caught by its
-                 key width only: DVC rebuilds the stage when models/model changes)
+    meta.json    entries, hidden, key dtype, block size, similarity (a store of another model is
+                 caught by its key width only: DVC rebuilds the stage when models/model changes)
 
 or, with knn.enabled false, meta.json alone with `"enabled": false` (DVC needs an output).
 
@@ -19,7 +19,9 @@ Search is exact by default: squared L2 distances ||q||^2 - 2 q.k + ||k||^2 again
 keys at a time (one matmul), a running top-k merged per chunk; its cost is entries x hidden
 multiply-adds per query. With knn.index ivf the stage also writes keys.ivf, a faiss
 IndexIVFFlat, and search looks in the `nprobe` clusters nearest to the query only
-(docs/knn.md, bench/knn.py, docs/benchmarks.md):
+(docs/knn.md, bench/knn.py, docs/benchmarks.md). With knn.similarity cosine the keys are stored
+unit-length and each query is made unit-length before the search, so the distance is
+||q/|q| - k/|k| ||^2 = 2 - 2 cos(q, k), whatever the model's width or its states' norms:
 
     store = Datastore.open("data/datastore")
     distances, values = store.search(queries, k=8)     # [n, 8] each, nearest first
@@ -58,11 +60,12 @@ def final_hidden(model, input_ids: torch.Tensor) -> torch.Tensor:
 
 def build(model, tokens: np.ndarray, block_size: int, batch_size: int, out: Path, key_dtype: str = "float16",
           max_entries: int = 0, progress: Callable[[int], None] | None = None, index: str = "exact",
-          nlist: int = 0) -> dict:
+          nlist: int = 0, similarity: str = "l2") -> dict:
     """Write keys.npy, values.npy and meta.json into the folder `out`; returns meta.
 
     Targets 1..n-1 of `tokens` in windows of `block_size` (the last one shorter), capped at
-    `max_entries` (0 = all); `progress(n)` after each batch with the entries written.
+    `max_entries` (0 = all); `progress(n)` after each batch with the entries written; keys
+    unit-length with `similarity` "cosine".
     """
     n = max(len(tokens) - 1, 0)
     if max_entries:
@@ -78,8 +81,10 @@ def build(model, tokens: np.ndarray, block_size: int, batch_size: int, out: Path
         for length in np.unique(lengths):
             first = batch[lengths == length]
             rows = np.stack([tokens[s:s + length + 1] for s in first]).astype(np.int64)
-            states = final_hidden(model, torch.as_tensor(rows[:, :-1], device=model.device))
-            states = states.float().cpu().numpy().astype(key_dtype)
+            states = final_hidden(model, torch.as_tensor(rows[:, :-1], device=model.device)).float()
+            if similarity == "cosine":
+                states = torch.nn.functional.normalize(states, dim=-1)
+            states = states.cpu().numpy().astype(key_dtype)
             for row, s in enumerate(first):
                 keys[s:s + length] = states[row]
                 values[s:s + length] = rows[row, 1:]
@@ -89,7 +94,7 @@ def build(model, tokens: np.ndarray, block_size: int, batch_size: int, out: Path
     values.flush()
     del keys, values
     meta = {"enabled": True, "entries": int(n), "hidden": hidden, "key_dtype": key_dtype,
-            "block_size": int(block_size), "index": index}
+            "block_size": int(block_size), "index": index, "similarity": similarity}
     if index == "ivf" and n:
         meta["nlist"] = build_ivf(np.load(out / "keys.npy", mmap_mode="r"), out / IVF_FILE, nlist)
     return meta
@@ -132,6 +137,7 @@ class Datastore:
     device: str = "cpu"
     ivf: object | None = None  # a faiss IndexIVFFlat (knn.index ivf), else exact search
     nprobe: int = 32  # IVF clusters searched per query (knn.nprobe)
+    similarity: str = "l2"  # cosine: unit-length keys, and queries made so before the search
 
     @classmethod
     def open(cls, folder: str | Path, device: str = "cpu", nprobe: int = 32) -> Datastore:
@@ -154,7 +160,8 @@ class Datastore:
             import faiss  # on use: knn.index ivf only
 
             ivf = faiss.read_index(str(folder / IVF_FILE))
-        return cls(keys, torch.as_tensor(values.astype(np.int64)), device, ivf, nprobe)
+        return cls(keys, torch.as_tensor(values.astype(np.int64)), device, ivf, nprobe,
+                   meta.get("similarity", "l2"))  # a store from before knn.similarity: l2
 
     def __len__(self) -> int:
         return len(self.values)
@@ -165,8 +172,10 @@ class Datastore:
 
     def search(self, queries: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(squared L2 distances, values) of each query's k nearest keys, [n, min(k, entries)] each,
-        nearest first; ties keep the earlier entry."""
+        nearest first; ties keep the earlier entry. A cosine store: distances 2 - 2 cos, in [0, 4]."""
         queries = queries.float().reshape(-1, queries.shape[-1])
+        if self.similarity == "cosine":
+            queries = torch.nn.functional.normalize(queries, dim=-1)
         k = min(k, len(self))
         if self.ivf is not None:
             return self._search_ivf(queries, k)

@@ -106,8 +106,10 @@ class Interpolation:
         if self.uses_knn:
             distances, values = self.store.search(queries.reshape(-1, queries.shape[-1]), self.knn.k)
             shape = lm.shape[:-1] + (values.shape[-1],)
-            votes.append((self.knn.weight, values.reshape(shape),
-                          vote_weights(-distances / self.knn.temperature).reshape(shape)))
+            # cosine store: the distance is 2 - 2 cos, so the score is cos / T, as the cache's
+            cosine = self.store.similarity == "cosine"
+            scores = (1 - distances / 2 if cosine else -distances) / self.knn.temperature
+            votes.append((self.knn.weight, values.reshape(shape), vote_weights(scores).reshape(shape)))
         if self.uses_cache and self.current is not None:
             votes.append((self.knn.cache_weight, *self._cache(queries)))
         return mix_votes(lm, votes)
@@ -166,6 +168,9 @@ def attached(model, store, knn, eot_id: int | None) -> Iterator[Interpolation | 
     if store is not None and len(store) and store.hidden != width:
         raise RarelmError(f"the datastore's keys have {store.hidden} dimensions, the model's hidden states "
                           f"{width}: it was built with another model; re-run the datastore stage")
+    if store is not None and uses_store(knn) and store.similarity != knn.similarity:
+        raise RarelmError(f"the datastore was built for knn.similarity = {store.similarity}, the params say "
+                          f"{knn.similarity}: re-run the datastore stage")
     state = Interpolation(store, knn, eot_id)
     handles = [model.base_model.register_forward_pre_hook(state.before_base, with_kwargs=True),
                model.base_model.register_forward_hook(state.after_base, with_kwargs=True),
@@ -181,8 +186,9 @@ def describe(knn, store) -> str:
     """One line for stderr: what is mixed in."""
     parts = []
     if uses_store(knn):
+        cosine = "cosine similarity, " if knn.similarity == "cosine" else ""
         parts.append(f"kNN-LM over {len(store) if store is not None else 0:,} datastore entries "
-                     f"(k {knn.k}, lambda {knn.weight:g}, T {knn.temperature:g})")
+                     f"(k {knn.k}, lambda {knn.weight:g}, {cosine}T {knn.temperature:g})")
     if uses_cache(knn):
         cosine = "cosine similarity, " if knn.cache_similarity == "cosine" else ""
         parts.append(f"continuous cache (window {knn.cache_window}, lambda {knn.cache_weight:g}, "

@@ -4,7 +4,9 @@ kNN-LM (Khandelwal et al., "Generalization through Memorization", ICLR 2020): th
 the model's final hidden state at the current position; its k nearest keys in the datastore
 (squared L2 distance d) vote for the token that followed them,
 
-    p_kNN(w) = sum over neighbours j with value w of exp(-d(q, k_j) / T) / Z.
+    p_kNN(w) = sum over neighbours j with value w of exp(-d(q, k_j) / T) / Z,
+
+or, with knn.similarity cosine, exp(cos(q, k_j) / T): the same temperature on any model.
 
 Continuous cache (Grave et al., "Improving Neural Language Models with a Continuous Cache",
 ICLR 2017): the same over the current document's own last `cache_window` positions i, scored
