@@ -30,7 +30,7 @@ import typer
 
 from rarelm import paths
 from rarelm.errors import user_errors
-from rarelm.files import atomic_dir, write_json
+from rarelm.files import atomic_dir, outputs_together, write_json
 from rarelm.params import load_params
 
 app = typer.Typer(add_completion=False, help=__doc__)
@@ -83,11 +83,11 @@ def rare_terms(
 
     with user_errors("rare_terms"):
         params = load_params(params_file, hold=True)  # outputs refused if it changes meanwhile
-        with atomic_dir(out) as tmp:
+        with outputs_together(), atomic_dir(out) as tmp:  # both outputs change, or neither does
             result = stage.rare_terms(params.rare, params.corpus.reference_glossary, prepared,
                                       tokenized, tmp)
             notice = glossary_notice(params.rare.glossary, tmp / "terms.jsonl")
-        write_json(metrics, result)
+            write_json(metrics, result)
     if notice:
         print(f"rarelm rare_terms: warning: {notice}", file=sys.stderr, flush=True)
     b = result["buckets"]

@@ -15,7 +15,7 @@ import typer
 
 from rarelm import paths
 from rarelm.errors import RarelmError, user_errors
-from rarelm.files import atomic_dir, read_json, write_json
+from rarelm.files import atomic_dir, outputs_together, read_json, write_json
 from rarelm.params import load_params
 
 app = typer.Typer(add_completion=False, help=__doc__)
@@ -45,14 +45,14 @@ def tokenize(
         # the bar goes to stderr so stdout holds only the summary line; none in a log (where the
         # transient bar left a blank line)
         console = Console(stderr=True)
-        with atomic_dir(out) as tmp, Progress(console=console, transient=True,
-                                              disable=not console.is_terminal) as bar:
-            task = bar.add_task("tokenize: encoding documents", total=total)
-            meta = tokenization.tokenize(params.tokenizer, prepared, tmp,
-                                         progress=lambda n: bar.advance(task, n), rare=params.rare)
+        with outputs_together(), atomic_dir(out) as tmp:  # both outputs change, or neither does
+            with Progress(console=console, transient=True, disable=not console.is_terminal) as bar:
+                task = bar.add_task("tokenize: encoding documents", total=total)
+                meta = tokenization.tokenize(params.tokenizer, prepared, tmp,
+                                             progress=lambda n: bar.advance(task, n), rare=params.rare)
             write_json(tmp / "meta.json", meta)
-        write_json(metrics, {"vocab_size": meta["vocab_size"],
-                             **{f"{s}_tokens": v["tokens"] for s, v in meta["splits"].items()}})
+            write_json(metrics, {"vocab_size": meta["vocab_size"],
+                                 **{f"{s}_tokens": v["tokens"] for s, v in meta["splits"].items()}})
     counts = ", ".join(f"{s} {v['tokens']}" for s, v in meta["splits"].items())
     added = f", {meta['added_terms']} terms added as tokens" if "added_terms" in meta else ""
     print(f"tokenize: vocabulary {meta['vocab_size']} ({meta['tokenizer']}{added}), tokens: {counts}")

@@ -25,7 +25,7 @@ import typer
 
 from rarelm import paths
 from rarelm.errors import RarelmError, user_errors
-from rarelm.files import atomic_dir, write_csv, write_json
+from rarelm.files import atomic_dir, outputs_together, write_csv, write_json
 from rarelm.params import load_params
 
 app = typer.Typer(add_completion=False, help=__doc__)
@@ -73,12 +73,13 @@ def weights(
         params = load_params(params_file, hold=True)  # outputs refused if it changes meanwhile
         check_term_lengths(rare_dir / "terms.jsonl", params.model.block_size)
         values, scores, stats, histogram = compute(params, tokenized, rare_dir)
-        with atomic_dir(out) as tmp:
-            np.save(tmp / "weights.npy", values)
-            np.save(tmp / "scores.npy", scores)
-            write_json(tmp / "summary.json", stats)
-        write_json(metrics, stats)
-        write_csv(plot, ["log10_weight", "samples"], histogram, cell=str)  # bins rounded to 6 decimals
+        with outputs_together():  # the three outputs change together, or none does
+            with atomic_dir(out) as tmp:
+                np.save(tmp / "weights.npy", values)
+                np.save(tmp / "scores.npy", scores)
+                write_json(tmp / "summary.json", stats)
+            write_json(metrics, stats)
+            write_csv(plot, ["log10_weight", "samples"], histogram, cell=str)  # bins rounded to 6 decimals
     rare, terms = stats["rare_exposure"], stats["term_exposure"]["le8"]["exposure"]
     print(f"weights: {stats['samples']} samples, score {stats['score']}, alpha {stats['alpha']:g}, max/min "
           f"{stats['max_over_min']:.3g}, ESS {stats['ess_fraction']:.1%}, rare-token exposure "

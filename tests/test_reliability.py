@@ -1167,6 +1167,66 @@ def test_evaluate_outputs_change_together_or_not_at_all(dag, tmp_path, blocked):
     assert run_statuses(root / "mlflow.db") == [*runs_before, "FAILED"]
 
 
+# Each stage before train: its outputs (as dvc.yaml lists them) under upto_weights, the options that
+# move them elsewhere, the other inputs it reads there, and a param that changes every output.
+STAGE_OUTPUTS = {
+    "prepare": ([("data/prepared", "--out"), ("metrics/prepare.json", "--metrics")], [],
+                {"corpus.split_seed": 7}),
+    "tokenize": ([("data/tokenized", "--out"), ("metrics/tokenize.json", "--metrics")],
+                 ["--prepared", "data/prepared"], {"tokenizer.vocab_size": 600}),
+    "rare_terms": ([("data/rare", "--out"), ("metrics/rare_terms.json", "--metrics")],
+                   ["--prepared", "data/prepared", "--tokenized", "data/tokenized"],
+                   {"rare.rare_share": 0.1}),
+    "weights": ([("data/weights", "--out"), ("metrics/weights.json", "--metrics"),
+                 ("plots/weights.csv", "--plot")],
+                ["--tokenized", "data/tokenized", "--rare", "data/rare"], {"alpha": 0.3}),
+}
+
+
+@pytest.mark.parametrize("name,blocked", [
+    ("prepare", 0), ("prepare", -1), ("tokenize", 0), ("tokenize", -1), ("rare_terms", 0), ("rare_terms", -1),
+    ("weights", 0), ("weights", 1), ("weights", -1)],
+    ids=["prepare-first", "prepare-last", "tokenize-first", "tokenize-last", "rare_terms-first",
+         "rare_terms-last", "weights-first", "weights-middle", "weights-last"])
+def test_stage_outputs_change_together_or_not_at_all(upto_weights, tmp_path, name, blocked):
+    """The first, a middle (weights has three outputs) or the last output of a stage blocked by a
+    thing of the other kind (a file where its folder goes, a folder where a file goes), then the
+    stage with a param that changes every output. Was (`mkdir metrics/prepare.json`): exit 2, but
+    data/prepared replaced by the new split beside the old stats."""
+    outputs, inputs, change = STAGE_OUTPUTS[name]
+    args = [str(upto_weights / rel) if rel.startswith("data/") else rel for rel in inputs]
+    for rel, option in outputs:  # the previous run's outputs, moved here by the stage's options
+        dest = tmp_path / Path(rel).name
+        (shutil.copytree if (upto_weights / rel).is_dir() else shutil.copy2)(upto_weights / rel, dest)
+        args += [option, str(dest)]
+    paths = [tmp_path / Path(rel).name for rel, _ in outputs]
+    target = paths[blocked]
+    if target.is_dir():
+        shutil.rmtree(target)
+        target.write_text("mine")
+        message = "File exists (something other than a folder is where a folder is needed: move it aside)"
+    else:
+        target.unlink()
+        target.mkdir()
+        message = "Is a directory (a folder is where a file is needed: move the folder aside)"
+    before = tree_digest(*(p for p in paths if p != target))
+    params = yaml.safe_load((upto_weights / "params.yaml").read_text())
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    set_params(tmp_path, **change)
+    result = stage(name, upto_weights, "--params", str(tmp_path / "params.yaml"), *args)
+    assert_one_line_error(result)
+    assert result.stderr.strip() == f"rarelm {name}: error: {target}: {message}"
+    assert result.returncode == 2
+    assert tree_digest(*(p for p in paths if p != target)) == before
+    assert target.read_text() == "mine" if target.is_file() else list(target.iterdir()) == []
+    assert leftovers(tmp_path) == []
+    target.unlink() if target.is_file() else target.rmdir()  # unblocked, every output changes
+    assert stage(name, upto_weights, "--params", str(tmp_path / "params.yaml"), *args).returncode == 0
+    for path in paths:  # the param changes every output: the unchanged ones above say something
+        if path != target:
+            assert tree_digest(path) != {f: d for f, d in before.items() if f.startswith(str(path))}, path
+
+
 def test_a_batch_size_that_cannot_fit_is_one_line_before_allocating(upto_weights, tmp_path):
     """`train.batch_size: 1000000000`: was validated, then 96 s and 16 GB of resident memory
     before the MemoryError's line. Now the launcher refuses it from the batch, the window and the
