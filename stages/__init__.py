@@ -6,7 +6,7 @@ atomically and prints a one-line summary. Its options default to the DAG's layou
 """
 
 
-def _die_with_dvc() -> None:
+def _die_with_dvc() -> int:
     """Under DVC ($DVC_STAGE set), end this stage when its parent ends, and on SIGTERM end cleanly.
 
     DVC runs a stage as `$SHELL -c "<cmd>"`, which bash execs as the one command, and has no SIGTERM
@@ -17,7 +17,7 @@ def _die_with_dvc() -> None:
     own process, so temporary outputs are removed and an MLflow run ends FAILED (the train
     launcher forwards it to its workers through torchrun and exits 143). Where the shell stays
     between (dash, when $SHELL is unset), a thread watches dvc instead. Outside DVC
-    (`rarelm <stage>`, `nohup`) nothing changes.
+    (`rarelm <stage>`, `nohup`) nothing changes. Returns dvc's pid (0: not under DVC, or gone).
     """
     import os
     import signal
@@ -26,12 +26,38 @@ def _die_with_dvc() -> None:
     from rarelm.process import exit_on_sigterm, follow_parent
 
     if not os.environ.get("DVC_STAGE") or not sys.platform.startswith("linux"):
-        return
+        return 0
     if "LOCAL_RANK" not in os.environ:  # torchrun's workers: rarelm.train decides (a worker
         signal.signal(signal.SIGTERM, exit_on_sigterm)  # blocked in a collective must die)
     parent = follow_parent(signal.SIGTERM)  # 0: it died already, and SIGTERM is on its way
     if parent and _comm(parent) in SHELLS:  # a $SHELL that did not exec (dash): dvc is the grandparent
         _follow_grandparent(parent, _ppid(parent))
+        return _ppid(parent)
+    return parent
+
+
+def _hold_workspace(dvc: int) -> None:
+    """Under DVC in the workspace (not a queued or --temp copy, where $DVC_ROOT names the
+    workspace, not the copy), enter dvc as a reader of DVC's experiments lock on the workspace,
+    so that a second `dvc exp run` is refused before it writes params.yaml (rarelm/workspace.py).
+    torchrun's workers hold nothing: their stage's launcher did. One warning line if it cannot."""
+    import os
+    from pathlib import Path
+
+    root = os.environ.get("DVC_ROOT")
+    if not dvc or "LOCAL_RANK" in os.environ or not root or Path(root).resolve() != Path.cwd().resolve():
+        return
+    from rarelm.workspace import hold
+
+    try:
+        hold(Path(root), dvc)
+    except Exception as exc:  # noqa: BLE001 - DVC's lock errors are no OSError; the run goes on
+        import sys
+
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        print(f"rarelm {os.environ.get('DVC_STAGE')}: warning: cannot hold the workspace for this run "
+              f"({reason}); a `dvc exp run` started meanwhile may change params.yaml under it",
+              file=sys.stderr, flush=True)
 
 
 SHELLS = {"sh", "dash", "bash", "zsh", "ksh", "mksh", "fish"}
@@ -70,4 +96,4 @@ def _follow_grandparent(shell: int, dvc: int) -> None:
     threading.Thread(target=watch, name="follow-dvc", daemon=True).start()
 
 
-_die_with_dvc()
+_hold_workspace(_die_with_dvc())

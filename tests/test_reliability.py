@@ -938,6 +938,55 @@ def test_max_steps_010_trains_the_10_steps_dvc_records(upto_weights, tmp_path):
     assert json.loads((tmp_path / "train.json").read_text())["steps"] == 10  # PyYAML: 8
 
 
+def test_a_second_dvc_exp_run_is_refused_before_it_changes_the_first(tmp_path, tiny_raw):
+    """`dvc exp run -S seed=1340`, and while its stages run `dvc exp run -S seed=1341` in the same
+    workspace. Was: the second wrote `seed: 1341` into params.yaml before DVC's lock refused it,
+    and the first's train failed on the changed params (or, before the held-params check, trained
+    with 1341). Now the first run's stages hold the workspace in DVC's experiments lock
+    (rarelm/workspace.py): DVC refuses the second before it writes anything; the first ends as if
+    alone."""
+    from rarelm.workspace import HELD, locks_dir
+
+    root = copy_repo(tmp_path / "repo", tiny_raw)
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+
+    def readers() -> list[dict]:
+        path = locks_dir(root) / "rwlock"
+        return json.loads(path.read_text()).get("read", {}).get(HELD, []) if path.exists() else []
+
+    with open(tmp_path / "first.log", "w") as log:
+        first = subprocess.Popen(["dvc", "exp", "run", "-n", "first", "-S", "seed=1340"], cwd=root, env=env,
+                                 stdout=log, stderr=subprocess.STDOUT)
+        try:
+            while "Running stage 'train'" not in (tmp_path / "first.log").read_text():  # seconds of it
+                assert first.poll() is None, (tmp_path / "first.log").read_text()
+                time.sleep(0.2)
+            params = (root / "params.yaml").read_bytes()
+            assert yaml.safe_load(params)["seed"] == 1340
+            second = run(["dvc", "exp", "run", "-n", "second", "-S", "seed=1341"], root)
+            assert (root / "params.yaml").read_bytes() == params
+            assert first.wait(timeout=900) == 0, (tmp_path / "first.log").read_text()[-3000:]
+        finally:
+            kill_tree(first) if first.poll() is None else None
+    assert second.returncode != 0
+    assert "'workspace' is busy, it is being blocked by:" in second.stderr, second.stderr
+    assert f"(PID {first.pid}): " in second.stderr
+    shown = json.loads(run(["dvc", "exp", "show", "--json"], root, check=True).stdout)
+    seeds = {rev.get("name"): rev["data"]["params"]["params.yaml"]["data"]["seed"]
+             for row in shown for exp in row.get("experiments") or [] for rev in exp["revs"]}
+    assert seeds == {"first": 1340}
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(root / "mlflow.db")) as db:
+        runs = db.execute("SELECT r.status, p.value FROM runs r JOIN params p ON p.run_uuid = r.run_uuid "
+                          "WHERE p.key = 'seed'").fetchall()
+    assert runs == [("FINISHED", "1340")]
+    deadline = time.monotonic() + 60  # the entry's releaser follows dvc's end; a bound, no measurement
+    while readers() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert readers() == []
+
+
 def test_params_changed_while_training_saves_nothing_and_keeps_the_earlier_outputs(upto_weights, tmp_path):
     """A second `dvc exp run` in the workspace writes its `-S` value into params.yaml while the
     first one trains: the first run's outputs were saved under params it was not trained with.
