@@ -113,6 +113,11 @@ class RareParams:
     # train split never holds can be tested (the "seen 0-1" stratum); false: train documents only
     tfidf_all_splits: bool = False
 
+    def __post_init__(self) -> None:
+        if not self.tfidf and not self.glossary:
+            raise RarelmError("rare.tfidf: false leaves no term without a rare.glossary; "
+                              "set rare.glossary or rare.tfidf: true")
+
 
 @dataclasses.dataclass(frozen=True)
 class WeightsParams:

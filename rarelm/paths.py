@@ -9,6 +9,8 @@ take them as their options' defaults, so a stage run by hand writes where `dvc r
 """
 
 PARAMS = "params.yaml"
+# the check stage's marker: its text never changes (stages/check.py); prepare depends on it
+CHECKED = "data/checked.txt"
 RAW = "data/raw"  # the corpora and glossaries (`rarelm demo` writes the demo's)
 PREPARED = "data/prepared"
 TOKENIZED = "data/tokenized"
@@ -38,6 +40,7 @@ EVAL_BANDS_PLOT = f"{PLOTS}/eval_term_bands.csv"
 
 # every output of each DVC stage (outs, metrics and plots of dvc.yaml)
 OUTPUTS = {
+    "check": (CHECKED,),
     "prepare": (PREPARED, PREPARE_METRICS),
     "tokenize": (TOKENIZED, TOKENIZE_METRICS),
     "rare_terms": (RARE, RARE_TERMS_METRICS),

@@ -1,6 +1,6 @@
 """The `rarelm` console script: every stage as a subcommand, for use outside DVC.
 
-    rarelm prepare && rarelm tokenize      # what `dvc repro` runs, by hand
+    rarelm check && rarelm prepare         # what `dvc repro` runs, by hand
     rarelm demo                            # rebuild the demo corpora under data/raw/
     rarelm generate "The patient" --model models/model   # continue a prompt, streaming
     rarelm compare exp-a exp-b --baseline HEAD --out reports   # paired intervals, HTML report
@@ -21,6 +21,7 @@ from typer._click import exceptions as click_errors  # typer 0.29 vendors click 
 
 from rarelm import paths
 from rarelm.prepare import demo as demo_corpora
+from stages.check import check
 from stages.compare import compare
 from stages.datastore import datastore
 from stages.evaluate import evaluate
@@ -79,6 +80,7 @@ def main(
 ) -> None:
     """Every stage as a subcommand, for use outside DVC."""
 
+app.command()(check)
 app.command()(prepare)
 app.command()(tokenize)
 app.command(name="rare_terms")(rare_terms)

@@ -141,7 +141,8 @@ def test_every_declared_code_dep_holds_code_the_stage_imports(pipeline):
 def test_every_stage_of_the_main_pipeline_runs_a_module_of_this_repo():
     modules = {name: stage_module(stage["cmd"]) for name, stage in _stages("dvc.yaml").items()}
     assert modules == {name: f"stages.{name}" for name in
-                       ("prepare", "tokenize", "rare_terms", "weights", "train", "datastore", "evaluate")}
+                       ("check", "prepare", "tokenize", "rare_terms", "weights", "train", "datastore",
+                        "evaluate")}
 
 
 def test_every_stage_of_the_main_pipeline_is_a_rarelm_subcommand():

@@ -217,8 +217,8 @@ DUPLICATED = "train:\n  lr: 0.01\n  batch_size: 4\nalpha: 0.0\ntrain:\n  lr: 0.0
 
 
 @pytest.mark.parametrize("command", [["python", "-m", f"stages.{name}"] for name in
-                                     ("prepare", "tokenize", "rare_terms", "weights", "train", "datastore",
-                                      "evaluate")]
+                                     ("check", "prepare", "tokenize", "rare_terms", "weights", "train",
+                                      "datastore", "evaluate")]
                          + [["rarelm", "prepare"], ["rarelm", "register", "x"]],
                          ids=lambda c: " ".join(c[-2:]))
 def test_a_key_given_twice_is_refused_by_every_stage_and_command(tmp_path, command):

@@ -35,6 +35,7 @@ def test_dvc_yaml_plots_and_artifact_use_paths():
 def test_stage_commands_read_params_yaml_and_write_under_the_layout():
     every = [p for outs in paths.OUTPUTS.values() for p in outs]
     assert len(every) == len(set(every))
-    folders = (paths.PREPARED, paths.TOKENIZED, paths.RARE, paths.WEIGHTS, paths.MODEL, paths.DATASTORE)
+    folders = (paths.CHECKED, paths.PREPARED, paths.TOKENIZED, paths.RARE, paths.WEIGHTS, paths.MODEL,
+               paths.DATASTORE)
     assert all(p in folders or p.startswith((paths.METRICS + "/", paths.PLOTS + "/")) for p in every)
     assert (ROOT / paths.PARAMS).is_file()

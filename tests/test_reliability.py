@@ -520,6 +520,47 @@ def test_corrupted_token_array_is_a_one_line_error_and_outputs_stay(dag, tmp_pat
     assert tree_digest(*outs) == before
 
 
+BAD_PARAMS = {  # a bad params.yaml that a stage after prepare used to refuse, and the check's line
+    "corpus-path": ({"corpus.path": "data/raw/missing.txt.gz"},
+                    "corpus.path: no such file or folder: data/raw/missing.txt.gz"),
+    "block-size-over-the-models-positions": (
+        {"model.name_or_path": "models/model", "tokenizer.name_or_path": "models/model",
+         "model.block_size": 512},
+        "params: model.block_size = 512 is not allowed (must be <= 64, the positions models/model was "
+        "trained with)"),
+    "hub-id-not-cached": (
+        {"model.name_or_path": "rarelm-test/not-cached", "tokenizer.name_or_path": "rarelm-test/not-cached"},
+        "tokenizer.name_or_path: no such folder: rarelm-test/not-cached, and no hub model"),
+    "eval-block-size": ({"eval.block_size": 128},
+                        "params: eval.block_size = 128 is not allowed (must be <= the model's context "
+                        "length 64)"),
+    "fsdp": ({"train.strategy": "fsdp", "train.nproc": 1},
+             "params: train.strategy = 'fsdp' is not allowed with 1 process"),
+}
+
+
+@pytest.mark.parametrize(("overrides", "message"), BAD_PARAMS.values(), ids=BAD_PARAMS.keys())
+def test_a_bad_params_yaml_stops_dvc_repro_at_check_and_deletes_nothing(dag, tmp_path, overrides, message):
+    """Issue 57: DVC deletes a stage's outputs before running it, so train refusing model.block_size
+    lost models/model (and a wrong corpus.path was DVC's own [Errno 2]). The check stage runs first:
+    `dvc repro` ends there with our line and DVC's, and every output and the lock stay as they were."""
+    root = clone(dag, tmp_path / "repo")
+    kept = [root / "data", root / "models", root / "metrics", root / "plots", root / "dvc.lock"]
+    before = tree_digest(*kept)
+    assert (root / "models/model/model.safetensors").is_file()
+    set_params(root, **overrides)
+    result = run(["dvc", "repro"], root, env={"HF_HUB_CACHE": str(tmp_path / "empty-hub-cache")},
+                 timeout=300)
+    assert result.returncode != 0
+    assert re.findall(r"Running stage '(\w+)'", result.stdout) == ["check"], result.stdout
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert "Traceback" not in result.stderr and len(lines) == 2, result.stderr
+    assert lines[0].startswith("rarelm check: error: ") and message in lines[0], lines[0]
+    assert lines[1] == ("ERROR: failed to reproduce 'check': failed to run: python -m stages.check, "
+                        "exited with 2")
+    assert tree_digest(*kept) == before
+
+
 @pytest.mark.parametrize("uri", ["nosuchscheme://nowhere", "sqlite:////proc/no/such/dir/mlflow.db",
                                  "http://[not-a-host"])
 def test_bad_tracking_uri_gives_one_warning_and_an_inert_run(uri, monkeypatch, capsys, tmp_path):

@@ -59,7 +59,7 @@ def test_corpus_path_with_shell_metacharacters_is_a_literal_path(repo):
     stats = yaml.safe_load((repo / "metrics/prepare.json").read_text())
     assert stats["documents"] > 0
     assert _pwned(repo) == []
-    # the same name that does not exist: DVC stops on the missing dependency; nothing runs
+    # the same name that does not exist: the check stage stops on it, naming it; nothing runs
     set_params(repo, **{"corpus.path": f"data/raw/{SHELLY}.jsonl"})
     missing = run(["dvc", "repro", "prepare"], repo)
     assert missing.returncode != 0 and "pwned" in missing.stderr  # named as a path in the error

@@ -52,9 +52,6 @@ def term_list(params, prepared_dir: Path) -> TermList:
     """The terms of the prepared corpus by the `rare` params (RareParams): the glossary's first,
     then TF-IDF's; text alone decides them, so `tokenize` (tokenizer.add_terms) reads the same list
     before any token exists."""
-    if not params.tfidf and not params.glossary:
-        raise RarelmError("rare.tfidf: false leaves no term without a rare.glossary; "
-                          "set rare.glossary or rare.tfidf: true")
     glossary = read_glossary(params.glossary) if params.glossary else []
     stats = _prepared_stats(prepared_dir)
     language = stats["language"]

@@ -121,6 +121,15 @@ def check_pretrained(params: ModelParams, data: TokenizedData) -> None:
     loadable config, not a causal LM, another tokenizer, fewer positions than model.block_size,
     safetensors weights whose shapes are not the config's. Reads config, tokenizers and weight
     headers, not the weights: the train launcher runs it once before starting the workers."""
+    added = {new for new, _ in read_added(data.root)}  # tokenizer.add_terms: the model gains them
+    check_pretrained_with(params, data.tokenizer_dir, "the one tokenize used", added)
+
+
+def check_pretrained_with(params: ModelParams, tokenizer_dir: Path, tokenizer_name: str,
+                          added: set[int] = frozenset()):
+    """check_pretrained against the tokenizer in `tokenizer_dir` (`tokenizer_name` says which, in
+    the message), token ids in `added` left out; the model's config. The check stage runs it
+    before tokenize, with tokenizer.name_or_path's folder."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # lazy: see the top
 
     key, name, path = KEY, params.name_or_path, pretrained(params).path
@@ -136,13 +145,12 @@ def check_pretrained(params: ModelParams, data: TokenizedData) -> None:
     except Exception as exc:
         raise RarelmError(f"{key}: {name} has no loadable tokenizer ({_short(exc)}); the model's "
                           "tokenizer must be the one tokenize used") from None
-    ours = AutoTokenizer.from_pretrained(data.tokenizer_dir, local_files_only=True).get_vocab()
-    added = {new for new, _ in read_added(data.root)}  # tokenizer.add_terms: the model gains them
+    ours = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True).get_vocab()
     ours = {token: i for token, i in ours.items() if i not in added}
     if theirs != ours:
         differ = sorted(set(theirs.items()) ^ set(ours.items()))[:1]
         raise RarelmError(
-            f"{key}: {name}'s tokenizer ({len(theirs)} tokens) is not the one tokenize used "
+            f"{key}: {name}'s tokenizer ({len(theirs)} tokens) is not {tokenizer_name} "
             f"({len(ours)} tokens, first difference {differ}); set tokenizer.name_or_path "
             f"to {name} and re-run tokenize")
     positions = getattr(config, "max_position_embeddings", None) or getattr(
@@ -151,6 +159,7 @@ def check_pretrained(params: ModelParams, data: TokenizedData) -> None:
         raise RarelmError(f"params: model.block_size = {params.block_size} is not allowed "
                           f"(must be <= {positions}, the positions {name} was trained with)")
     _check_weight_shapes(path, config, name)
+    return config
 
 
 def _check_weight_shapes(path: Path, config, name: str) -> None:
