@@ -20,5 +20,6 @@ The package mirrors the pipeline (dvc.yaml; each stage is a thin script in stage
 What every stage reads: artifacts/ (the tokenized data, buckets and counts, terms, the term
 index, the weights). What everything shares, at this level: params.py (params.yaml, validated),
 paths.py (the DAG's paths), errors.py, files.py (atomic writes, CSV, sha256), fmt.py, git.py,
-hub.py (pretrained models from a folder or the local Hugging Face cache).
+hub.py (pretrained models from a folder or the local Hugging Face cache), check.py (the check
+stage: whatever a stage would refuse about params.yaml, refused before any stage runs).
 """
