@@ -20,6 +20,7 @@ help:  ## list the targets (the default)
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z0-9-]*:.*## / {printf "  make %-8s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 $(BIN)/python:
+	@echo "make: creating $(VENV) and upgrading pip ..."
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
@@ -27,11 +28,18 @@ $(VENV)/.path-hook: Makefile | $(BIN)/python
 	printf '%s\n' '$(VENV_PATH_HOOK)' > "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/rarelm-venv-path.pth"
 	touch $@
 
+# torch first, as pyproject.toml pins it: on Linux without an NVIDIA GPU the CPU build from PyTorch's
+# own index (PyPI's is the CUDA build, 2.7 GB of nvidia-* libraries); TORCH_INDEX=<index> picks
+# another, `TORCH_INDEX=` (empty) PyPI's. The choice is one line (rarelm/install_torch.py); pip -q
+# shows nothing else, so each long step says what it does first. About 1.5-2.5 minutes in all.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python $(VENV)/.path-hook
+	$(BIN)/python -m rarelm.install_torch
+	@echo "make: installing rarelm and its dependencies (transformers, dvc, mlflow, ...) ..."
 	$(BIN)/pip install -q -e .
 	touch $@
 
 $(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed
+	@echo "make: installing the test tools (pytest, ruff, ...) ..."
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $@
 
