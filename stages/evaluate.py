@@ -180,6 +180,7 @@ def _evaluate(params, model, tokenizer, data, buckets, terms, prepared: Path, pr
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
     from rarelm.evaluate.splits import combine, evaluate_split
+    from rarelm.progress import ticker
 
     columns = [TextColumn("evaluate: {task.description}"), BarColumn(),
                TextColumn("{task.completed}/{task.total}"), TimeRemainingColumn()]
@@ -188,7 +189,15 @@ def _evaluate(params, model, tokenizer, data, buckets, terms, prepared: Path, pr
     with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as bar:
         def progress(description: str, total: int):
             task = bar.add_task(f"{split} {description}", total=total)
-            return lambda n: bar.advance(task, n)
+            if console.is_terminal:
+                return lambda n: bar.advance(task, n)
+            tick = ticker(f"evaluate: {split} {description}", total)  # a log: a line every 30 s
+
+            def advance(n: int) -> None:
+                bar.advance(task, n)
+                tick(n)
+
+            return advance
 
         for split in params.eval.splits:
             documents = _documents(prepared, split)

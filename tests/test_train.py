@@ -12,6 +12,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import re
 import shutil
 import subprocess
 import sys
@@ -473,6 +474,12 @@ def test_dvc_repro_trains_with_two_ddp_processes(trained):
     summary = [line for line in result.stdout.splitlines() if line.startswith("train: ")]
     assert len(summary) == 1 and "300 steps" in summary[0], result.stdout
     assert "step 300/300 | loss" in result.stderr  # log lines go to stderr
+    # each ends with the time so far and, but at the last step, the time left (issue 57)
+    steps = [line for line in result.stderr.splitlines() if line.startswith("step ")]
+    assert len(steps) >= 3 and steps[-1].startswith("step 300/300 | ")
+    so_far = r"\| [0-9]+(\.[0-9] s| min [0-9]+ s| h [0-9]{2} min)"
+    assert all(re.search(so_far + r", about [0-9].* left$", line) for line in steps[:-1]), steps
+    assert re.search(so_far + "$", steps[-1]), steps[-1]
     metrics = json.loads((root / "metrics/train.json").read_text())
     assert set(metrics) - PROBE_KEYS == METRIC_KEYS and all(v is not None for v in metrics.values())
     if not metrics["precision_reason"].startswith("probe"):  # as RARELM_CPU_BF16 says, if set

@@ -4,7 +4,6 @@ the splits of `eval.splits` (`combine`)."""
 from __future__ import annotations
 
 import dataclasses
-import time
 
 import numpy as np
 
@@ -17,6 +16,7 @@ from rarelm.evaluate.term_generation import evaluate_terms
 from rarelm.evaluate.term_metrics import band_rows, term_metrics
 from rarelm.evaluate.token_scoring import score_tokens
 from rarelm.params import EvalParams
+from rarelm.progress import Steps
 from rarelm.rare_terms import term_search
 
 
@@ -27,17 +27,6 @@ class SplitResult:
     band_rows: list[dict]
     occurrences: list[dict]  # one row per evaluated term occurrence (evaluate_terms)
     seconds: dict[str, float] = dataclasses.field(default_factory=dict)  # per measurement, for the log
-
-
-class _Clock:
-    """Seconds per measurement: `clock.lap("scoring")` books the time since the previous lap."""
-
-    def __init__(self):
-        self.last, self.seconds = time.perf_counter(), {}
-
-    def lap(self, name: str) -> None:
-        now = time.perf_counter()
-        self.seconds[name], self.last = round(now - self.last, 2), now
 
 
 def evaluate_split(model, tokenizer, data, documents: list[str], split: str, buckets: np.ndarray,
@@ -56,9 +45,13 @@ def evaluate_split(model, tokenizer, data, documents: list[str], split: str, buc
     if limit and block > limit:
         raise RarelmError(f"params: eval.block_size = {block} is not allowed "
                           f"(must be <= the model's context length {limit})")
-    clock = _Clock()
+    steps, seconds = Steps(f"evaluate: {split}"), {}  # a line per measurement once the split took 10 s
+
+    def lap(name: str) -> None:
+        seconds[name] = round(steps.done(name), 2)
+
     per_term = term_search.find_occurrences(tokenizer, documents, tokens, offsets, terms)
-    clock.lap("finding terms")
+    lap("finding terms")
     context = _prompt_tokens(params, limit, per_term)
     if params.logit_adjust_tau and log_prior is None:
         raise ValueError("eval.logit_adjust_tau > 0 needs the train log prior")
@@ -66,24 +59,24 @@ def evaluate_split(model, tokenizer, data, documents: list[str], split: str, buc
     stats = score_tokens(model, tokens, buckets, block, params.batch_size, progress,
                          term_search.term_token_mask(per_term, len(tokens)), logit_bias=bias,
                          start_mask=term_start_mask(per_term, len(tokens)), max_tokens=params.max_tokens)
-    clock.lap("scoring tokens")
+    lap("scoring tokens")
     rows = evaluate_terms(model, tokenizer, documents, tokens, offsets, terms, max_terms=params.max_terms,
                           context_tokens=context, batch_size=params.batch_size, eot_id=data.eot_id,
                           closed_set=params.closed_set, split=split, per_term=per_term, progress=progress,
                           logit_bias=bias)
-    clock.lap("term generation")
+    lap("term generation")
     div = diversity(model, tokens, offsets, buckets, n_prompts=params.diversity_prompts,
                     n_new=params.diversity_tokens, context_tokens=context, batch_size=params.batch_size,
                     eot_id=data.eot_id, seed=seed, progress=progress, logit_bias=bias)
-    clock.lap("diversity")
+    lap("diversity")
     found = sum(map(len, per_term))
     inserted = false_insertion(model, tokenizer, tokens, offsets, terms, found,
                                n_prompts=params.insertion_prompts, n_new=params.insertion_tokens,
                                context_tokens=context, batch_size=params.batch_size, eot_id=data.eot_id,
                                seed=seed, progress=progress, logit_bias=bias)
-    clock.lap("false insertion")
+    lap("false insertion")
     metrics = {**stats.metrics(), **term_metrics(rows, len(terms), found), **div, **inserted}
-    return SplitResult(metrics, stats.rows(), band_rows(rows), rows, clock.seconds)
+    return SplitResult(metrics, stats.rows(), band_rows(rows), rows, seconds)
 
 
 def _prompt_tokens(params: EvalParams, limit: int | None,

@@ -16,6 +16,7 @@ from rarelm.artifacts.tokenized import TokenizedData, load_tokenizer
 from rarelm.errors import RarelmError
 from rarelm.files import read_json, write_json
 from rarelm.prepare.corpus import read_split
+from rarelm.progress import Steps
 from rarelm.rare_terms.buckets import bucket_tokens, count_tokens
 from rarelm.rare_terms.glossary import extraction_scores, read_glossary, read_reference
 from rarelm.rare_terms.quality import fragment_filter, term_list_quality
@@ -48,10 +49,11 @@ class TermList:
     table: list[dict]  # terms.jsonl's rows before their occurrences: glossary terms, then TF-IDF's
 
 
-def term_list(params, prepared_dir: Path) -> TermList:
+def term_list(params, prepared_dir: Path, steps: Steps | None = None) -> TermList:
     """The terms of the prepared corpus by the `rare` params (RareParams): the glossary's first,
     then TF-IDF's; text alone decides them, so `tokenize` (tokenizer.add_terms) reads the same list
-    before any token exists."""
+    before any token exists. `steps` logs each part as it ends (minutes on a big corpus)."""
+    done = steps.done if steps is not None else (lambda name: 0.0)
     glossary = read_glossary(params.glossary) if params.glossary else []
     stats = _prepared_stats(prepared_dir)
     language = stats["language"]
@@ -61,6 +63,7 @@ def term_list(params, prepared_dir: Path) -> TermList:
     # stratum of evaluate); every term's count stays the train split's (add_occurrences)
     held_out = [d for split in ("val", "test") for d in read_split(prepared_dir, split)] \
         if params.tfidf_all_splits else []
+    done(f"reading {len(documents) + len(held_out):,} documents")
     # Chinese terms match on jieba's word boundaries, never inside a longer word (term_search)
     han_words = language == "zh"
     # a Chinese candidate mostly inside longer words is a fragment (English words are whole by
@@ -69,11 +72,16 @@ def term_list(params, prepared_dir: Path) -> TermList:
     # not only where train happens to use it whole
     fragment = None if not han_words or params.max_inside_share >= 1 else \
         fragment_filter(documents + held_out, han_words, params.max_inside_share, tuple(glossary))
+    if fragment is not None:
+        done("the fragment filter (words inside longer words)")
     # rare.tfidf: false: the glossary supplies the terms (a corpus with its own: foldoc_en)
     extracted = tfidf_terms(documents + held_out, segmenter, params.ngram_max, params.min_df, params.max_df,
                             params.min_count, params.min_mean_tf, params.top_k,
                             fragment) if params.tfidf else []
+    if params.tfidf:
+        done(f"TF-IDF terms ({len(extracted):,})")
     table = term_table(count_phrases(documents, segmenter, glossary, len(documents)), extracted)
+    done(f"the term list ({len(table):,} terms)")
     return TermList(language, documents, segmenter, glossary, extracted, table)
 
 
@@ -86,13 +94,15 @@ def rare_terms(params, reference_glossary: str, prepared_dir: Path, tokenized_di
     data = TokenizedData.open(tokenized_dir)
     tokenizer = load_tokenizer(data.tokenizer_dir, data.vocab_size)
     reference = read_reference(reference_glossary) if reference_glossary else []
-    terms = term_list(params, prepared_dir)
+    steps = Steps("rare_terms")
+    terms = term_list(params, prepared_dir, steps)
     language, documents, segmenter, glossary, extracted, table = (
         terms.language, terms.documents, terms.segmenter, terms.glossary, terms.extracted, terms.table)
     han_words = language == "zh"
 
     counts = count_tokens(data.tokens("train"), data.vocab_size, params.chunk_tokens)
     buckets, bucket_summary = bucket_tokens(counts, params.frequent_share, params.rare_share)
+    steps.done(f"counting {len(data.tokens('train')):,} train tokens")
 
     metrics = {"language": language, "documents": len(documents),
                "terms": len(table), "tfidf_terms": len(extracted), "glossary_terms": len(glossary),
@@ -103,13 +113,16 @@ def rare_terms(params, reference_glossary: str, prepared_dir: Path, tokenized_di
         in_train = count_phrases(documents, segmenter, reference, len(documents))
         # recall cannot exceed this: reference terms that occur in the training documents at all
         metrics["extraction"]["reference_in_train"] = sum(st.df > 0 for st in in_train.values())
+        steps.done("scoring the extraction against the reference glossary")
 
     index = add_occurrences(table, tokenizer, prepared_dir, data, han_words)
     metrics["term_occurrences"] = int(len(index))
+    steps.done(f"finding the terms' {len(index):,} train occurrences")
     metrics["terms_found_in_train"] = sum(row["train_occurrences"] > 0 for row in table)
     metrics["term_list_quality"] = term_list_quality(
         table, list(read_split(prepared_dir, "test")), han_words,
         tuple(row["term"] for row in table if row["source"] == "glossary"))
+    steps.done("the term list's quality on the test split")
 
     np.save(out_dir / "counts.npy", counts)
     np.save(out_dir / "buckets.npy", buckets)

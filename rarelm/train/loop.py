@@ -51,6 +51,7 @@ def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict
             bar.console.print(f"train: resuming from {t.found} (step {t.start_step})")
         meter = Meter(t.device, tp.max_steps, t.saved_window)
         t.session_t0, t.session_step = time.perf_counter(), t.start_step
+        clock = (t.session_t0, t.start_step)  # the log lines' time so far and time left
         for step in range(t.start_step, tp.max_steps):
             lr = lr_at(step, tp)
             set_lr(t.optimizer, lr)
@@ -66,7 +67,7 @@ def train(params: Params, paths: Paths = Paths(), progress: bool = True) -> dict
                 row.update(step=done, **validate(t))
                 meter.restart_clock()  # validation time is not training throughput
                 stop = early_stop.after_validation(t, done)  # train.early_stop_patience, keep_best
-            report(t, bar, row, done)
+            report(t, bar, row, done, clock)
             if stop:
                 break
             if done % tp.checkpoint_every == 0 and done < tp.max_steps:

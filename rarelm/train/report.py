@@ -3,12 +3,14 @@ and the stage's one-line summary at the end."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from rarelm.fmt import four_decimals
+from rarelm.progress import duration, eta
 
 ROW_FORMATS = (("loss", ".4f"), ("ce", ".4f"), ("rare_ce", ".4f"), ("lr", ".2e"),
                ("grad_norm", ".3f"), ("tokens_per_s", ",.0f"), ("val_ce", ".4f"),
@@ -29,14 +31,20 @@ def progress_bar(enabled: bool, total: int, completed: int) -> Progress:
     return bar
 
 
-def show(bar: Progress, row: dict[str, Any], max_steps: int) -> None:
-    """A curve row as one log line: `step 50/300 | loss 4.1234 | ... | tokens_per_s 9,876`."""
+def show(bar: Progress, row: dict[str, Any], max_steps: int, clock: tuple[float, int] | None = None) -> None:
+    """A curve row as one log line: `step 50/300 | loss 4.1234 | ... | tokens_per_s 9,876 |
+    1 min 35 s, about 8 min 0 s left`; `clock` (perf_counter and step at this session's start)
+    gives the time so far and the time left at this session's rate, validations included."""
     parts = [f"step {row['step']}/{max_steps}"]
     for key, fmt in ROW_FORMATS:
         if key in row:
             parts.append(f"{key} {row[key]:{fmt}}")
     if "tokens_per_s" in row:
         bar.update(0, tok_s=row["tokens_per_s"])
+    if clock is not None:
+        elapsed = time.perf_counter() - clock[0]
+        left = eta(elapsed, row["step"] - clock[1], max_steps - clock[1])
+        parts.append(duration(elapsed) + (f", {left}" if left else ""))
     bar.console.print(" | ".join(parts))
 
 
@@ -75,7 +83,7 @@ def step_metrics(row: dict[str, Any]) -> dict[str, float]:
             | {f"val/{k[4:]}": v for k, v in row.items() if k.startswith("val_")})
 
 
-def report(t, bar: Progress, row: dict[str, Any], done: int) -> None:
+def report(t, bar: Progress, row: dict[str, Any], done: int, clock: tuple[float, int] | None = None) -> None:
     """Rank 0: a new curve row into the run's state, MLflow and the log; the bar to `done`."""
     if row and t.dist.main:
         t.state.curves.append(row)
@@ -83,7 +91,7 @@ def report(t, bar: Progress, row: dict[str, Any], done: int) -> None:
             t.run.log_json(t.upstream, "upstream.json")
             t.upstream = {}
         t.run.log_metrics(step_metrics(row), step=done)
-        show(bar, row, t.tp.max_steps)
+        show(bar, row, t.tp.max_steps, clock)
     bar.update(0, completed=done)
 
 
