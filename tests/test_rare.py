@@ -5,6 +5,7 @@ test_glossary."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import numpy as np
@@ -40,6 +41,33 @@ def work(tokenized_en, tmp_path):
     root = tmp_path / "work"
     shutil.copytree(tokenized_en, root)
     return root
+
+
+def test_a_long_run_logs_each_part_as_it_ends(work, monkeypatch, tmp_path):
+    """Issue 57: rare_terms ran ~5 min on a real corpus without a line. Once it has run 10 s it logs
+    each part (here from the start: quiet 0), in the order they run, each with the time so far."""
+    from functools import partial
+
+    from rarelm.params import load_params
+    from rarelm.progress import Steps
+    from rarelm.rare_terms import stage as rare_stage
+
+    lines: list[str] = []
+    monkeypatch.setattr(rare_stage, "Steps", partial(Steps, quiet=0.0, log=lines.append))
+    params = load_params(work / "params.yaml")
+    (tmp_path / "out").mkdir()
+    metrics = rare_stage.rare_terms(params.rare, params.corpus.reference_glossary, work / "data/prepared",
+                                    work / "data/tokenized", tmp_path / "out")
+    train = json.loads((work / "data/tokenized/meta.json").read_text())["splits"]["train"]
+    took = r"([0-9]+\.[0-9] s|[0-9]+ min [0-9]+ s)"
+    parts = [re.fullmatch(rf"(.*) {took} \({took} so far\)", line).group(1) for line in lines]
+    assert parts == [f"rare_terms: reading {metrics['documents']:,} documents",
+                     f"rare_terms: TF-IDF terms ({metrics['tfidf_terms']:,})",
+                     f"rare_terms: the term list ({metrics['terms']:,} terms)",
+                     f"rare_terms: counting {train['tokens']:,} train tokens",
+                     "rare_terms: scoring the extraction against the reference glossary",
+                     f"rare_terms: finding the terms' {metrics['term_occurrences']:,} train occurrences",
+                     "rare_terms: the term list's quality on the test split"], lines
 
 
 def test_stage_outputs(work, tiny_raw):
