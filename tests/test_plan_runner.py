@@ -49,7 +49,10 @@ def _plan(path: Path, model: Path) -> Path:
     path.write_text(yaml.safe_dump({
         "common": common, "screen_seeds": [], "final_seeds": [1], "prefix": "rp-", "section": "rp",
         "configurations": {"as-is": ["train.max_steps=0"], "finetune": []},
-        "decode": {"finetune-tau": {"of": "finetune", "set": ["eval.logit_adjust_tau=0.5"]}}}))
+        "decode": {"finetune-tau": {"of": "finetune", "set": ["eval.logit_adjust_tau=0.5"]},
+                   "finetune-knn": {"of": "finetune", "set": [
+                       "knn.enabled=true", "knn.weight=0.5", "knn.k=4", "knn.similarity=cosine",
+                       "knn.temperature=0.1"]}}}))
     return path
 
 
@@ -68,13 +71,22 @@ def test_stages_are_shared_where_their_declared_params_agree(tmp_path):
     plan_path.write_text(yaml.safe_dump({
         "common": ["train.max_steps=3"], "screen_seeds": [], "final_seeds": [1, 2],
         "configurations": {"base": [], "alpha": ["alpha=0.5"]},
-        "decode": {"base-tau": {"of": "base", "set": ["eval.logit_adjust_tau=0.5"]}}}))
+        "decode": {"base-tau": {"of": "base", "set": ["eval.logit_adjust_tau=0.5"]},
+                   **{f"base-knn-{t}": {"of": "base", "set": ["knn.enabled=true", f"knn.temperature={t}"]}
+                      for t in (1, 2)}}}))
     tasks, resolved = plan_tasks(Plan.load(plan_path), repo, tmp_path / "work", [])
     by_stage = {}
     for task in tasks.values():
         by_stage.setdefault(task.stage, []).append(task.name)
     assert {s: len(n) for s, n in by_stage.items()} == {
-        "prepare": 1, "tokenize": 1, "rare_terms": 1, "weights": 2, "train": 4, "evaluate": 6}
+        "prepare": 1, "tokenize": 1, "rare_terms": 1, "weights": 2, "train": 4, "datastore": 2,
+        "evaluate": 10}
+    # kNN-LM variants: one store per trained model (T is evaluate's), built from that model
+    store = tasks[tasks["hl-base-knn-1-s1"].after[0]]
+    assert store.stage == "datastore" and tasks["hl-base-knn-2-s1"].after == [store.name]
+    assert store.after == tasks["hl-base-s1"].after
+    assert tasks["hl-base-knn-1-s1"].argv[-2:] == ["--datastore", str(store.root / "out")]
+    assert "--datastore" not in tasks["hl-base-s1"].argv
     assert tasks["hl-base-tau-s1"].after == tasks["hl-base-s1"].after  # the same trained model
     assert tasks["hl-base-s1"].after != tasks["hl-base-s2"].after
     assert resolved["hl-alpha-s2"]["alpha"] == 0.5 and resolved["hl-alpha-s2"]["seed"] == 2
@@ -85,13 +97,9 @@ def test_stages_are_shared_where_their_declared_params_agree(tmp_path):
 
 
 def test_a_plan_it_cannot_run_is_one_line(tmp_path):
-    """A kNN-LM configuration (no datastore stage here) and a plan with a screening round: refused."""
+    """A plan with a screening round: refused (run-plan runs fixed comparisons)."""
     repo = Path(__file__).resolve().parents[1]
     plan_path = tmp_path / "plan.yaml"
-    plan_path.write_text(yaml.safe_dump({"common": [], "screen_seeds": [], "final_seeds": [1],
-                                         "configurations": {"base": [], "knn": ["knn.enabled=true"]}}))
-    with pytest.raises(RarelmError, match="knn.enabled needs the datastore stage"):
-        plan_tasks(Plan.load(plan_path), repo, tmp_path / "work", [])
     plan_path.write_text(yaml.safe_dump({"common": [], "screen_seeds": [7], "final_seeds": [1],
                                          "configurations": {"base": []}}))
     with pytest.raises(RarelmError, match="run-plan runs fixed comparisons"):
@@ -101,9 +109,10 @@ def test_a_plan_it_cannot_run_is_one_line(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["llama", "gemma3"])
 def test_run_plan_records_a_fixed_plan_and_headline_tables_it_without_dvc(repo, tmp_path, kind):
-    """A tiny pretrained Llama / Gemma 3 as it is, fine-tuned, and the fine-tune with post-hoc logit
-    adjustment: one run of each data stage, two trainings, three evaluations; records that `rarelm
-    headline` turns into its tables without a DVC experiment; a second command runs nothing."""
+    """A tiny pretrained Llama / Gemma 3 as it is, fine-tuned, the fine-tune with post-hoc logit
+    adjustment and with a kNN-LM: one run of each data stage, two trainings, one datastore, four
+    evaluations; records that `rarelm headline` turns into its tables without a DVC experiment; a
+    second command runs nothing."""
     model = _pretrained(tmp_path / kind, kind, repo)
     plan = _plan(tmp_path / "plan.yaml", model)
     out, work = tmp_path / "out", tmp_path / "work"
@@ -114,9 +123,11 @@ def test_run_plan_records_a_fixed_plan_and_headline_tables_it_without_dvc(repo, 
     report = json.loads((out / "runner.json").read_text())
     assert str(work) not in (out / "runner.json").read_text()  # no path of this machine travels
     stages = sorted(t["stage"] for t in report["tasks"].values())
-    assert stages == ["evaluate"] * 3 + ["prepare", "rare_terms", "tokenize", "train", "train", "weights"]
-    assert "3 experiments of" in result.stdout.splitlines()[-1]
-    records = {name: out / "runs" / name for name in ("rp-as-is-s1", "rp-finetune-s1", "rp-finetune-tau-s1")}
+    assert stages == ["datastore", *["evaluate"] * 4, "prepare", "rare_terms", "tokenize", "train", "train",
+                      "weights"]
+    assert "4 experiments of" in result.stdout.splitlines()[-1]
+    records = {name: out / "runs" / name
+               for name in ("rp-as-is-s1", "rp-finetune-s1", "rp-finetune-tau-s1", "rp-finetune-knn-s1")}
     for record in records.values():
         assert (record / "commit").read_text().strip() and (record / "params.yaml").is_file()
         rows = gzip.decompress((record / "metrics/eval_occurrences.jsonl.gz").read_bytes()).splitlines()
@@ -127,6 +138,9 @@ def test_run_plan_records_a_fixed_plan_and_headline_tables_it_without_dvc(repo, 
     assert train["rp-finetune-tau-s1"] == train["rp-finetune-s1"]  # the variant evaluates that model
     assert evals["rp-finetune-s1"]["ppl"] < evals["rp-as-is-s1"]["ppl"]  # 4 steps at lr 0.01 learn
     assert evals["rp-finetune-tau-s1"]["ppl"] != evals["rp-finetune-s1"]["ppl"]
+    assert evals["rp-finetune-knn-s1"]["ppl"] != evals["rp-finetune-s1"]["ppl"]  # the store was mixed in
+    knn = yaml.safe_load((records["rp-finetune-knn-s1"] / "params.yaml").read_text())["knn"]
+    assert (knn["enabled"], knn["similarity"], knn["temperature"]) == (True, "cosine", 0.1)
     params = yaml.safe_load((records["rp-finetune-tau-s1"] / "params.yaml").read_text())
     assert params["eval"]["logit_adjust_tau"] == 0.5 and params["model"]["name_or_path"] == str(model)
 
@@ -142,7 +156,7 @@ def test_run_plan_records_a_fixed_plan_and_headline_tables_it_without_dvc(repo, 
 
     result = headline(repo, Plan.load(plan), out, page=None, log=lambda m: None)
     labels = [c["label"] for c in result["final"]["configurations"]]
-    assert labels == ["as-is", "finetune", "finetune-tau"]
+    assert labels == ["as-is", "finetune", "finetune-knn", "finetune-tau"]  # safe_dump sorts the keys
     assert json.loads((out / "headline.json").read_text())["rounds_s"]["confirm"] == report["wall_s"]
 
 

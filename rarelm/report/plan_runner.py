@@ -10,7 +10,9 @@ the plan's overrides, then the `--set`s; every stage runs as `python -m stages.<
 under `--work`. A stage's work is keyed as DVC's run cache keys it: by the values of the params
 dvc.yaml declares for it, and the key of the stage before it. So experiments that share a corpus share
 one prepare ... weights, and a decode variant (evaluation params only) evaluates the model its
-configuration trained, trained once. The data stages run first; then up to `jobs` trainings and
+configuration trained, trained once; a kNN-LM variant (knn.enabled) first runs the datastore stage
+on that model, keyed by the datastore's params, so variants that differ in k, lambda or T share one
+store. The data stages run first; then up to `jobs` trainings and
 evaluations at once, each evaluation as soon as its model is there. A stage whose output
 is already there (`done` beside it) is not run again: a stopped command resumes, and data stages run
 on one machine can travel to another (`--only data`).
@@ -118,11 +120,10 @@ def plan_tasks(plan: Plan, repo: Path, work: Path, extra: list[str]
     resolved: dict[str, dict] = {}
     for experiment, overrides in plan.batch(names, plan.final_seeds, {}, plan.final_split):
         params = resolved[experiment] = with_overrides(base, [*overrides, *extra])
-        if params.get("knn", {}).get("enabled"):
-            raise RarelmError(f"{experiment}: knn.enabled needs the datastore stage, which run-plan does "
-                              "not run; run that plan with `rarelm headline` (DVC)")
+        stages = (*DATA_STAGES, "train", "datastore") if params.get("knn", {}).get("enabled") \
+            else (*DATA_STAGES, "train")
         key, folders = "", {}
-        for stage in (*DATA_STAGES, "train"):
+        for stage in stages:
             key = stage_key(params, declared[stage], key)
             folders[stage] = work / f"{stage}-{key}"
         prev: list[str] = []
@@ -157,10 +158,13 @@ def _argv(stage: str, root: Path, at: dict[str, Path]) -> list[str]:
         "train": ["--tokenized", out["tokenize"], "--rare", out["rare_terms"], "--weights", out["weights"],
                   "--out", root / "model", "--metrics", root / "train.json", "--plots", root / "train.csv",
                   "--cache", root / "cache", "--no-progress"],
+        "datastore": ["--model", at["train"] / "model", "--tokenized", out["tokenize"],
+                      "--out", root / "out"],
         "evaluate": ["--model", at["train"] / "model", "--prepared", out["prepare"], "--tokenized",
                      out["tokenize"], "--rare", out["rare_terms"], "--metrics", root / EVAL_METRICS,
                      "--summary", root / SUMMARY_METRICS, "--train-metrics", at["train"] / "train.json",
-                     "--occurrences", root / EVAL_OCCURRENCES, "--plots", root / "plots"],
+                     "--occurrences", root / EVAL_OCCURRENCES, "--plots", root / "plots",
+                     *(["--datastore", at["datastore"] / "out"] if "datastore" in at else [])],
     }[stage]
     return [sys.executable, "-m", f"stages.{stage}", "--params", str(root / PARAMS), *map(str, paths)]
 
@@ -275,6 +279,8 @@ def run_plan(plan_path: Path, repo: Path, out: Path, work: Path, jobs: int = 4, 
         if not task.experiments:  # a data stage or a training
             return
         trained = tasks[task.after[0]]
+        if trained.stage == "datastore":  # a kNN-LM variant: the store's model
+            trained = tasks[trained.after[0]]
         seconds = {t: runner.report.get(t, {}).get("seconds") for t in (trained.name, task.name)}
         for experiment in task.experiments:
             write_record(out, experiment, task.root, trained.root, commit,
