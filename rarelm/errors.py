@@ -28,12 +28,17 @@ class RarelmError(Exception):
     """An expected failure caused by input or params; its message is one line."""
 
 
+# The stages (or commands) whose user_errors() block is running, innermost last: `warn`'s prefix.
+_RUNNING: list[str] = []
+
+
 @contextlib.contextmanager
 def user_errors(stage: str) -> Iterator[None]:
     """Print a RarelmError, a full disk, an OS error the user can fix (no permission, a dangling
     link, ...) or running out of memory as `rarelm <stage>: error: <message>`, exit 2."""
     import typer
 
+    _RUNNING.append(stage)
     try:
         check_arguments(sys.argv[1:])
         yield
@@ -43,6 +48,18 @@ def user_errors(stage: str) -> Iterator[None]:
             raise
         say(line)
         raise typer.Exit(EXIT_USER_ERROR) from None
+    finally:
+        _RUNNING.pop()
+
+
+def warn(message: str) -> None:
+    """Print `rarelm <stage>: warning: <message>` (one line) on stderr, the stage being that of the
+    running user_errors() block. A torchrun worker says nothing: its launcher read the same
+    inputs first and said it once."""
+    if "LOCAL_RANK" in os.environ:
+        return
+    prefix = f"rarelm {_RUNNING[-1]}" if _RUNNING else "rarelm"
+    print(f"{prefix}: warning: {' '.join(message.split())}", file=sys.stderr, flush=True)
 
 
 def check_arguments(argv: list[str]) -> None:

@@ -49,6 +49,90 @@ def kind_of(mode: int) -> str:
     return next((name for test, name in kinds.items() if test(mode)), "special file")
 
 
+# A file that a param names and a stage reads whole (a glossary, general or replay text): a larger
+# one is refused before it is read (a log named by mistake would fill memory).
+MAX_INPUT_BYTES = 256 * 2**20
+
+
+def repository_roots() -> list[Path]:
+    """Where a stage's inputs belong: its working directory (the repository, where DVC runs it)
+    and $DVC_ROOT (the workspace, seen from a queued experiment's copy under .dvc/tmp/exps)."""
+    roots = [Path.cwd().resolve()]
+    if os.environ.get("DVC_ROOT"):
+        roots.append(Path(os.environ["DVC_ROOT"]).resolve())
+    return roots
+
+
+def inside(path: Path, *folders: Path) -> bool:
+    """Whether `path` (resolved: links followed, `..` gone) lies in one of `folders` or the
+    repository (`repository_roots`)."""
+    return any(path.is_relative_to(folder) for folder in (*folders, *repository_roots()))
+
+
+_WARNED: set[tuple[str, str]] = set()  # (param, path as written): warned once per process
+
+
+def warn_if_outside(key: str, path: str | Path) -> None:
+    """One warning line (once per process) if the input `path` that param `key` names leads out of
+    the repository although it is written as a path in it: relative with `..` (`../../etc/passwd`),
+    or through a link (`data/raw/x.txt` -> /etc/passwd). It is read, and what it holds goes into
+    the stage's outputs (and wherever they are pushed or logged). Not refused, and an absolute
+    path outside the repository (`/data/corpus.txt`) is taken as meant: corpora often live
+    elsewhere."""
+    from rarelm.errors import warn
+
+    path = Path(path)
+    if path.is_absolute() and not inside(Path(os.path.abspath(path))):
+        return
+    real = path.resolve()
+    if inside(real) or (key, str(path)) in _WARNED:
+        return
+    _WARNED.add((key, str(path)))
+    via = "" if Path(os.path.abspath(path)) == real else f" (it leads to {real})"
+    warn(f"{key}: {path} lies outside the repository{via}; reading it: what it holds goes into this "
+         "stage's outputs")
+
+
+def read_input(key: str, path: str | Path, limit: int = MAX_INPUT_BYTES) -> bytes:
+    """The bytes of the file that param `key` names, read whole with the corpus' guards: a regular
+    file (a named pipe, device, socket or folder is refused before any read: it is opened
+    non-blocking and checked on the open descriptor, so a FIFO cannot hang the stage nor /dev/zero
+    fill its memory), at most `limit` bytes, and a warning if it lies outside the repository
+    (`warn_if_outside`). A missing file raises FileNotFoundError (the caller names what it is).
+
+    >>> read_input("rare.glossary", "/dev/zero")
+    Traceback (most recent call last):
+    rarelm.errors.RarelmError: rare.glossary: /dev/zero is a character device, not a file; ...
+    """
+    import stat
+
+    from rarelm.errors import RarelmError
+
+    path = Path(path)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO's open would block
+    try:
+        mode, size = os.fstat(fd).st_mode, os.fstat(fd).st_size
+        if not stat.S_ISREG(mode):
+            raise RarelmError(f"{key}: {path} is a {kind_of(mode)}, not a file; point it at a regular "
+                              "file (UTF-8 text)")
+        too_big = (f"{key}: {path} is larger than the {limit:,} bytes a stage reads whole; "
+                   "give a smaller file (a slice of it)")
+        if size > limit:
+            raise RarelmError(too_big.replace("is larger", f"is {size:,} bytes, larger"))
+        warn_if_outside(key, path)
+        os.set_blocking(fd, True)
+        chunks, left = [], limit + 1
+        while left and (chunk := os.read(fd, min(left, 1 << 24))):
+            chunks.append(chunk)
+            left -= len(chunk)
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) > limit:  # it grew while read
+        raise RarelmError(too_big)
+    return data
+
+
 def check_held_params() -> None:
     """rarelm.params.check_held_params (imported here on use: params does not import files)."""
     from rarelm.params import check_held_params as check

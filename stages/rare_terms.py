@@ -30,7 +30,7 @@ import typer
 
 from rarelm import paths
 from rarelm.errors import user_errors
-from rarelm.files import atomic_dir, outputs_together, write_json
+from rarelm.files import atomic_dir, outputs_together, read_input, write_json
 from rarelm.params import load_params
 
 app = typer.Typer(add_completion=False, help=__doc__)
@@ -47,7 +47,7 @@ def glossary_notice(glossary: str, terms: Path) -> str | None:
 
     if not glossary:
         return None
-    lines = Path(glossary).read_text(encoding="utf-8-sig").splitlines()
+    lines = read_input("rare.glossary", glossary).decode("utf-8-sig").splitlines()
     if lines and "\t" in lines[0] and lines[0].split("\t")[0].strip().lower() == "term":
         lines = [line.split("\t")[0] for line in lines[1:]]  # a TSV: its term column, as read_glossary
     listed = [line.strip() for line in lines if line.strip()]

@@ -257,6 +257,37 @@ def test_folder_corpus_skips_links_that_leave_it(tmp_path):
     assert list(corpus.read_split(tmp_path / "prepared", "train")) == ["a document inside"] * 2
 
 
+@pytest.mark.parametrize(("written", "warning"), [
+    ("data/corpus.txt", "data/corpus.txt lies outside the repository (it leads to {outside})"),
+    ("../elsewhere/corpus.txt", "../elsewhere/corpus.txt lies outside the repository;"),
+    ("{outside}", None)], ids=["link", "dots", "absolute"])
+def test_a_corpus_path_that_leads_out_of_the_repository_is_read_with_one_warning(tmp_path, written,
+                                                                                  warning):
+    """Issue 56 row 8: corpus.path a link in the repository to a file outside it, or `../` out of
+    it (`../../../../etc/passwd`), was read into data/prepared without a word. Now one warning line
+    names it and where it leads, and it is read; an absolute path outside the repository is taken
+    as meant (corpora often live elsewhere): no warning."""
+    repo, outside = tmp_path / "repo", tmp_path / "elsewhere" / "corpus.txt"
+    (repo / "data").mkdir(parents=True)
+    outside.parent.mkdir()
+    outside.write_text("root:x:0:0:root:/root:/bin/bash\ndaemon:x:1:1::/usr/sbin:/usr/sbin/nologin\n")
+    (repo / "data/corpus.txt").symlink_to(outside)
+    shutil.copy(REPO / "params.yaml", repo / "params.yaml")
+    set_params(repo, **{"corpus.path": written.format(outside=outside), "corpus.val_fraction": 0.0,
+                        "corpus.test_fraction": 0.0})
+    result = subprocess.run([sys.executable, "-m", "stages.prepare"], cwd=repo, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    if warning is None:
+        assert result.stderr == ""
+    else:
+        assert result.stderr.startswith("rarelm prepare: warning: corpus.path: "
+                                        + warning.format(outside=outside)), result.stderr
+        assert result.stderr.endswith("reading it: what it holds goes into this stage's outputs\n")
+        assert len(result.stderr.splitlines()) == 1
+    assert len(list(corpus.read_split(repo / "data/prepared", "train"))) == 2
+
+
 # ------------------------------------------------------------------ splits that keep a group whole
 
 

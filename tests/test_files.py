@@ -1,8 +1,12 @@
 """rarelm/files.py: atomic writers."""
 
+import os
+import re
+
 import pytest
 
-from rarelm.files import write_csv
+from rarelm.errors import RarelmError
+from rarelm.files import read_input, write_csv
 
 
 def test_write_csv_writes_the_plots_format(tmp_path):
@@ -94,3 +98,54 @@ def test_outputs_together_puts_back_what_it_moved_when_a_rename_fails(tmp_path, 
     monkeypatch.undo()
     _outputs(tmp_path, "w2", {"step": 2}, "c2")
     assert _state(tmp_path)["model/weights"] == "w2" and _state(tmp_path)["train.csv"] == "c2"
+
+
+# ------------------------------------------------------------------ inputs a param names (issue 56 rows 8, 9)
+
+
+def test_read_input_refuses_what_is_no_regular_file_or_too_big_before_reading(tmp_path):
+    """A named pipe nobody writes (opening it for reading would block), /dev/zero (an endless
+    read), a folder, a file past the limit: one RarelmError each, before any byte is read."""
+    os.mkfifo(tmp_path / "pipe")
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "big.txt").write_bytes(b"x" * 11)
+    (tmp_path / "ok.txt").write_bytes(b"x" * 10)
+    for path, what in [(tmp_path / "pipe", "is a named pipe (FIFO), not a file"),
+                       ("/dev/zero", "is a character device, not a file"),
+                       (tmp_path / "folder", "is a folder, not a file")]:
+        with pytest.raises(RarelmError, match=re.escape(f"eval.general_text: {path} {what}; point it at")):
+            read_input("eval.general_text", path, limit=10)
+    with pytest.raises(RarelmError, match=re.escape(f"train.replay_text: {tmp_path / 'big.txt'} is 11 bytes, "
+                                                    "larger than the 10 bytes a stage reads whole")):
+        read_input("train.replay_text", tmp_path / "big.txt", limit=10)
+    assert read_input("train.replay_text", tmp_path / "ok.txt", limit=10) == b"x" * 10
+    with pytest.raises(FileNotFoundError):  # the caller names what is missing
+        read_input("rare.glossary", tmp_path / "none.txt")
+
+
+def test_an_input_that_leads_out_of_the_repository_is_read_with_one_warning(tmp_path, monkeypatch, capsys):
+    from rarelm.errors import user_errors
+
+    repo, outside = tmp_path / "repo", tmp_path / "outside.txt"
+    (repo / "data").mkdir(parents=True)
+    outside.write_text("secret\n")
+    (repo / "data" / "inside.txt").write_text("term\n")
+    (repo / "data" / "link.txt").symlink_to(outside)
+    monkeypatch.chdir(repo)
+    monkeypatch.delenv("DVC_ROOT", raising=False)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    with user_errors("rare_terms"):
+        for _ in range(2):  # once per process and path
+            assert read_input("rare.glossary", "data/link.txt") == b"secret\n"
+        read_input("rare.glossary", "../outside.txt")
+        read_input("rare.glossary", outside)  # absolute: named outside on purpose
+        read_input("rare.glossary", "data/inside.txt")
+        read_input("rare.glossary", repo / "data" / "inside.txt")
+    assert capsys.readouterr().err.splitlines() == [
+        f"rarelm rare_terms: warning: rare.glossary: data/link.txt lies outside the repository (it leads to "
+        f"{outside}); reading it: what it holds goes into this stage's outputs",
+        "rarelm rare_terms: warning: rare.glossary: ../outside.txt lies outside the repository; reading "
+        "it: what it holds goes into this stage's outputs"]
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))  # a queued copy under the workspace's .dvc/tmp/exps
+    read_input("corpus.reference_glossary", "../outside.txt")
+    assert capsys.readouterr().err == ""

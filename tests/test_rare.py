@@ -5,8 +5,12 @@ test_glossary."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import resource
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -18,7 +22,7 @@ from rarelm.prepare.corpus import read_split
 from rarelm.rare_terms.glossary import extraction_scores, read_reference
 from rarelm.rare_terms.stage import rare_terms
 from rarelm.rare_terms.term_index import build_term_index, display_form, surface_forms
-from tests.conftest import REPO, assert_user_error, set_params, stage
+from tests.conftest import BIN, REPO, assert_user_error, set_params, stage
 
 # ------------------------------------------------------------------ the stage through its CLI
 
@@ -147,6 +151,38 @@ def test_bad_input_is_one_line_and_leaves_nothing(work, setup, message):
     assert_user_error(result, message, work, "data/rare", "metrics/rare_terms.json",
                       stage="rare_terms")
     assert not list((work / "data").glob(".rare*"))  # no temporary folder left either
+
+
+def _special_input(work, kind: str) -> str:
+    """A path of `kind` for a glossary param: a named pipe nobody writes, /dev/zero, or a sparse
+    file past the 256 MiB a stage reads whole (no disk used)."""
+    if kind == "fifo":
+        os.mkfifo(work / "pipe.txt")
+        return "pipe.txt"
+    if kind == "device":
+        return "/dev/zero"
+    with open(work / "huge.txt", "wb") as f:
+        f.truncate(300 * 2**20)
+    return "huge.txt"
+
+
+@pytest.mark.parametrize("key", ["rare.glossary", "corpus.reference_glossary"])
+@pytest.mark.parametrize(("kind", "message"), [
+    ("fifo", "pipe.txt is a named pipe (FIFO), not a file; point it at a regular file"),
+    ("device", "/dev/zero is a character device, not a file; point it at a regular file"),
+    ("big", "huge.txt is 314,572,800 bytes, larger than the 268,435,456 bytes a stage reads whole")])
+def test_a_glossary_that_is_no_regular_file_or_too_big_is_refused_before_it_is_read(work, key, kind,
+                                                                                     message):
+    """Issue 56 row 9: `rare.glossary` or `corpus.reference_glossary` = /dev/zero was read until
+    memory ran out, = a FIFO hung the stage for good. Now both are refused in one line before any
+    read, as a file past the size limit is. (The address-space limit turns the old unbounded read
+    into a MemoryError, and the subprocess timeout the old hang into a failure.)"""
+    set_params(work, **{key: _special_input(work, kind)})
+    result = subprocess.run([sys.executable, "-m", "stages.rare_terms"], cwd=work, capture_output=True,
+                            text=True, timeout=300, env={**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"},
+                            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (6 * 2**30,) * 2))
+    assert_user_error(result, f"{key}: {message}", work, "data/rare", "metrics/rare_terms.json",
+                      stage="rare_terms")
 
 
 # ------------------------------------------------------------------ where terms occur in the train split

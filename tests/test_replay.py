@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import json
+import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -163,6 +165,21 @@ def test_replay_tokens_are_the_documents_each_ended_by_eot(tmp_path):
     path.write_bytes(b"\xff\xfe")
     with pytest.raises(RarelmError, match="not UTF-8 text"):
         replay_tokens(path, _Tokenizer(), 0, 3)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_replay_or_general_text_that_is_no_regular_file_is_one_line_before_any_read(tmp_path, kind):
+    """Issue 56 row 9: `train.replay_text` or `eval.general_text` = a named pipe nobody writes hung
+    the stage at its open; = /dev/zero read until memory ran out. Both readers go through
+    rarelm.files `read_input`."""
+    path = tmp_path / "pipe.txt" if kind == "fifo" else Path("/dev/zero")
+    if kind == "fifo":
+        os.mkfifo(path)
+    what = "a named pipe (FIFO)" if kind == "fifo" else "a character device"
+    with pytest.raises(RarelmError, match=re.escape(f"train.replay_text: {path} is {what}, not a file")):
+        replay_tokens(path, _Tokenizer(), 0, 3)
+    with pytest.raises(RarelmError, match=re.escape(f"eval.general_text: {path} is {what}, not a file")):
+        general_text.read_documents(path)
 
 
 # --------------------------------------------------------------------------- the replay slices

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from rarelm.errors import EXIT_USER_ERROR, RarelmError
-from rarelm.files import atomic_file
+from rarelm.files import atomic_file, read_input
 
 # the base pipeline's raw corpora whose held-out documents may be committed, by language; People's
 # Daily (peoples_daily_zh) is left out: its text is not redistributed (data/raw/corpora.json)
@@ -41,14 +41,14 @@ SOURCES = {"en": ("gcide_en",), "zh": ("reviews_zh",)}
 REPLAY_BYTES = 300_000
 
 
-def read_documents(path: str | Path) -> list[str]:
-    """The slice's documents: its non-empty lines."""
+def read_documents(path: str | Path, key: str = "eval.general_text") -> list[str]:
+    """The slice's documents: its non-empty lines (read with the corpus' guards: `read_input`)."""
     path = Path(path)
-    if not path.is_file():
-        raise RarelmError(f"params: eval.general_text = {str(path)!r}: no such file "
-                          "(a UTF-8 text file, one document a line; or \"\" = off)")
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = read_input(key, path).decode("utf-8").splitlines()
+    except FileNotFoundError:
+        raise RarelmError(f"params: {key} = {str(path)!r}: no such file "
+                          "(a UTF-8 text file, one document a line; or \"\" = off)") from None
     except UnicodeDecodeError as exc:
         raise RarelmError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     documents = [line for line in lines if line.strip()]

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import IO
 
 from rarelm.errors import RarelmError
-from rarelm.files import kind_of
+from rarelm.files import inside, kind_of, warn_if_outside
 from rarelm.params import CorpusParams
 
 FORMATS = ("txt", "jsonl", "csv", "parquet")
@@ -88,9 +88,10 @@ def format_of(path: Path, fmt: str = "auto") -> str:
 def corpus_files(params: CorpusParams) -> list[Path]:
     """The corpus file, or the supported files of the corpus folder in sorted order.
 
-    In a folder, a symbolic link whose target lies outside both the folder and the working
-    directory (the repository, where DVC's cache is) is skipped with a warning: a corpus from
-    elsewhere must not pull in /etc/passwd or ~/.ssh by a link.
+    In a folder, a symbolic link whose target lies outside both the folder and the repository
+    (where DVC's cache is: rarelm.files `repository_roots`) is skipped with a warning: a corpus from
+    elsewhere must not pull in /etc/passwd or ~/.ssh by a link. A corpus.path that itself lies
+    outside the repository (an absolute path, `..`, a link) is read, with one warning line.
     """
     root = Path(params.path)
     if not params.path:
@@ -99,17 +100,19 @@ def corpus_files(params: CorpusParams) -> list[Path]:
         raise RarelmError(f"corpus.path: no such file or folder: {root}")
     if root.is_file():
         format_of(root, params.format)
+        warn_if_outside("corpus.path", root)
         return [root]
     if not root.is_dir():  # a named pipe would block the read, or be called an empty folder
         raise RarelmError(f"corpus.path: {root} is a {kind_of(root.stat().st_mode)}, not a file or "
                           "folder; point it at the corpus file (a .gz for a compressed one)")
+    warn_if_outside("corpus.path", root)
     files = []
     for path in sorted(p for p in root.rglob("*") if p.is_file() and not p.name.startswith(".")):
         try:
             format_of(path, params.format)
         except RarelmError:
             continue
-        if not _inside(path.resolve(), root.resolve(), Path.cwd().resolve()):
+        if not inside(path.resolve(), root.resolve()):
             print(f"rarelm prepare: warning: skipping {path}: a link to {path.resolve()}, outside "
                   f"the corpus folder and the repository", file=sys.stderr, flush=True)
             continue
@@ -117,10 +120,6 @@ def corpus_files(params: CorpusParams) -> list[Path]:
     if not files:
         raise RarelmError(f"corpus.path: folder {root} holds no .txt, .jsonl, .csv or .parquet file")
     return files
-
-
-def _inside(path: Path, *folders: Path) -> bool:
-    return any(path.is_relative_to(folder) for folder in folders)
 
 
 def _open_binary(path: Path) -> IO[bytes]:

@@ -7,16 +7,17 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from rarelm.errors import RarelmError
+from rarelm.files import read_input
 from rarelm.rare_terms.segmentation import normalize_term
 
 
 def read_glossary(path: str | Path) -> list[str]:
     """A user glossary: one term per line (UTF-8), or a TSV whose header's first column is
     `term` (its first column; data/raw/foldoc_en.glossary.tsv); blank lines and duplicates
-    are skipped."""
+    are skipped. Read with the corpus' guards (`read_input`: a regular file, bounded size)."""
     path = Path(path)
     try:
-        text = path.read_bytes().decode("utf-8-sig")
+        text = read_input("rare.glossary", path).decode("utf-8-sig")
     except FileNotFoundError:
         raise RarelmError(f"rare.glossary: no such file: {path}") from None
     except UnicodeDecodeError as exc:
@@ -35,7 +36,7 @@ def read_reference(path: str | Path) -> list[str]:
     """A reference glossary: a TSV with a header whose first column is `term`, or one term per line."""
     path = Path(path)
     try:
-        lines = path.read_text(encoding="utf-8-sig").splitlines()
+        lines = read_input("corpus.reference_glossary", path).decode("utf-8-sig").splitlines()
     except FileNotFoundError:
         raise RarelmError(f"corpus.reference_glossary: no such file: {path}") from None
     except UnicodeDecodeError:

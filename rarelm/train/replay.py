@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from rarelm.errors import RarelmError
+from rarelm.files import read_input
 
 # SeedSequence key that sets the replay stream's seed apart from the domain stream's (b"repl")
 _REPLAY_KEY = 0x7265706C
@@ -63,11 +64,12 @@ def replay_tokens(path: str | Path, tokenizer, eot_id: int, block_size: int) -> 
     tokenize stage lays out a split. A missing, non-UTF-8 or too short file is a RarelmError."""
     path = Path(path)
     what = f"params: train.replay_text = {str(path)!r}"
-    if not path.is_file():
-        raise RarelmError(f"{what}: no such file (a UTF-8 text file, one document a line; "
-                          "e.g. data/general/en.replay.txt)")
     try:
-        documents = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        documents = [line for line in read_input("train.replay_text", path).decode("utf-8").splitlines()
+                     if line.strip()]
+    except FileNotFoundError:
+        raise RarelmError(f"{what}: no such file (a UTF-8 text file, one document a line; "
+                          "e.g. data/general/en.replay.txt)") from None
     except UnicodeDecodeError as exc:
         raise RarelmError(f"{what}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     ids: list[int] = []
