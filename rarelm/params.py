@@ -340,6 +340,12 @@ class TrackingParams:
     # as MLflow artifacts: auto = only into a store on this machine (sqlite:, file:), true / false
     log_text: Literal["auto", "true", "false"] = "auto"
 
+    def __post_init__(self) -> None:
+        name = self.experiment
+        if not name.strip() or len(name) > 256 or any(ord(c) < 32 or ord(c) == 127 for c in name):
+            raise RarelmError(f"params: tracking.experiment = {_shown(name)} is not allowed (must be 1 "
+                              "to 256 characters, not only spaces, without control characters)")
+
 
 @dataclasses.dataclass(frozen=True)
 class Params:

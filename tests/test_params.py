@@ -84,6 +84,10 @@ def test_exponent_without_a_dot_is_a_number(tmp_path):
      "params: knn.enabled = true with knn.weight = 0 is not allowed (it builds a datastore nothing reads;"),
     ({"knn": {"enabled": True, "weight": 0.5, "cache_window": 8, "cache_weight": 0.6}},
      "params: knn.weight + knn.cache_weight = 1.1 is not allowed (must be <= 1)"),
+    ({"tracking": {"experiment": " "}}, "params: tracking.experiment = ' ' is not allowed (must be 1 to 256 "
+     "characters, not only spaces, without control characters)"),
+    ({"tracking": {"experiment": "a\nb"}}, "params: tracking.experiment = 'a\\nb' is not allowed"),
+    ({"tracking": {"experiment": "x" * 257}}, "params: tracking.experiment = 'xxx"),
 ])
 def test_bad_values_name_key_value_and_allowed(raw, message):
     with pytest.raises(RarelmError) as err:

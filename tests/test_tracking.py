@@ -574,6 +574,28 @@ def test_artifacts_go_beside_the_store_not_into_the_temporary_workspace(tmp_path
     assert not (temporary / "mlruns").exists()
 
 
+def test_an_experiment_named_dot_dot_keeps_its_artifacts_under_mlruns(tmp_path, monkeypatch):
+    """Issue 56 row 7: `tracking.experiment: ".."` put the experiment's artifacts at
+    <repo>/mlruns/.. = the repository's root (untracked, not ignored), and MLflow's logged models
+    under <repo>/models/ beside the pipeline's. Its folder is now mlruns/__ (rarelm/tracking/uri.py
+    `experiment_folder`); the experiment keeps its name."""
+    import mlflow
+
+    store = tmp_path / "repo" / "mlflow.db"
+    store.parent.mkdir()
+    monkeypatch.chdir(store.parent)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store}")
+    run = start_run(Params(tracking=TrackingParams(experiment="..", system_metrics=False)), stage="train")
+    (tmp_path / "report.txt").write_text("kept")
+    run._client.log_artifact(run.run_id, str(tmp_path / "report.txt"), "eval")
+    run.finish()
+    experiment = mlflow.MlflowClient(f"sqlite:///{store}").get_experiment_by_name("..")
+    assert experiment.artifact_location == str(store.parent / "mlruns" / "__")
+    kept = [p.relative_to(store.parent).parts[:2] for p in store.parent.rglob("report.txt")]
+    assert kept == [("mlruns", "__")]
+    assert sorted(p.name for p in store.parent.iterdir()) == ["mlflow.db", "mlflow.db.lock", "mlruns"]
+
+
 def test_a_sweep_becomes_a_parent_run_over_its_experiments(store, workspace, monkeypatch):
     import mlflow
 

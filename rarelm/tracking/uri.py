@@ -10,6 +10,7 @@ queued experiments run in) or the current folder:
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from rarelm.tracking.redaction import redact
@@ -88,4 +89,18 @@ def artifact_location(uri: str, experiment: str) -> str | None:
     True
     """
     db = sqlite_path(uri)
-    return None if db is None else str(db.parent / "mlruns" / experiment.replace("/", "_"))
+    return None if db is None else str(db.parent / "mlruns" / experiment_folder(experiment))
+
+
+def experiment_folder(name: str) -> str:
+    """The folder under mlruns/ for the experiment `name`: its letters (any script), digits, `.`,
+    `-` and `_`, every other character `_`, leading dots `_` (never `..`, which put the artifacts
+    at the repository's root and logged models under models/, nor a hidden folder), at most 100
+    bytes. The experiment keeps its name in MLflow; runs sharing a folder keep theirs apart.
+
+    >>> [experiment_folder(name) for name in ("rarelm", "..", ".hidden", "a/b c", "术语")]
+    ['rarelm', '__', '_hidden', 'a_b_c', '术语']
+    """
+    safe = re.sub(r"[^\w.-]", "_", name)
+    safe = re.sub(r"^\.+", lambda dots: "_" * len(dots.group()), safe)
+    return safe.encode("utf-8")[:100].decode("utf-8", "ignore") or "_"
