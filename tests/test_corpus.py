@@ -2,6 +2,7 @@ import dataclasses
 import gzip
 import hashlib
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -255,6 +256,45 @@ def test_folder_corpus_skips_links_that_leave_it(tmp_path):
     assert result.stderr.strip() == (f"rarelm prepare: warning: skipping {folder / 'passwd.txt'}: a link "
                                      f"to {secret}, outside the corpus folder and the repository")
     assert list(corpus.read_split(tmp_path / "prepared", "train")) == ["a document inside"] * 2
+
+
+@pytest.mark.parametrize("later_quote", [True, False], ids=["a-later-quote", "none-till-the-end"])
+def test_a_csv_with_an_unclosed_quote_is_refused_naming_its_line(tmp_path, later_quote):
+    """Issue 56 row 12: one unclosed quote ran its field on through the lines after it (149 rows
+    merged into one document of 163,907 characters, silently). Now the CSV is read strictly and
+    the line where the broken record starts is named. A quoted field over several lines, with
+    doubled quotes inside, is still one document."""
+    rows = ["text,id", "first document,1", '"an unclosed document,2']
+    rows += [f"document number {i},{i}" for i in range(3, 152)]
+    rows += ['"a quoted, fine document",152'] if later_quote else []
+    path = tmp_path / "broken.csv"
+    path.write_text("\n".join(rows) + "\n")
+    result = _prepare_cli(tmp_path, path, val_fraction=0.0, test_fraction=0.0)
+    assert result.returncode == 2
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(f"rarelm prepare: error: {path}: line 3: a quoted field is not closed where "
+                           "it should be (")
+    assert line.endswith("so its record would run on through the lines after it; close the quote, or "
+                         'double a quote inside a quoted field ("")')
+    assert not (tmp_path / "prepared").exists()
+    good = tmp_path / "good.csv"
+    good.write_text('text,id\n"a ""quoted"" word\nover two lines",1\nplain,2\n')
+    assert _prepare_cli(tmp_path, good, val_fraction=0.0, test_fraction=0.0, dedup=False).returncode == 0
+    assert list(corpus.read_split(tmp_path / "prepared", "train")) == ['a "quoted" word over two lines',
+                                                                       "plain"]
+
+
+def test_a_jsonl_line_nested_100000_deep_is_one_line_naming_it(tmp_path):
+    """Issue 56 row 10: was an 83-line RecursionError traceback, exit 1."""
+    path = tmp_path / "deep.jsonl"
+    path.write_text('{"text": "a first document"}\n{"text": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
+    result = _prepare_cli(tmp_path, path)
+    assert result.returncode == 2
+    (line,) = result.stderr.splitlines()
+    assert re.fullmatch(rf"rarelm prepare: error: {re.escape(str(path))}: line 2 is JSON nested deeper than "
+                        r"can be read \(more than about \d+ levels\); a line is one object with the text in "
+                        r"'text'", line), line
+    assert not (tmp_path / "prepared").exists() and not (tmp_path / "prepare.json").exists()
 
 
 @pytest.mark.parametrize(("written", "warning"), [

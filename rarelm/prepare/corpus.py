@@ -225,6 +225,10 @@ def _iter_jsonl(path: Path, params: CorpusParams) -> Iterator[tuple[str, str | N
             record = json.loads(line)
         except json.JSONDecodeError as exc:
             raise RarelmError(f"{path}: line {number} is not valid JSON: {exc.msg}") from None
+        except RecursionError:  # [[[[...]]]] 100,000 deep: Python's reader recurses per level
+            raise RarelmError(f"{path}: line {number} is JSON nested deeper than can be read (more than "
+                              f"about {sys.getrecursionlimit()} levels); a line is one object with the "
+                              f"text in {params.text_field!r}") from None
         text = _field(record, path, f"line {number}", params.text_field, params.encoding_errors)
         group = None
         if params.group_field:
@@ -236,8 +240,12 @@ def _iter_jsonl(path: Path, params: CorpusParams) -> Iterator[tuple[str, str | N
 
 
 def _iter_csv(path: Path, params: CorpusParams) -> Iterator[tuple[str, str | None]]:
+    """Rows of a CSV file, read strictly: a quote left open (`"unclosed doc,2`) is refused with the
+    line where its record starts, where the lenient reader ran the field on through the next
+    lines (149 rows became one document of 163,907 characters, silently)."""
     csv.field_size_limit(params.max_line_bytes)  # a quoted field may span lines
-    reader = csv.DictReader(_decoded_lines(path, params.encoding_errors, params.max_line_bytes))
+    reader = csv.DictReader(_decoded_lines(path, params.encoding_errors, params.max_line_bytes), strict=True)
+    ended = 1  # the line the last whole record ended on (the header's, first)
     try:
         if reader.fieldnames is None:
             return
@@ -247,11 +255,16 @@ def _iter_csv(path: Path, params: CorpusParams) -> Iterator[tuple[str, str | Non
                     f"{path}: no column {field!r} (columns: {', '.join(reader.fieldnames)}; "
                     f"set corpus.{key})")
         for row in reader:
+            ended = reader.line_num
             group = (row[params.group_field] or None) if params.group_field else None
             yield row[params.text_field] or "", group
-    except csv.Error as exc:  # a field over the limit
-        raise RarelmError(f"{path}: line {reader.line_num}: {exc} (corpus.max_line_bytes = "
-                          f"{params.max_line_bytes})") from None
+    except csv.Error as exc:
+        if "field larger than field limit" in str(exc):
+            raise RarelmError(f"{path}: line {reader.line_num}: {exc} (corpus.max_line_bytes = "
+                              f"{params.max_line_bytes})") from None
+        raise RarelmError(f"{path}: line {ended + 1}: a quoted field is not closed where it should be "
+                          f"({exc}), so its record would run on through the lines after it; close the quote, "
+                          'or double a quote inside a quoted field ("")') from None
 
 
 def _iter_parquet(path: Path, params: CorpusParams) -> Iterator[tuple[str, str | None]]:
