@@ -62,3 +62,35 @@ def test_release_tags_the_model_that_dvc_artifacts_get_downloads(tmp_path, monke
 @pytest.mark.parametrize("version,tag", [("v2.0.1", "rarelm@v2.0.1"), ("2.0.1", "rarelm@v2.0.1")])
 def test_tag_name_follows_gto(version, tag):
     assert tag_name("rarelm", version) == tag
+
+
+def test_an_artifact_that_dvc_yaml_does_not_declare_is_refused_and_no_name_is_an_option(tmp_path,
+                                                                                         monkeypatch):
+    """Issue 56 row 14: `rarelm release --artifact nosuch v1.0.0` made a tag for an artifact that
+    dvc.yaml does not declare; `--artifact -d` reached git where its options go. Now the name must
+    be one dvc.yaml declares, and the tag goes after git's `--`: even a declared name starting with
+    '-' (DVC itself would not take it) is a tag name to git, which refuses it as one."""
+    from typer.testing import CliRunner
+
+    from stages.cli import app
+
+    (tmp_path / "dvc.yaml").write_text("artifacts:\n  rarelm:\n    path: models/model\n")
+    git(tmp_path, "init", "-q")
+    git(tmp_path, "add", "-A")
+    git(tmp_path, "commit", "-qm", "model")
+    monkeypatch.chdir(tmp_path)
+    for args, message in (
+            (["release", "--artifact", "nosuch", "v1.0.0"], "--artifact 'nosuch': dvc.yaml declares no such "
+             "artifact (declared: rarelm)"),
+            (["release", "--artifact", "-d", "v1.0.0"],
+             "--artifact '-d': dvc.yaml declares no such artifact")):
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 2 and result.stderr.startswith(f"rarelm release: error: {message}"), \
+            result.output
+    (tmp_path / "dvc.yaml").write_text("artifacts:\n  -d:\n    path: models/model\n")
+    git(tmp_path, "commit", "-qam", "a name DVC would refuse")
+    result = CliRunner().invoke(app, ["release", "--artifact", "-d", "v1.0.0"])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == ("rarelm release: error: git tag -d@v1.0.0 failed: fatal: '-d@v1.0.0' is "
+                                     "not a valid tag name.")
+    assert git(tmp_path, "tag") == ""

@@ -46,9 +46,29 @@ def default_remote(root: Path) -> str:
     return name
 
 
+def declared_artifacts(root: Path) -> list[str]:
+    """The artifact names that root's dvc.yaml declares (its `artifacts:` section), read as DVC reads it."""
+    from rarelm.params import read_yaml
+
+    try:
+        text = (root / "dvc.yaml").read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise RarelmError(f"{root.resolve().name}: no dvc.yaml, so no artifact to release") from None
+    artifacts = (read_yaml(text, root / "dvc.yaml") or {}).get("artifacts") or {}
+    return sorted(artifacts) if isinstance(artifacts, dict) else []
+
+
 def release(version: str, artifact: str = "rarelm", root: str | Path = ".") -> str:
-    """Tag HEAD as `artifact@vX.Y.Z` (annotated); returns the tag. One-line errors for the rest."""
+    """Tag HEAD as `artifact@vX.Y.Z` (annotated); returns the tag. One-line errors for the rest.
+
+    The artifact must be one that dvc.yaml declares (a tag for another one names nothing that
+    `dvc artifacts get` can download); the tag goes after git's `--`, never where an option goes.
+    """
     root = Path(root)
+    declared = declared_artifacts(root)
+    if artifact not in declared:
+        raise RarelmError(f"--artifact {artifact!r}: dvc.yaml declares no such artifact (declared: "
+                          f"{', '.join(declared) or 'none'})")
     tag = tag_name(artifact, version)
     if git.run(root, "rev-parse", "--verify", "HEAD").returncode != 0:
         raise RarelmError(f"{root.resolve().name}: not a git repository with a commit to tag")
@@ -60,7 +80,7 @@ def release(version: str, artifact: str = "rarelm", root: str | Path = ".") -> s
         raise RarelmError(f"{', '.join(changed)} has uncommitted "
                           "changes: commit the model's hashes first, so the tag names this model")
     message = f"Registering artifact {artifact} version v{version.removeprefix('v')}"
-    result = git.run(root, "tag", "-a", tag, "-m", message)
+    result = git.run(root, "tag", "-a", "-m", message, "--", tag)
     if result.returncode != 0:
         raise RarelmError(f"git tag {tag} failed: {' '.join(result.stderr.split())[:200]}")
     return tag
