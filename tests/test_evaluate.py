@@ -265,7 +265,8 @@ def test_false_insertion_counts_terms_in_a_constructed_output():
     """A model that writes 一二三一二三... after 五 and 〇: the sampled text holds one term every 3 tokens."""
     model = ScriptedLM({0: 1, 5: 1, 1: 2, 2: 3, 3: 1}, V).eval()
     m = false_insertion(model, char_tokenizer(), TOKENS, OFFSETS, TERMS, text_occurrences=5, n_prompts=2,
-                           n_new=6, context_tokens=2, batch_size=2, eot_id=0, seed=0)
+                           n_new=6, context_tokens=2, batch_size=2, eot_id=0, seed=0,
+                        text_chars=sum(map(len, DOCS)))
     # prompts end before positions 1 and 8: after 一 the model writes 二三一二三一 (one 一二三), after 五
     # 一二三一二三 (two); the text there: 二三五六〇四 (三五, 五六) and 七一〇六六〇 (六六)
     assert m["n_false_insertion_tokens"] == 12
@@ -273,6 +274,13 @@ def test_false_insertion_counts_terms_in_a_constructed_output():
     assert m["false_insertion_human_per_1k"] == pytest.approx(3 / 12 * 1000)
     assert m["false_insertion_text_per_1k"] == pytest.approx(5 / 14 * 1000)  # 5 occurrences, 14 tokens
     assert m["false_insertion_rate"] == pytest.approx(0.7)
+    # per 1,000 characters: a character a token here, so 3 terms in 12 characters against 5 in the
+    # split's 11 characters (its 3 end-of-text tokens are no characters): 250 vs 454.5, rate 0.55
+    assert m["n_false_insertion_chars"] == 12
+    assert m["false_insertion_gen_per_1k_chars"] == pytest.approx(3 / 12 * 1000)
+    assert m["false_insertion_human_per_1k_chars"] == pytest.approx(3 / 12 * 1000)
+    assert m["false_insertion_text_per_1k_chars"] == pytest.approx(5 / 11 * 1000)
+    assert m["false_insertion_rate_chars"] == pytest.approx(11 / 20)
     assert count_terms(["the acute MI was", "subacute MI; acute MIs; acute MI"],
                           [Term("acute MI", 3), Term("was", 1)]) == 3
     none = false_insertion(model, char_tokenizer(), TOKENS, OFFSETS, TERMS, 5, n_prompts=0, n_new=6,

@@ -332,7 +332,8 @@ def test_bad_plans_are_one_line(tmp_path):
              ("screen_seeds: [1]\nfinal_seeds: [2, 1]\nconfigurations: {baseline: []}\n",
               "final_seeds repeat screening seed 1"),
              (seeds + "configurations: {baseline: []}\ninsertion_metric: ppl_rare\n",
-              "insertion_metric 'ppl_rare' is not one of false_insertion_rate, false_insertion_start_mass"),
+              "insertion_metric 'ppl_rare' is not one of false_insertion_rate, false_insertion_rate_chars, "
+              "false_insertion_start_mass"),
              (seeds + "configurations: {baseline: []}\ntie_metric: exact_match\n",
               "tie_metric 'exact_match' is not one of token_acc, completion_match"),
              (": [\n", "cannot read")]

@@ -1,7 +1,9 @@
 """False insertion: does the model write terms where the text has none?
 
 (a) `false_insertion`: sampled continuations (rarelm.evaluate.diversity.sampled_continuations);
-extracted terms per 1,000 tokens in them vs in the split's text (`false_insertion_rate`).
+extracted terms per 1,000 tokens in them vs in the split's text (`false_insertion_rate`), and per
+1,000 characters (`false_insertion_rate_chars`: a tokenizer that cuts text into more tokens would
+otherwise look as if it wrote fewer terms, so models of different tokenizers compare only here).
 (b) `term_start_mask` marks where term occurrences start, so that token scoring
 (rarelm.evaluate.token_scoring) measures the probability mass on term-start tokens elsewhere.
 """
@@ -36,7 +38,8 @@ def term_start_mask(per_term: list[list[term_search.Occurrence]], n_tokens: int)
 
 
 def insertion_rates(generated: list[str], human: list[str], n_generated: int, n_human: int,
-                    terms: list[term_search.Term], text_occurrences: int, text_tokens: int) -> dict:
+                    terms: list[term_search.Term], text_occurrences: int, text_tokens: int,
+                    text_chars: int = 0) -> dict:
     """False insertion (a): extracted terms per 1,000 tokens written by the model vs in the text.
 
     `false_insertion_gen_per_1k`: in the sampled continuations; `_human_per_1k`: in the text
@@ -44,22 +47,34 @@ def insertion_rates(generated: list[str], human: list[str], n_generated: int, n_
     over its tokens); `false_insertion_rate` = gen / text (1 = the model writes terms as often
     as the text has them; above 1 it inserts terms where the text has none). A worked example:
     3 terms in 1,000 sampled tokens, 300 occurrences in a 50,000-token split: 3 vs 6 per 1,000,
-    ratio 0.5.
+    ratio 0.5. The same per 1,000 characters (`_per_1k_chars`, `false_insertion_rate_chars`) when
+    `text_chars`, the split's characters, is given: the sampled texts' characters as decoded.
     """
-    gen = 1000.0 * count_terms(generated, terms) / n_generated
+    found_gen, found_human = count_terms(generated, terms), count_terms(human, terms)
+    gen = 1000.0 * found_gen / n_generated
     text = ratio(1000.0 * text_occurrences, text_tokens)
-    return {"false_insertion_gen_per_1k": gen,
-            "false_insertion_human_per_1k": 1000.0 * count_terms(human, terms) / n_human,
-            "false_insertion_text_per_1k": text,
-            "false_insertion_rate": None if not text else gen / text,
-            "n_false_insertion_tokens": n_generated}
+    out = {"false_insertion_gen_per_1k": gen,
+           "false_insertion_human_per_1k": 1000.0 * found_human / n_human,
+           "false_insertion_text_per_1k": text,
+           "false_insertion_rate": None if not text else gen / text,
+           "n_false_insertion_tokens": n_generated}
+    chars = sum(map(len, generated))
+    if text_chars and chars:
+        gen_chars, text_per_chars = 1000.0 * found_gen / chars, 1000.0 * text_occurrences / text_chars
+        out.update({"false_insertion_gen_per_1k_chars": gen_chars,
+                    "false_insertion_human_per_1k_chars": ratio(1000.0 * found_human, sum(map(len, human))),
+                    "false_insertion_text_per_1k_chars": text_per_chars,
+                    "false_insertion_rate_chars": gen_chars / text_per_chars if text_occurrences else None,
+                    "n_false_insertion_chars": chars})
+    return out
 
 
 def false_insertion(model, tokenizer, tokens: np.ndarray, offsets: np.ndarray,
                     terms: list[term_search.Term], text_occurrences: int, *, n_prompts: int, n_new: int,
                     context_tokens: int, batch_size: int, eot_id: int, seed: int,
-                    progress: Progress | None = None, logit_bias=None) -> dict:
-    """insertion_rates on `n_prompts` continuations of `n_new` sampled tokens (sampled_continuations)."""
+                    progress: Progress | None = None, logit_bias=None, text_chars: int = 0) -> dict:
+    """insertion_rates on `n_prompts` continuations of `n_new` sampled tokens (sampled_continuations);
+    `text_chars`: the split's characters (0: no per-character figures)."""
     sampled = sampled_continuations(model, tokens, offsets, n_prompts=n_prompts, n_new=n_new,
                                     context_tokens=context_tokens, batch_size=batch_size, eot_id=eot_id,
                                     seed=seed, progress=progress, logit_bias=logit_bias,
@@ -72,4 +87,4 @@ def false_insertion(model, tokenizer, tokens: np.ndarray, offsets: np.ndarray,
 
     gen, human = sampled
     return insertion_rates(texts(gen), texts(human), gen.size, human.size, terms, text_occurrences,
-                           len(tokens))
+                           len(tokens), text_chars)

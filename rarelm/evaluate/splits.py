@@ -73,7 +73,8 @@ def evaluate_split(model, tokenizer, data, documents: list[str], split: str, buc
     inserted = false_insertion(model, tokenizer, tokens, offsets, terms, found,
                                n_prompts=params.insertion_prompts, n_new=params.insertion_tokens,
                                context_tokens=context, batch_size=params.batch_size, eot_id=data.eot_id,
-                               seed=seed, progress=progress, logit_bias=bias)
+                               seed=seed, progress=progress, logit_bias=bias,
+                               text_chars=sum(map(len, documents)))
     lap("false insertion")
     metrics = {**stats.metrics(), **term_metrics(rows, len(terms), found), **div, **inserted}
     return SplitResult(metrics, stats.rows(), band_rows(rows), rows, seconds)

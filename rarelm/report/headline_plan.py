@@ -28,9 +28,11 @@ TIE_METRICS = {"token_acc": "term-token accuracy",
 TABLE_METRICS = (RANK_METRIC, TIE_METRIC, "nll", "completion_match", "exact_match", "exact_match_ci")
 # the false-insertion figures a plan's guard can use (eval.json), with their name in the tables:
 # terms in sampled text per 1,000 tokens over the text's own rate (counts: coarse when the baseline
-# makes one or two), or the teacher-forced mass on term-start tokens where no term starts (a mean
-# over every scored position)
+# makes one or two), the same per 1,000 characters (tokenizer-invariant: models of different
+# tokenizers, or terms as tokens, compare), or the teacher-forced mass on term-start tokens where no
+# term starts (a mean over every scored position)
 INSERTION_METRICS = {"false_insertion_rate": "false insertion",
+                     "false_insertion_rate_chars": "false insertion per character",
                      "false_insertion_start_mass": "term-start mass off terms"}
 
 
