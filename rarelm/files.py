@@ -165,6 +165,24 @@ def remove_stale_siblings(path: Path) -> list[Path]:
     return removed
 
 
+def remove_stale_folders(parent: Path, prefix: str) -> list[Path]:
+    """Remove the folders `<prefix><pid>-*` of this user under `parent` whose process is gone (a
+    launcher killed with SIGKILL left its temporary folder, e.g. /tmp/rarelm-train-errors-<pid>-x);
+    those of running processes, links and others' folders stay. Returns what was removed."""
+    removed = []
+    for folder in parent.glob(f"{prefix}*"):
+        pid = folder.name[len(prefix):].split("-", 1)[0]
+        try:
+            mine = folder.lstat().st_uid == os.getuid()
+        except OSError:
+            continue
+        if not pid.isdigit() or not mine or folder.is_symlink() or not folder.is_dir() or _running(int(pid)):
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
+    return removed
+
+
 def _running(pid: int) -> bool:
     if pid == os.getpid():
         return True

@@ -25,10 +25,12 @@ import typer
 
 from rarelm import paths
 from rarelm.errors import ERROR_DIR_ENV, error_line, first_worker_error, leave_for_launcher, user_errors
+from rarelm.files import remove_stale_folders
 from rarelm.params import load_params
 
 app = typer.Typer(add_completion=False, help=__doc__)
 EVERY_RANK_WAIT_S = 120  # at most: rank 0 exits within seconds of the others
+ERRORS_PREFIX = "rarelm-train-errors-"  # the launcher's folder for its workers' error lines: <prefix><pid>-*
 
 
 def _launch(nproc: int, max_restarts: int, argv: list[str]) -> int:
@@ -57,7 +59,10 @@ def _launch(nproc: int, max_restarts: int, argv: list[str]) -> int:
          "-m", "stages.train", *argv])
     # The workers leave their one-line errors here and this launcher prints the first rank's:
     # torchrun stops all workers once one fails, often before rank 0 has printed anything.
-    with tempfile.TemporaryDirectory(prefix="rarelm-train-errors-") as folder:
+    # Named by this launcher's pid: a launcher killed with SIGKILL cannot remove its folder; the
+    # next one removes those whose launcher is gone.
+    remove_stale_folders(Path(tempfile.gettempdir()), ERRORS_PREFIX)
+    with tempfile.TemporaryDirectory(prefix=f"{ERRORS_PREFIX}{os.getpid()}-") as folder:
         os.environ[ERROR_DIR_ENV] = folder
         try:
             run(args)

@@ -149,3 +149,23 @@ def test_an_input_that_leads_out_of_the_repository_is_read_with_one_warning(tmp_
     monkeypatch.setenv("DVC_ROOT", str(tmp_path))  # a queued copy under the workspace's .dvc/tmp/exps
     read_input("corpus.reference_glossary", "../outside.txt")
     assert capsys.readouterr().err == ""
+
+
+def test_stale_folders_of_gone_processes_are_removed_and_others_kept(tmp_path):
+    """A launcher killed with SIGKILL leaves /tmp/rarelm-train-errors-<pid>-*; the next removes it."""
+    import subprocess
+
+    from rarelm.files import remove_stale_folders
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # its pid names no process now (reaped)
+    (tmp_path / f"rarelm-train-errors-{gone.pid}-abc").mkdir()
+    (tmp_path / f"rarelm-train-errors-{gone.pid}-abc" / "rank-1").write_text("a line\n")
+    (tmp_path / f"rarelm-train-errors-{os.getpid()}-def").mkdir()  # a running launcher's
+    (tmp_path / "rarelm-train-errors-old").mkdir()  # no pid in its name: whose, unknown
+    (tmp_path / f"rarelm-train-errors-{gone.pid}-link").symlink_to(tmp_path / "rarelm-train-errors-old")
+    assert remove_stale_folders(tmp_path, "rarelm-train-errors-") == [
+        tmp_path / f"rarelm-train-errors-{gone.pid}-abc"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([
+        f"rarelm-train-errors-{os.getpid()}-def", "rarelm-train-errors-old",
+        f"rarelm-train-errors-{gone.pid}-link"])

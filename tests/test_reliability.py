@@ -1317,6 +1317,35 @@ def test_stage_outputs_change_together_or_not_at_all(upto_weights, tmp_path, nam
             assert tree_digest(path) != {f: d for f, d in before.items() if f.startswith(str(path))}, path
 
 
+def test_a_launcher_killed_with_sigkill_leaves_a_folder_the_next_one_removes(upto_weights, tmp_path):
+    """After `kill -9` of a training (launcher and workers), its empty /tmp/rarelm-train-errors-*
+    folder stayed for good. Its name now carries the launcher's pid, and the next launcher
+    removes the folders of launchers that are gone (rarelm/files.py `remove_stale_folders`)."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    params = yaml.safe_load((upto_weights / "params.yaml").read_text())
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    set_params(tmp_path, **{"train.nproc": 2, "train.max_steps": 2})
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "TMPDIR": str(temp),
+           "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'm.db'}"}
+    args = [sys.executable, "-m", "stages.train", "--params", str(tmp_path / "params.yaml"), "--cache",
+            str(tmp_path / "cache"), "--out", str(tmp_path / "model"), "--metrics",
+            str(tmp_path / "train.json"), "--plots", str(tmp_path / "train.csv"), "--no-progress"]
+    proc = subprocess.Popen(args, cwd=upto_weights, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        while not list(temp.glob("rarelm-train-errors-*")):  # the launcher is at torchrun
+            assert proc.poll() is None, "the training ended before its launcher made its folder"
+            time.sleep(0.1)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert len(list(temp.glob("rarelm-train-errors-*"))) == 1  # SIGKILL: nobody could remove it
+    result = subprocess.run(args, cwd=upto_weights, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert list(temp.glob("rarelm-train-errors-*")) == []  # (torchelastic_* folders are torch's)
+
+
 def test_a_batch_size_that_cannot_fit_is_one_line_before_allocating(upto_weights, tmp_path):
     """`train.batch_size: 1000000000`: was validated, then 96 s and 16 GB of resident memory
     before the MemoryError's line. Now the launcher refuses it from the batch, the window and the
