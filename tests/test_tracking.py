@@ -205,6 +205,33 @@ def test_resuming_continues_the_run_or_starts_a_new_one_if_it_is_gone(store, mon
     fresh.finish()
 
 
+def test_a_resumed_run_logs_each_step_once(store, monkeypatch):
+    """Issue 56: after a resume, step 16 was logged twice to MLflow. The training resumes at its last
+    checkpoint (step 15 here) and repeats the curve rows after it; the resumed run now logs no
+    metric at a step it already holds (the first values stay), and every later step as before."""
+    import mlflow
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    params = Params(tracking=TrackingParams(system_metrics=False))
+    first = start_run(params, stage="train")
+    for step in (4, 8, 12, 16):
+        first.log_metrics({"train/loss": 10.0 - step / 4, "train/tokens_per_s": 1000.0}, step=step)
+    # killed: the run stays RUNNING, the last checkpoint is at step 15
+    resumed = start_run(params, stage="train", run_id=first.run_id)
+    for step in (16, 20):
+        resumed.log_metrics({"train/loss": 10.0 - step / 4, "train/tokens_per_s": 2000.0}, step=step)
+    resumed.log_metrics({"summary/loss": 5.0}, step=20)
+    resumed.finish()
+    client = mlflow.MlflowClient(store)
+    history = {key: [(m.step, m.value) for m in sorted(client.get_metric_history(first.run_id, key),
+                                                       key=lambda m: m.step)]
+               for key in ("train/loss", "train/tokens_per_s", "summary/loss")}
+    assert history == {"train/loss": [(4, 9.0), (8, 8.0), (12, 7.0), (16, 6.0), (20, 5.0)],
+                       "train/tokens_per_s": [(4, 1000.0), (8, 1000.0), (12, 1000.0), (16, 1000.0),
+                                              (20, 2000.0)],
+                       "summary/loss": [(20, 5.0)]}
+
+
 def test_unreachable_store_is_one_warning_and_an_inert_run(monkeypatch, capsys, tmp_path):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")  # nothing listens there
     t0 = time.monotonic()

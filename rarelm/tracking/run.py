@@ -59,6 +59,9 @@ class Run:
         self._monitor = None
         self._thread = None  # connecting in the background (start_run(background=True))
         self._ended = False  # finish() ran
+        # a training resumed: the last step each metric was logged at before the crash; steps up to
+        # it are not logged again (it resumes at its last checkpoint and repeats the rows after it)
+        self._logged_through: dict[str, int] = {}
 
     def _join(self) -> None:
         if self._thread is not None and self._thread is not threading.current_thread():
@@ -95,8 +98,13 @@ class Run:
               file=sys.stderr, flush=True)
 
     def _connect(self, params_flat: dict[str, Any] | None, tags: dict[str, str],
-                 resume: bool, inputs: tuple[tuple[list, str], ...] = ()) -> None:
-        """Open the store, resume or create the run, log params and tags; raises if the store fails."""
+                 resume: bool, inputs: tuple[tuple[list, str], ...] = (), repeats: bool = False) -> None:
+        """Open the store, resume or create the run, log params and tags; raises if the store fails.
+
+        `repeats`: the resumed run repeats steps it logged before (a training resumed at its last
+        checkpoint): a metric is not logged again at a step up to its last logged one. (An
+        evaluation logging into the training run may log its keys again: the newest value shows.)
+        """
         set_http_defaults()
         import mlflow  # ~2 s: only once a run connects (a stage's --help and param checks stay fast)
         from mlflow.entities import Param, RunTag
@@ -111,6 +119,10 @@ class Run:
         client = mlflow.MlflowClient(self.tracking_uri)
         if resume:
             client.update_run(self.run_id, status="RUNNING")
+            if repeats:
+                self._logged_through = {
+                    key: max(m.step for m in client.get_metric_history(self.run_id, key))
+                    for key in client.get_run(self.run_id).data.metrics if not key.startswith("system/")}
         else:
             experiment_id = ensure_experiment(client, self.experiment, self.tracking_uri)
             run = client.create_run(experiment_id, run_name=tags.get("mlflow.runName") or None)
@@ -144,7 +156,10 @@ class Run:
             for key, value in metrics.items():
                 if key.startswith(("train/", "val/")):
                     self._tensorboard.add_scalar(key, value, step)
-        if not self.active or not metrics:
+        if not self.active:
+            return
+        metrics = {k: v for k, v in metrics.items() if (step or 0) > self._logged_through.get(k, -1)}
+        if not metrics:
             return
         from mlflow.entities import Metric  # mlflow stays out of module import (~2 s); loaded by now
 
@@ -287,7 +302,8 @@ def start_run(params, stage: str, run_id: str | None = None, background: bool = 
 
     def connect() -> None:
         try:
-            run._connect(params.flat(), dict(tags), resume=run_id is not None, inputs=datasets)
+            run._connect(params.flat(), dict(tags), resume=run_id is not None, inputs=datasets,
+                         repeats=run_id is not None)
             return
         except Exception as exc:  # unreachable store, bad URI, read-only file, run deleted...
             error = exc
