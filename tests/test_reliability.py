@@ -1346,6 +1346,31 @@ def test_a_launcher_killed_with_sigkill_leaves_a_folder_the_next_one_removes(upt
     assert list(temp.glob("rarelm-train-errors-*")) == []  # (torchelastic_* folders are torch's)
 
 
+def test_prepare_with_an_unwritable_metrics_folder_keeps_the_previous_split(upto_weights, tmp_path):
+    """Issue 56 row 2 as found: `metrics/` not writable (a read-only bind mount there; here its
+    mode, or the immutable attribute for root), then prepare on another split. Was: exit 2, but
+    data/prepared replaced, and the line named the temporary file. Now the line names
+    metrics/prepare.json and the cause, and data/prepared is the previous split."""
+    prepared, metrics = tmp_path / "prepared", tmp_path / "metrics" / "prepare.json"
+    shutil.copytree(upto_weights / "data/prepared", prepared)
+    metrics.parent.mkdir()
+    shutil.copy2(upto_weights / "metrics/prepare.json", metrics)
+    before = tree_digest(prepared, metrics)
+    params = yaml.safe_load((upto_weights / "params.yaml").read_text())
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    set_params(tmp_path, **{"corpus.split_seed": 7})
+    with unwritable(metrics.parent):
+        result = stage("prepare", upto_weights, "--params", str(tmp_path / "params.yaml"), "--out",
+                       str(prepared), "--metrics", str(metrics))
+    cause = ("Operation not permitted (give your user access to it (ls -ld; lsattr for the immutable "
+             "attribute))" if os.geteuid() == 0 else
+             "Permission denied (give your user access to it (ls -ld; chmod/chown) or use another folder)")
+    assert result.stderr.strip() == f"rarelm prepare: error: {metrics}: {cause}"
+    assert result.returncode == 2
+    assert tree_digest(prepared, metrics) == before
+    assert leftovers(tmp_path) == [] and leftovers(metrics.parent) == []
+
+
 def test_a_batch_size_that_cannot_fit_is_one_line_before_allocating(upto_weights, tmp_path):
     """`train.batch_size: 1000000000`: was validated, then 96 s and 16 GB of resident memory
     before the MemoryError's line. Now the launcher refuses it from the batch, the window and the
