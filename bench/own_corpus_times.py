@@ -21,22 +21,20 @@ import sys
 import time
 from pathlib import Path
 
-from ruamel.yaml import YAML
+import yaml
+
+from rarelm.params import read_yaml
+from rarelm.report.plan_runner import with_overrides
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def write_params(path: Path, overrides: list[str]) -> None:
-    yaml = YAML()
-    data = yaml.load((REPO / "params.yaml").read_text(encoding="utf-8"))
-    for item in ["tracking.required=false", "tracking.log_model=false", *overrides]:
-        key, value = item.split("=", 1)
-        node = data
-        for part in key.split(".")[:-1]:
-            node = node[part]
-        node[key.split(".")[-1]] = yaml.load(value) if value else ""
-    with open(path, "w", encoding="utf-8") as f:
-        yaml.dump(data, f)
+    """params.yaml with `key=value` overrides, read as DVC reads -S values (`key=` is the empty string)."""
+    params = read_yaml((REPO / "params.yaml").read_text(encoding="utf-8"), REPO / "params.yaml")
+    overrides = [o if not o.endswith("=") else f'{o}""' for o in overrides]
+    data = with_overrides(params, ["tracking.required=false", "tracking.log_model=false", *overrides])
+    path.write_text(yaml.safe_dump(data, sort_keys=False, allow_unicode=True), encoding="utf-8")
 
 
 def main(out: Path, overrides: list[str]) -> None:
