@@ -17,7 +17,6 @@ stages themselves, so `rarelm <stage>` outside DVC says the same line, later.
 
 from __future__ import annotations
 
-from pathlib import Path
 from types import SimpleNamespace
 
 from rarelm.errors import RarelmError
@@ -45,9 +44,10 @@ def check_inputs(params: Params) -> int:
         read_glossary(params.rare.glossary)
     if params.eval.general_text:
         read_documents(params.eval.general_text)
-    if params.train.replay_share and not Path(params.train.replay_text).is_file():
-        raise RarelmError(f"params: train.replay_text = {params.train.replay_text!r}: no such file (a "
-                          "UTF-8 text file, one document a line; e.g. data/general/en.replay.txt)")
+    if params.train.replay_share:
+        from rarelm.train.replay import replay_documents
+
+        replay_documents(params.train.replay_text)  # as train reads it: a FIFO or device is refused
     return len(files)
 
 

@@ -56,6 +56,8 @@ def test_a_pretrained_model_passes_with_its_own_tokenizer(work, monkeypatch):
     ({"eval.general_text": "data/missing.txt"}, "eval.general_text = 'data/missing.txt': no such file"),
     ({"train.replay_share": 0.25, "train.replay_text": "data/missing.txt"},
      "train.replay_text = 'data/missing.txt': no such file"),
+    ({"train.replay_share": 0.25, "train.replay_text": "/dev/zero"},
+     "train.replay_text: /dev/zero is a character device, not a file"),
     ({"model.name_or_path": str(BASE)},
      "tokenizer.name_or_path = '' is not allowed with model.name_or_path"),
     ({"model.name_or_path": "rarelm-test/not-cached", "tokenizer.name_or_path": "rarelm-test/not-cached"},
@@ -68,7 +70,8 @@ def test_a_pretrained_model_passes_with_its_own_tokenizer(work, monkeypatch):
      "eval.block_size = 256 is not allowed (must be <= the model's context length 128)"),
     ({"train.strategy": "fsdp", "train.nproc": 1}, "train.strategy = 'fsdp' is not allowed with 1 process"),
     ({"train.batch_size": 10**9}, "train.batch_size = 1000000000 does not fit"),
-], ids=["corpus", "reference-glossary", "glossary", "general-text", "replay-text", "model-without-tokenizer",
+], ids=["corpus", "reference-glossary", "glossary", "general-text", "replay-text", "replay-device",
+        "model-without-tokenizer",
         "hub-id-not-cached", "model-block-size", "eval-block-size-pretrained", "eval-block-size", "fsdp",
         "batch"])
 def test_what_a_later_stage_would_refuse_is_refused_by_the_check(work, monkeypatch, tmp_path, overrides,
