@@ -34,6 +34,7 @@ def check(params: Params) -> str:
 def check_inputs(params: Params) -> int:
     """The corpus (its files' count) and every other file params name: glossaries, general text."""
     from rarelm.evaluate.general_text import read_documents
+    from rarelm.files import read_input
     from rarelm.prepare.corpus import corpus_files
     from rarelm.rare_terms.glossary import read_glossary, read_reference
 
@@ -45,9 +46,12 @@ def check_inputs(params: Params) -> int:
     if params.eval.general_text:
         read_documents(params.eval.general_text)
     if params.train.replay_share:
-        from rarelm.train.replay import replay_documents
-
-        replay_documents(params.train.replay_text)  # as train reads it: a FIFO or device is refused
+        try:  # with the input guards, as train reads it: a FIFO or a device is called what it is
+            read_input("train.replay_text", params.train.replay_text)
+        except FileNotFoundError:
+            raise RarelmError(f"params: train.replay_text = {params.train.replay_text!r}: no such file "
+                              "(a UTF-8 text file, one document a line; e.g. data/general/en.replay.txt)"
+                              ) from None
     return len(files)
 
 

@@ -59,25 +59,19 @@ def replay_seed(seed: int) -> int:
     return int(np.random.SeedSequence([seed, _REPLAY_KEY]).generate_state(1, np.uint32)[0])
 
 
-def replay_documents(path: str | Path) -> list[str]:
-    """The replay text's documents, a non-empty line each, read with the input guards
-    (rarelm.files.read_input); a missing, non-UTF-8 or irregular file is a RarelmError."""
+def replay_tokens(path: str | Path, tokenizer, eot_id: int, block_size: int) -> np.ndarray:
+    """The replay text's tokens (int64): each non-empty line a document, followed by `eot_id`, as the
+    tokenize stage lays out a split. A missing, non-UTF-8 or too short file is a RarelmError."""
+    path = Path(path)
     what = f"params: train.replay_text = {str(path)!r}"
     try:
-        return [line for line in read_input("train.replay_text", path).decode("utf-8").splitlines()
-                if line.strip()]
+        documents = [line for line in read_input("train.replay_text", path).decode("utf-8").splitlines()
+                     if line.strip()]
     except FileNotFoundError:
         raise RarelmError(f"{what}: no such file (a UTF-8 text file, one document a line; "
                           "e.g. data/general/en.replay.txt)") from None
     except UnicodeDecodeError as exc:
         raise RarelmError(f"{what}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-
-
-def replay_tokens(path: str | Path, tokenizer, eot_id: int, block_size: int) -> np.ndarray:
-    """The replay text's tokens (int64): each non-empty line a document, followed by `eot_id`, as the
-    tokenize stage lays out a split. A missing, non-UTF-8 or too short file is a RarelmError."""
-    what = f"params: train.replay_text = {str(path)!r}"
-    documents = replay_documents(path)
     ids: list[int] = []
     for encoding in tokenizer.encode_batch(documents, add_special_tokens=False):
         ids.extend(encoding.ids)
