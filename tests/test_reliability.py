@@ -742,60 +742,91 @@ def test_sigterm_to_dvc_repro_ends_the_running_stage_too(dag, tmp_path):
 
 SLOW_STAGE = """
 import os, sys, time, yaml
-if not os.path.exists(sys.argv[1]):  # the first run waits to be killed; the next one finishes
-    open(sys.argv[1], "w").write("started")
-    time.sleep(600)
+runs = int(open(sys.argv[1]).read()) if os.path.exists(sys.argv[1]) else 0
+open(sys.argv[1], "w").write(str(runs + 1))
+while os.path.exists(sys.argv[2]):  # held: waits to be killed
+    time.sleep(0.2)
 open("out.txt", "w").write(str(yaml.safe_load(open("params.yaml"))["x"]))
 """
 
 
 def test_a_queue_worker_killed_mid_experiment_is_noticed_and_its_experiment_runs_again(tmp_path, monkeypatch):
-    """A session's end (or a reboot) kills the `dvc queue` worker mid-experiment: DVC then shows the
-    experiment "Running" for ever with no worker, and a new worker never takes it up. The waiting
-    `rarelm headline` says so in one line; run again, it marks it failed, queues it anew and ends."""
+    """A queue worker that dies mid-experiment (a session's end, a reboot; on a busy machine DVC's
+    own idle monitor stopped it with the last experiment just taken) leaves the experiment "Running"
+    for ever, and a new worker never takes it up. The waiting `rarelm headline` marks it failed,
+    queues it again and starts a worker; lost twice, it says so in one line, and run again, it
+    marks it failed, queues it anew and ends."""
     import threading
 
     from rarelm.errors import RarelmError
     from rarelm.report.dvc_queue import existing, queue_state, run_batch
 
-    root, started = tmp_path / "repo", tmp_path / "started"
+    root, runs, hold = tmp_path / "repo", tmp_path / "runs", tmp_path / "hold"
     root.mkdir()
     run(["git", "init", "-q"], root, check=True)
     run(["dvc", "init", "-q"], root, check=True)
     (root / "stage.py").write_text(SLOW_STAGE)
     (root / "params.yaml").write_text("x: 1\n")
-    (root / "dvc.yaml").write_text(f"stages:\n  s:\n    cmd: python stage.py {started}\n"
+    (root / "dvc.yaml").write_text(f"stages:\n  s:\n    cmd: python stage.py {runs} {hold}\n"
                                    "    deps: [stage.py]\n    params: [x]\n    outs: [out.txt]\n")
     (root / ".gitignore").write_text("/out.txt\n")
     run(["git", "add", "-A"], root, check=True)
     run(["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "init"], root, check=True)
-    batch, log, errors = [("e1", ["x=2"])], [], []
     monkeypatch.setenv("PATH", f"{BIN}{os.pathsep}{os.environ['PATH']}")  # the worker's dvc: the venv's
-    waiting = threading.Thread(target=lambda: _catch(errors, run_batch, root, batch, log.append, 1))
-    waiting.start()
-    for _ in range(120):
-        if started.exists():
+
+    def kill_worker_at_run(n: int) -> None:
+        """Wait for the stage's n-th run, then kill the queue's worker and the experiment it runs."""
+        for _ in range(240):
+            if runs.exists() and runs.read_text() == str(n):
+                break
+            time.sleep(0.5)
+        assert runs.exists() and runs.read_text() == str(n), (log, errors)
+        roles = ("queue-worker", "exec-run", "stage.py")
+        doomed = [p for p in psutil.process_iter(["cwd", "cmdline"])
+                  if str(p.info["cwd"] or "").startswith(str(root))
+                  and any(role in " ".join(p.info["cmdline"] or []) for role in roles)]
+        assert len(doomed) >= 3, doomed
+        for p in doomed:
+            p.kill()
+
+    def waiting_run(batch) -> threading.Thread:
+        thread = threading.Thread(target=lambda: _catch(errors, run_batch, root, batch, log.append, 1))
+        thread.start()
+        return thread
+
+    # killed once: the wait queues it again itself, and it ends
+    log, errors = [], []
+    hold.touch()
+    waiting = waiting_run([("e1", ["x=2"])])
+    kill_worker_at_run(1)
+    for _ in range(240):  # the stage runs again: the experiment was queued anew, a worker took it
+        if runs.read_text() == "2":
             break
         time.sleep(0.5)
-    assert started.exists(), log
-    # what the end of a session does: the queue's worker and the experiment it runs die at once
-    roles = ("queue-worker", "exec-run", "stage.py")
-    doomed = [p for p in psutil.process_iter(["cwd", "cmdline"])
-              if str(p.info["cwd"] or "").startswith(str(root))
-              and any(role in " ".join(p.info["cmdline"] or []) for role in roles)]
-    assert len(doomed) >= 3, doomed
-    for p in doomed:
-        p.kill()
-    waiting.join(timeout=120)
-    assert not waiting.is_alive()
-    assert [type(e) for e in errors] == [RarelmError] and "worker died running e1" in str(errors[0])
-    assert queue_state(root) == ({"e1"}, {"e1"}) and "e1" not in existing(root)
-
-    assert run_batch(root, batch, log.append, poll=1) == 1
+    hold.unlink()
+    waiting.join(timeout=180)
+    assert not waiting.is_alive() and not errors, (log, errors)
     assert "e1 was left running by a worker that died: marked failed, queued again" in log
+    assert "the queue's worker ended with experiments left: a new worker starts" in log
     assert "e1" in existing(root) and queue_state(root) == (set(), set())
+
+    # killed twice: one line; run again, it marks it failed, queues it anew and ends
+    log, errors = [], []
+    hold.touch()
+    waiting = waiting_run([("e2", ["x=3"])])
+    kill_worker_at_run(3)
+    kill_worker_at_run(4)
+    waiting.join(timeout=180)
+    assert not waiting.is_alive()
+    assert [type(e) for e in errors] == [RarelmError] and "worker died running e2 twice" in str(errors[0])
+    assert queue_state(root) == ({"e2"}, {"e2"}) and "e2" not in existing(root)
+    hold.unlink()
+    log = []
+    assert run_batch(root, [("e2", ["x=3"])], log.append, poll=1) == 1
+    assert "e2 was left running by a worker that died: marked failed, queued again" in log
+    assert "e2" in existing(root) and queue_state(root) == (set(), set())
     shown = run(["dvc", "exp", "show", "--no-pager", "--csv"], root, check=True).stdout
-    assert "e1" in shown and "Failed" in shown and "Success" in shown
+    assert "e2" in shown and "Failed" in shown and "Success" in shown
 
 
 FLAVOURED = """

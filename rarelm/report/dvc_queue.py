@@ -7,7 +7,16 @@ worker is alive (its worker was killed with the session or the machine: DVC keep
 ever, and a new worker never takes it up) is marked failed (`dvc queue kill`) and queued again.
 Dead means both: `dvc queue status` counts no worker, active or idle (a worker between two tasks
 counts as idle, and celery's answer to that question can time out on a busy machine, so alone the
-count is no proof), and no `dvc exp queue-worker` process runs in the repo.
+count is no proof), and no `dvc exp queue-worker` process (nor the `dvc queue start` that spawns
+and waits on it) runs in the repo.
+
+A worker can also die while this command waits: on a busy machine DVC's own idle monitor
+(dvc_task's TemporaryWorker asks the worker what it runs, gives it one second to answer, and stops
+it when no answer comes and nothing is queued) stopped the worker with the batch's last experiment
+just taken, which then stayed "Running" with no worker (`make test` beside a second one). The
+wait then marks such an experiment failed, queues it again and starts a new worker, once per
+experiment: lost a second time, it is reported. Experiments left queued with no worker get a new
+worker too.
 
 Finished means the experiment's own record: its exp ref (`existing`), never only its absence from
 the queue. `dvc queue status` lists the running tasks before the queued ones, so a task the worker
@@ -45,11 +54,13 @@ def existing(repo: Path) -> set[str]:
 
 
 def worker_alive(repo: Path) -> bool:
-    """Whether a `dvc exp queue-worker` process runs in the repo."""
+    """Whether a `dvc exp queue-worker` process runs in the repo, or a `dvc queue start` (and the
+    process it forks to spawn the worker and wait on it: the worker appears seconds after)."""
     root = repo.resolve()
     for p in psutil.process_iter(["cmdline", "cwd"]):
-        cwd = Path(p.info["cwd"] or "/")
-        if "queue-worker" in (p.info["cmdline"] or []) and (cwd == root or root in cwd.parents):
+        cwd, cmdline = Path(p.info["cwd"] or "/"), p.info["cmdline"] or []
+        starting = "queue" in cmdline and "start" in cmdline and "dvc" in " ".join(cmdline)
+        if ("queue-worker" in cmdline or starting) and (cwd == root or root in cwd.parents):
             return True
     return False
 
@@ -75,10 +86,16 @@ def parse_status(text: str) -> tuple[dict[str, set[str]], int]:
 def queue_state(repo: Path) -> tuple[set[str], set[str]]:
     """One `dvc queue status`: the names queued or running, and those of them shown running while
     no worker is counted or alive (their worker died mid-run)."""
+    pending, lost, _ = _queue_view(repo)
+    return pending, lost
+
+
+def _queue_view(repo: Path) -> tuple[set[str], set[str], bool]:
+    """queue_state's two sets, and whether no worker is counted or alive."""
     by_status, workers = parse_status(_dvc(["queue", "status"], repo))
     running = by_status.get("Running", set())
-    lost = set() if not running or workers or worker_alive(repo) else running
-    return by_status.get("Queued", set()) | running, lost
+    dead = not workers and not worker_alive(repo)
+    return by_status.get("Queued", set()) | running, running if dead else set(), dead
 
 
 def cache_committed_inputs(repo: Path, log: Callable[[str], None]) -> None:
@@ -130,8 +147,7 @@ def run_batch(repo: Path, batch: list[tuple[str, list[str]]], log: Callable[[str
         return 0
     pending, lost = queue_state(repo)
     for name in sorted(lost & {name for name, _ in batch}):
-        log(f"{name} was left running by a worker that died: marked failed, queued again")
-        _dvc(["queue", "kill", name], repo)
+        _kill_lost(repo, name, log)
         pending.discard(name)
     finished_before = existing(repo)
     _hand_over(repo, {name for name, _ in batch} & finished_before, set(), finished)
@@ -142,26 +158,30 @@ def run_batch(repo: Path, batch: list[tuple[str, list[str]]], log: Callable[[str
     for name, sets in todo:
         if name in pending:
             continue
-        log(f"queue {name}: {' '.join(sets)}")
-        _dvc(["exp", "run", "--queue", "-q", "-n", name, *[x for s in sets for x in ("-S", s)]], repo)
+        _queue(repo, name, sets, log)
     if not todo:
         return 0
-    # `dvc queue start` spawns a detached worker (none if one runs) and returns: its end says nothing
-    worker = subprocess.Popen([sys.executable, "-m", "dvc", "queue", "start", "-j", "1"], cwd=repo,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    names, handed, suspects = {name for name, _ in todo}, set(), set()
+    workers = [_start_worker(repo)]
+    names, handed, suspects, requeued = {name for name, _ in todo}, set(), set(), set()
     t0, shown, first = time.time(), None, None  # first: (time, waiting) at the first finish seen
     while True:
         time.sleep(poll)
-        pending, lost = queue_state(repo)
+        pending, lost, dead = _queue_view(repo)
         # the record after the queue: one that finishes in between is seen finished, not missing
         waiting, _, suspects = settle(names, pending, existing(repo), suspects)
         lost = waiting & lost
         if not waiting:
             break
-        if lost:
-            raise RarelmError(f"the queue's worker died running {', '.join(sorted(lost))} "
-                              "(run the command again: it queues it anew)")
+        if lost & requeued:
+            raise RarelmError(f"the queue's worker died running {', '.join(sorted(lost & requeued))} "
+                              "twice (run the command again: it queues it anew)")
+        if dead and waiting & pending and workers[-1].poll() is not None:
+            for name in sorted(lost):
+                _kill_lost(repo, name, log)
+                _queue(repo, name, dict(todo)[name], log)
+            requeued |= lost
+            log("the queue's worker ended with experiments left: a new worker starts")
+            workers.append(_start_worker(repo))
         if len(waiting) != shown:  # a line when one finishes, not every poll
             handed = _hand_over(repo, names - waiting, handed, finished)
             now = time.time()
@@ -171,12 +191,30 @@ def run_batch(repo: Path, batch: list[tuple[str, list[str]]], log: Callable[[str
             each = (now - first[0]) / (first[1] - len(waiting)) if first and first[1] > len(waiting) else None
             shown = len(waiting)
             log(progress(now - t0, shown, len(todo), each))
-    worker.wait()  # `dvc queue start` spawned a detached worker and returned: only reaped here
+    for worker in workers:
+        worker.wait()  # `dvc queue start` spawned a detached worker and returned: only reaped here
     _hand_over(repo, names, handed, finished)
     failed = sorted(names - existing(repo))
     if failed:
         raise RarelmError(f"experiments failed: {', '.join(failed)} (see `dvc queue logs NAME`)")
     return len(todo)
+
+
+def _queue(repo: Path, name: str, sets: list[str], log: Callable[[str], None]) -> None:
+    log(f"queue {name}: {' '.join(sets)}")
+    _dvc(["exp", "run", "--queue", "-q", "-n", name, *[x for s in sets for x in ("-S", s)]], repo)
+
+
+def _kill_lost(repo: Path, name: str, log: Callable[[str], None]) -> None:
+    log(f"{name} was left running by a worker that died: marked failed, queued again")
+    _dvc(["queue", "kill", name], repo)
+
+
+def _start_worker(repo: Path) -> subprocess.Popen:
+    """`dvc queue start -j 1`: it spawns a detached worker (none if one runs) and returns, so its end
+    says nothing of the experiments."""
+    return subprocess.Popen([sys.executable, "-m", "dvc", "queue", "start", "-j", "1"], cwd=repo,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def settle(names: set[str], pending: set[str], finished: set[str],
