@@ -12,8 +12,8 @@ and waits on it) runs in the repo.
 
 A worker can also die while this command waits: on a busy machine DVC's own idle monitor
 (dvc_task's TemporaryWorker asks the worker what it runs, gives it one second to answer, and stops
-it when no answer comes and nothing is queued) stopped the worker with the batch's last experiment
-just taken, which then stayed "Running" with no worker (`make test` beside a second one). The
+it when no answer comes and nothing is queued) can stop the worker with the batch's last experiment
+just taken, which then stays "Running" with no worker (seen once, `make test` beside a second one). The
 wait then marks such an experiment failed, queues it again and starts a new worker, once per
 experiment: lost a second time, it is reported. Experiments left queued with no worker get a new
 worker too.
