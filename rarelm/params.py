@@ -270,6 +270,9 @@ class EvalParams:
     # general text held out from the base model's pretraining (data/general/<lang>.txt, one document
     # a line) scored as `ppl_general`, the forgetting guard; "" = off
     general_text: str = ""
+    # term-trie constrained decoding (rarelm/evaluate/term_trie.py): once the text ends inside a term,
+    # generation continues it; generation metrics only, teacher-forced scores unchanged
+    term_trie: bool = False
 
     def __post_init__(self) -> None:
         allowed = ("train", "val", "test")

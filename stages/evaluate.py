@@ -87,8 +87,8 @@ def evaluate(
             # the training run's params are fixed at training time: the tau behind these metrics goes too
             mixed = {f"knn_{k}": v for k, v in vars(params.knn).items() if isinstance(v, (int, float))} \
                 if knn_active(params.knn) else {}  # the kNN settings behind these metrics; off: as before
-            log_eval_metrics(run, {**out, "logit_adjust_tau": tau, **mixed},
-                             inputs=[prepared, tokenized, rare])
+            settings = {"logit_adjust_tau": tau, "term_trie": params.eval.term_trie}
+            log_eval_metrics(run, {**out, **settings, **mixed}, inputs=[prepared, tokenized, rare])
             headline = summary_file(out, params.eval.splits, _train_figures(model_dir, train_metrics))
             with outputs_together():  # every output changes, or none does
                 bucket_csv, band_csv = _write_plots(results[params.eval.splits[0]], plots)

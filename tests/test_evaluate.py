@@ -185,6 +185,38 @@ def test_completion_match_given_the_first_token_and_strata():
     assert m["term_ppl_seen_16_up"] is None and m["term_exact_match_seen_16_up"] is None
 
 
+def test_term_trie_decoding_continues_a_begun_term_and_leaves_the_scores_alone():
+    """eval.term_trie: once the text ends inside a term (the longest suffix on a trie path is a
+    term's proper prefix), the next token continues it; a suffix that is a whole term leaves the
+    model free. Teacher-forced NLLs are those of the model alone."""
+    from rarelm.evaluate.decoding import constrained, sample_continue
+    from rarelm.evaluate.term_trie import term_trie
+
+    found = [(0, 0, 3, 3, 5), (1, 1, 0, 6, 8), (2, 0, 0, 0, 3), (3, 2, 0, 11, 13), (5, 0, 2, 2, 4)]
+    per_term = [[] for _ in TERMS]
+    for term, doc, char, start, end in found:
+        per_term[term].append(Occurrence(term, doc, char, start, end, "", "first", TERMS[term].text))
+
+    def rows():
+        return evaluate_terms(bigram(), char_tokenizer(), DOCS, TOKENS, OFFSETS, TERMS, max_terms=100,
+                              context_tokens=2, batch_size=2, eot_id=0, closed_set=False, per_term=per_term)
+
+    plain = rows()
+    with constrained(term_trie(char_tokenizer(), TERMS, lead="")):
+        trie = rows()
+        # sampling too: after 六 only 六 continues a term (六六), whatever the seed
+        torch.manual_seed(0)
+        sampled = sample_continue(bigram(), [[1, 6]] * 8, n_new=1, pad_id=0)
+    assert sampled.flatten().tolist() == [6] * 8
+    # 五六 after 二三: 三 begins 三五, so 五 comes, then 三五 is whole: the model's 六七 (was 四五六);
+    # 六六 given 六: 六 (the model's 七 before); 三五 given 三 after 一二: 一二三 is a whole term, free: 四
+    assert [(r["term"], r["output"], r["exact_match"], r["completion_match"]) for r in trie] == [
+        ("五六", "五六七", True, True), ("四五", "一二三", False, True), ("一二三", "一二三四", True, True),
+        ("六六", "一二三", False, True), ("三五", "三四五", False, False)]
+    assert [r["completion_match"] for r in plain] == [True, True, True, False, False]
+    assert [r["nll_sum"] for r in trie] == [r["nll_sum"] for r in plain]
+
+
 def test_general_text_perplexity_by_hand(tmp_path):
     """ppl_general: documents 一二 and 三 as the stream 1 2 <eot> 3 <eot>; the targets cost
     bits(1, 2) = 1, bits(2, 0) = 6, bits(0, 3) = 3, bits(3, 0) = 5: 15 bits over 4 tokens."""
@@ -860,6 +892,7 @@ def test_stage_writes_metrics_plots_and_logs_into_the_training_run(workspace, tm
     assert logged.data.metrics["summary/term_exact_match"] == pytest.approx(m["term_exact_match"])
     assert not any(k.startswith("eval/") for k in logged.data.metrics)  # the other figures: eval.json
     assert logged.data.tags["eval.logit_adjust_tau"] == "0.0" and "logit_adjust_tau" not in m
+    assert logged.data.tags["eval.term_trie"] == "False" and "term_trie" not in m
     assert "evaluate" in logged.data.tags["stages"]
     artifacts = {a.path for a in client.list_artifacts(run_id, "eval")}
     assert artifacts == {"eval/eval.json", "eval/eval_buckets.csv", "eval/eval_term_bands.csv",
@@ -920,6 +953,39 @@ def test_stage_with_logit_adjustment_scores_the_adjusted_model(workspace, tmp_pa
     ppl, n = _hf_ppl(ws / "models/model", test_tokens, block=64, bias=-0.5 * log_pi)
     assert m["n_eval_tokens"] == n and m["ppl"] == pytest.approx(ppl, rel=1e-5)
     assert m["ppl"] != pytest.approx(_hf_ppl(ws / "models/model", test_tokens, block=64)[0], rel=1e-3)
+
+
+def test_stage_with_term_trie_completes_terms_and_scores_as_without(workspace, tmp_path):
+    """`-S eval.term_trie=true` through the stage: a random model that never completes a term given
+    its first token completes them inside the trie; every teacher-forced figure is the plain one."""
+    runs = {}
+    for trie in (False, True):
+        ws = tmp_path / f"ws-{trie}"
+        shutil.copytree(workspace, ws)
+        set_params(ws, **{"eval.term_trie": trie, "eval.splits": ["test"]})
+        result = stage("evaluate", ws, env={"OMP_NUM_THREADS": "1"})
+        assert result.returncode == 0, result.stderr
+        runs[trie] = json.loads((ws / "metrics/eval.json").read_text())
+    plain, trie = runs[False], runs[True]
+    for name in ("ppl", "ppl_rare", "term_ppl", "term_nll_per_char", "false_insertion_start_mass"):
+        assert trie[name] == plain[name], name
+    assert plain["term_completion_match"] < 0.1 < 0.5 < trie["term_completion_match"]
+    # every occurrence whose term, after " ", has one way on at each of its tokens is completed; where
+    # two terms share a beginning (" a" of " admitted to" and " acute changes") the model chooses
+    from rarelm.artifacts.tokenized import TokenizedData, load_tokenizer
+    from rarelm.evaluate.term_trie import term_trie
+
+    data = TokenizedData.open(workspace / "data/tokenized")
+    tokenizer = load_tokenizer(data.tokenizer_dir, data.vocab_size)
+    paths = term_trie(tokenizer, load_terms(workspace / "data/rare/terms.jsonl"), lead=" ")
+    rows = [json.loads(line) for line in (tmp_path / "ws-True/metrics/eval_occurrences.jsonl").open()]
+
+    def one_way(text: str) -> bool:
+        ids = tokenizer.encode(text, add_special_tokens=False).ids
+        return text.startswith(" ") and all(paths.allowed(ids[:k]) == [ids[k]] for k in range(1, len(ids)))
+
+    unambiguous = [r for r in rows if one_way(r["expected"])]
+    assert len(unambiguous) >= 10 and all(r["completion_match"] for r in unambiguous)
 
 
 def test_unreachable_store_is_one_warning_line_or_one_error_if_required(tmp_path, monkeypatch, capsys):

@@ -20,6 +20,9 @@ unadjusted model).
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
@@ -90,10 +93,25 @@ def left_pad(prompts: list[list[int]], pad_id: int, device="cpu"):
     return ids.to(device), mask.to(device)
 
 
+_CONSTRAINTS: list[LogitsProcessor] = []  # what `constrained` blocks add to every decode below
+
+
+@contextlib.contextmanager
+def constrained(processor: LogitsProcessor) -> Iterator[None]:
+    """A block in which every greedy_continue / sample_continue runs `processor` after the logit
+    bias (rarelm.evaluate.term_trie: term-trie decoding); teacher-forced scoring is untouched."""
+    _CONSTRAINTS.append(processor)
+    try:
+        yield
+    finally:
+        _CONSTRAINTS.remove(processor)
+
+
 def _continue(model, prompts: list[list[int]], n_new: int, pad_id: int, logit_bias=None, **sampling):
     ids, mask = left_pad(prompts, pad_id, model.device)
     config = GenerationConfig(max_new_tokens=n_new, eos_token_id=[], pad_token_id=pad_id, **sampling)
-    extra = {} if logit_bias is None else {"logits_processor": logit_bias_processor(logit_bias)}
+    processors = ([] if logit_bias is None else [LogitBias(logit_bias)]) + _CONSTRAINTS
+    extra = {"logits_processor": LogitsProcessorList(processors)} if processors else {}
     return generate_raw(model, ids, mask, config, **extra)[:, ids.shape[1]:].cpu()
 
 

@@ -19,8 +19,11 @@ def log_eval_metrics(run, metrics: dict, inputs: list[str | Path]) -> None:
     (rarelm.tracking.run.open_run), then `run.require()`: before any output is written, a store
     that cannot log is the stage's one-line error when `tracking.required` is on."""
     run.log_metrics(summary_metrics(metrics))
-    if "logit_adjust_tau" in metrics:  # the setting behind these figures: a tag, not a metric
-        run.set_tags({"eval.logit_adjust_tau": str(metrics["logit_adjust_tau"])})
+    # the decode-time settings behind these figures: tags, not metrics
+    settings = {f"eval.{key}": str(metrics[key]) for key in ("logit_adjust_tau", "term_trie")
+                if key in metrics}
+    if settings:
+        run.set_tags(settings)
     run.log_datasets(list(inputs), context="evaluation")
     run.require()
 

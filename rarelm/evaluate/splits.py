@@ -3,17 +3,19 @@ the splits of `eval.splits` (`combine`)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import numpy as np
 
 from rarelm.errors import RarelmError
 from rarelm.evaluate.common import Progress
-from rarelm.evaluate.decoding import context_length, logit_adjustment
+from rarelm.evaluate.decoding import constrained, context_length, logit_adjustment
 from rarelm.evaluate.diversity import diversity
 from rarelm.evaluate.false_insertion import false_insertion, term_start_mask
 from rarelm.evaluate.term_generation import evaluate_terms
 from rarelm.evaluate.term_metrics import band_rows, term_metrics
+from rarelm.evaluate.term_trie import term_trie, usual_lead
 from rarelm.evaluate.token_scoring import score_tokens
 from rarelm.params import EvalParams
 from rarelm.progress import Steps
@@ -60,22 +62,24 @@ def evaluate_split(model, tokenizer, data, documents: list[str], split: str, buc
                          term_search.term_token_mask(per_term, len(tokens)), logit_bias=bias,
                          start_mask=term_start_mask(per_term, len(tokens)), max_tokens=params.max_tokens)
     lap("scoring tokens")
-    rows = evaluate_terms(model, tokenizer, documents, tokens, offsets, terms, max_terms=params.max_terms,
-                          context_tokens=context, batch_size=params.batch_size, eot_id=data.eot_id,
-                          closed_set=params.closed_set, split=split, per_term=per_term, progress=progress,
-                          logit_bias=bias)
-    lap("term generation")
-    div = diversity(model, tokens, offsets, buckets, n_prompts=params.diversity_prompts,
-                    n_new=params.diversity_tokens, context_tokens=context, batch_size=params.batch_size,
-                    eot_id=data.eot_id, seed=seed, progress=progress, logit_bias=bias)
-    lap("diversity")
-    found = sum(map(len, per_term))
-    inserted = false_insertion(model, tokenizer, tokens, offsets, terms, found,
-                               n_prompts=params.insertion_prompts, n_new=params.insertion_tokens,
-                               context_tokens=context, batch_size=params.batch_size, eot_id=data.eot_id,
-                               seed=seed, progress=progress, logit_bias=bias,
-                               text_chars=sum(map(len, documents)))
-    lap("false insertion")
+    trie = term_trie(tokenizer, terms, usual_lead(per_term)) if params.term_trie else None
+    with constrained(trie) if trie else contextlib.nullcontext():  # what generates; the scores are above
+        rows = evaluate_terms(model, tokenizer, documents, tokens, offsets, terms, max_terms=params.max_terms,
+                              context_tokens=context, batch_size=params.batch_size, eot_id=data.eot_id,
+                              closed_set=params.closed_set, split=split, per_term=per_term,
+                              progress=progress, logit_bias=bias)
+        lap("term generation")
+        div = diversity(model, tokens, offsets, buckets, n_prompts=params.diversity_prompts,
+                        n_new=params.diversity_tokens, context_tokens=context, batch_size=params.batch_size,
+                        eot_id=data.eot_id, seed=seed, progress=progress, logit_bias=bias)
+        lap("diversity")
+        found = sum(map(len, per_term))
+        inserted = false_insertion(model, tokenizer, tokens, offsets, terms, found,
+                                   n_prompts=params.insertion_prompts, n_new=params.insertion_tokens,
+                                   context_tokens=context, batch_size=params.batch_size, eot_id=data.eot_id,
+                                   seed=seed, progress=progress, logit_bias=bias,
+                                   text_chars=sum(map(len, documents)))
+        lap("false insertion")
     metrics = {**stats.metrics(), **term_metrics(rows, len(terms), found), **div, **inserted}
     return SplitResult(metrics, stats.rows(), band_rows(rows), rows, seconds)
 
