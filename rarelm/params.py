@@ -313,8 +313,17 @@ class KnnParams:
     # IVF clusters searched per query (more: closer to exact); 32 found 98% of the exact 16 neighbours
     # on base/model's hidden states, 8 found 85% (docs/benchmarks.md)
     nprobe: int = param(32, ge=1, le=1_000_000)
+    # gates on kNN-LM's lambda per position (rarelm/knn/interpolate.py `gated`), 0 = off: full weight
+    # only where the nearest key's cosine reaches 1, none at or below gate_cosine (cosine stores) ...
+    gate_cosine: float = param(0.0, ge=0.0, lt=1.0)
+    # ... and full weight only where the model's own next-token entropy reaches gate_entropy nats
+    gate_entropy: float = param(0.0, ge=0.0, le=100.0)
 
     def __post_init__(self) -> None:
+        if self.gate_cosine and self.similarity != "cosine":
+            raise RarelmError(f"params: knn.gate_cosine = {self.gate_cosine:g} with knn.similarity = "
+                              f"{self.similarity} is not allowed (the gate reads cosines: set "
+                              "knn.similarity cosine)")
         if self.enabled and self.weight == 0:
             raise RarelmError("params: knn.enabled = true with knn.weight = 0 is not allowed (it builds a "
                               "datastore nothing reads; the cache alone needs knn.enabled false)")

@@ -26,7 +26,8 @@ P_LM = torch.tensor([[0.5, 0.3, 0.2]]).log()
 
 def knn_params(**kw):
     base = dict(enabled=True, k=16, weight=0.0, temperature=1.0, similarity="l2", cache_window=0,
-                cache_weight=0.0, cache_temperature=1.0, cache_similarity="dot")
+                cache_weight=0.0, cache_temperature=1.0, cache_similarity="dot", gate_cosine=0.0,
+                gate_entropy=0.0)
     return SimpleNamespace(**{**base, **kw})
 
 
@@ -242,6 +243,38 @@ def test_cosine_knn_votes_are_cos_over_t_whatever_the_states_scale():
     with pytest.raises(RarelmError, match="built for knn.similarity = l2, the params say cosine"):
         with attached(model, store, knn_params(weight=0.5, similarity="cosine"), 0):
             pass
+
+
+def test_gated_knn_weight_follows_the_nearest_cosine_and_the_models_entropy_by_hand():
+    """knn.gate_cosine c0: lambda * clip((cos_1 - c0) / (1 - c0), 0, 1), cos_1 the nearest key's cosine:
+    a query on a key gets the full lambda, one at cosine 0.75 half of it (c0 0.5), one orthogonal to
+    every key none, so its distribution is the model's, bit for bit. knn.gate_entropy H0: lambda *
+    min(1, H / H0), H the model's entropy in nats. A gate on cosines with an l2 store is refused."""
+    from rarelm.errors import RarelmError
+    from rarelm.knn.hook import Interpolation
+    from rarelm.params import KnnParams
+
+    keys = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]], np.float32)  # unit length, as a cosine store's
+    store = Datastore(keys, torch.tensor([3, 4]), similarity="cosine")
+    on_key, at_075, away = [1.0, 0.0, 0.0], [0.75, math.sqrt(1 - 0.75 ** 2), 0.0], [0.0, 0.0, 1.0]
+    queries = torch.tensor([[on_key], [at_075], [away]])  # [3 rows, 1 position, 3]
+    lm = torch.log_softmax(torch.tensor([[[0.0, 1.0, 2.0, 0.0, 0.0]]]).expand(3, 1, 5), -1)
+
+    def mixed(**gate) -> torch.Tensor:
+        knn = knn_params(k=1, weight=0.5, temperature=1.0, similarity="cosine", **gate)
+        return Interpolation(store, knn, None).after_head(None, (queries,), lm.clone())[:, 0].exp()
+
+    p = lm[:, 0].exp()
+    by_hand = [0.5 * p[0] + 0.5 * torch.eye(5)[3], 0.75 * p[1] + 0.25 * torch.eye(5)[3]]
+    got = mixed(gate_cosine=0.5)
+    assert torch.allclose(got[0], by_hand[0], atol=1e-6) and torch.allclose(got[1], by_hand[1], atol=1e-6)
+    assert torch.equal(got[2], p[2])  # nothing of the store: the model's own distribution
+    assert torch.allclose(mixed()[2], 0.5 * p[2] + 0.5 * torch.eye(5)[3], atol=1e-6)  # ungated: half
+    entropy = float(-(p[0] * p[0].log()).sum())
+    half = mixed(gate_entropy=2 * entropy)  # the model's entropy is half of H0: lambda 0.25
+    assert torch.allclose(half[0], 0.75 * p[0] + 0.25 * torch.eye(5)[3], atol=1e-6)
+    with pytest.raises(RarelmError, match="knn.gate_cosine = 0.5 with knn.similarity = l2 is not allowed"):
+        KnnParams(gate_cosine=0.5)
 
 
 def test_generation_with_the_kv_cache_matches_full_forwards(tiny):

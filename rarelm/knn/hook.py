@@ -32,7 +32,7 @@ from collections.abc import Iterator
 import torch
 
 from rarelm.errors import RarelmError
-from rarelm.knn.interpolate import mix_votes, similarity, vote_weights
+from rarelm.knn.interpolate import gated, mix_votes, similarity, vote_weights
 
 
 @dataclasses.dataclass
@@ -108,8 +108,11 @@ class Interpolation:
             shape = lm.shape[:-1] + (values.shape[-1],)
             # cosine store: the distance is 2 - 2 cos, so the score is cos / T, as the cache's
             cosine = self.store.similarity == "cosine"
-            scores = (1 - distances / 2 if cosine else -distances) / self.knn.temperature
-            votes.append((self.knn.weight, values.reshape(shape), vote_weights(scores).reshape(shape)))
+            similarities = 1 - distances / 2 if cosine else -distances
+            nearest = similarities.amax(-1) if cosine else None  # the gate's cos_1 (params: cosine only)
+            lam = gated(self.knn.weight, self.knn, nearest, lm)
+            votes.append((lam, values.reshape(shape),
+                          vote_weights(similarities / self.knn.temperature).reshape(shape)))
         if self.uses_cache and self.current is not None:
             votes.append((self.knn.cache_weight, *self._cache(queries)))
         return mix_votes(lm, votes)
@@ -187,8 +190,10 @@ def describe(knn, store) -> str:
     parts = []
     if uses_store(knn):
         cosine = "cosine similarity, " if knn.similarity == "cosine" else ""
+        gates = (f", gated from cosine {knn.gate_cosine:g}" if knn.gate_cosine else "") + \
+            (f", gated by entropy over {knn.gate_entropy:g} nats" if knn.gate_entropy else "")
         parts.append(f"kNN-LM over {len(store) if store is not None else 0:,} datastore entries "
-                     f"(k {knn.k}, lambda {knn.weight:g}, {cosine}T {knn.temperature:g})")
+                     f"(k {knn.k}, lambda {knn.weight:g}, {cosine}T {knn.temperature:g}{gates})")
     if uses_cache(knn):
         cosine = "cosine similarity, " if knn.cache_similarity == "cosine" else ""
         parts.append(f"continuous cache (window {knn.cache_window}, lambda {knn.cache_weight:g}, "

@@ -52,16 +52,47 @@ def vote_weights(scores: torch.Tensor, valid: torch.Tensor | None = None) -> tor
                        torch.zeros_like(weights))
 
 
+def gated(weight: float, knn, nearest_cosine: torch.Tensor | None, lm_log_probs: torch.Tensor):
+    """kNN-LM's lambda per row [..., 1] under knn.gate_cosine and knn.gate_entropy (the product of
+    the two factors that are on), or `weight` itself with both gates off.
+
+    A lambda that follows the neighbours' distance (He et al. 2021, Drozdov et al. 2022) or the
+    model's uncertainty, so text far from the datastore (general text) keeps the model's own
+    distribution: with gate_cosine c0 the factor is (cos_1 - c0) / (1 - c0) clipped to [0, 1],
+    cos_1 the nearest key's cosine; with gate_entropy H0 it is min(1, H / H0), H the model's
+    next-token entropy in nats.
+
+    >>> from types import SimpleNamespace as K
+    >>> lm = torch.log(torch.tensor([[0.5, 0.5], [0.9, 0.1]]))
+    >>> gated(0.5, K(gate_cosine=0.5, gate_entropy=0.0), torch.tensor([0.75, 0.25]), lm).flatten().tolist()
+    [0.25, 0.0]
+    >>> [round(x, 4) for x in gated(0.4, K(gate_cosine=0.0, gate_entropy=1.0), None, lm).flatten().tolist()]
+    [0.2773, 0.13]
+    """
+    if not knn.gate_cosine and not knn.gate_entropy:
+        return weight
+    factor = torch.ones(lm_log_probs.shape[:-1] + (1,), device=lm_log_probs.device)
+    if knn.gate_cosine:
+        factor = factor * ((nearest_cosine.float() - knn.gate_cosine) / (1 - knn.gate_cosine)
+                           ).clamp(0, 1).reshape(factor.shape)
+    if knn.gate_entropy:
+        entropy = torch.special.entr(lm_log_probs.float().exp()).sum(-1, keepdim=True)  # 0 log 0 = 0
+        factor = factor * (entropy / knn.gate_entropy).clamp(max=1)
+    return weight * factor
+
+
 def mix_votes(lm_log_probs: torch.Tensor,
               votes: list[tuple[float, torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-    """`mix` with each part given as its votes: (lambda, token ids [..., n], vote_weights [..., n]).
+    """`mix` with each part given as its votes: (lambda, token ids [..., n], vote_weights [..., n]);
+    a lambda is a number or a tensor [..., 1] of one per row (`gated`).
 
     The same distribution as `mix` on the dense parts (tests/test_knn.py), at the cost of one pass
     over the vocabulary instead of several: only the k + window voted tokens of a row differ from
     the model's (weighted) log-probability, so only they are recomputed. What evaluate and
     `rarelm generate` run (rarelm.knn.hook).
     """
-    votes = [(lam, ids, w) for lam, ids, w in votes if lam > 0 and ids.shape[-1] > 0]
+    votes = [(lam, ids, w) for lam, ids, w in votes
+             if (torch.is_tensor(lam) or lam > 0) and ids.shape[-1] > 0]
     if not votes:
         return lm_log_probs
     lm = lm_log_probs.float()
