@@ -75,10 +75,16 @@ def evaluate(
         tokenizer = load_tokenizer(data.tokenizer_dir, data.vocab_size)
         model = _load(model_dir, data, params.eval.device, params.eval.threads)
 
+        general = {}
+        if params.eval.general_text:  # first: a bad path fails at once
+            # the forgetting guard: the model alone (no decode-time mixing) on general text the base
+            # never trained on
+            general = _general(params, model, tokenizer, data, prior)
+            general["ppl_general_model"] = general["ppl_general"]
         # kNN-LM + cache mixed into every next-token distribution below (rarelm/knn/hook.py); off: nothing
         with _knn(params, model, datastore, data.eot_id):
-            # the forgetting guard, general text the base never trained on; first: a bad path fails at once
-            general = _general(params, model, tokenizer, data, prior) if params.eval.general_text else {}
+            if general and knn_active(params.knn):  # the mixture's own general-text perplexity, apart
+                general.update(_general(params, model, tokenizer, data, prior))
             out, results = _evaluate(params, model, tokenizer, data, buckets, terms, prepared, prior)
         out.update(general)
         # before any output is written: a store that cannot log is the error (tracking.required)
@@ -161,6 +167,8 @@ def _summary(split: str, m: dict) -> str:
                       "n/a (no 50% crossing of exact match within the train counts seen)")]
     if "ppl_general" in m:
         lines.append(("general-text ppl", f(m["ppl_general"])))
+        if m.get("ppl_general_model") not in (None, m["ppl_general"]):  # decode-time mixing on
+            lines.append(("the model alone", f(m["ppl_general_model"])))
     head = f"evaluate: {split} split, {m['n_eval_tokens']:,} tokens, {m['n_eval_terms']:,} term occurrences"
     return "\n".join([head, *(f"  {label:<20} {text}" for label, text in lines)])
 

@@ -929,7 +929,17 @@ def test_stage_scores_the_general_text_as_ppl_general(workspace, tmp_path):
     ppl, n = _hf_ppl(ws / "models/model", tokens, 64)  # eval.block_size 0: the model's context of 64
     assert metrics["n_general_tokens"] == n == len(tokens) - 1
     assert metrics["ppl_general"] == pytest.approx(ppl, rel=1e-5)
-    assert "general-text ppl" in result.stdout
+    assert metrics["ppl_general_model"] == metrics["ppl_general"]  # nothing mixed in: the same figure
+    assert "general-text ppl" in result.stdout and "the model alone" not in result.stdout
+    # a decode-time cache mixed in: ppl_general is the mixture's, ppl_general_model (forgetting) the
+    # model's alone, the same figure as without the cache
+    set_params(ws, **{"knn.cache_window": 16, "knn.cache_weight": 0.5})
+    result = stage("evaluate", ws)
+    assert result.returncode == 0, result.stderr
+    mixed = json.loads((ws / "metrics/eval.json").read_text())
+    assert mixed["ppl_general_model"] == metrics["ppl_general"]
+    assert mixed["ppl_general"] != pytest.approx(metrics["ppl_general"], rel=1e-3)
+    assert "the model alone" in result.stdout
 
 
 def test_stage_with_logit_adjustment_scores_the_adjusted_model(workspace, tmp_path):

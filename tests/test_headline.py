@@ -366,12 +366,14 @@ def test_ranking_guards_overall_perplexity_and_false_insertion(monkeypatch):
     for c in report["configurations"]:
         c["summary"]["false_insertion_start_mass"] = mass[c["label"]]
     by_mass = dataclasses.replace(plan, insertion_metric="false_insertion_start_mass")
-    assert hl.guard(by_mass) == {"ppl": 0.02, "false_insertion_start_mass": 0.10, "ppl_general": 0.02}
+    assert hl.guard(by_mass) == {"ppl": 0.02, "false_insertion_start_mass": 0.10, "ppl_general_model": 0.02}
     assert hl.ranking(Path("."), Path("."), by_mass, ["a", "b", "c", "d", "e"], [1]) == [
         ("d", -0.4), ("c", -0.2), ("e", -0.1)]
-    # with general text scored (eval.general_text) forgetting is guarded too: c's +5% is out
+    # with general text scored (eval.general_text) forgetting is guarded too: c's +5% is out; d's
+    # decode-time mixture is +10% on general text, but the model alone forgot nothing: d stays
     for c in report["configurations"]:
-        c["summary"]["ppl_general"] = 52.5 if c["label"] == "c" else 50.0
+        c["summary"]["ppl_general_model"] = 52.5 if c["label"] == "c" else 50.0
+        c["summary"]["ppl_general"] = {"c": 52.5, "d": 55.0}.get(c["label"], 50.0)
     assert hl.ranking(Path("."), Path("."), by_mass, ["a", "b", "c", "d", "e"], [1]) == [
         ("d", -0.4), ("e", -0.1)]
     # a plan breaking ties by the completion given the first token: a beats e there

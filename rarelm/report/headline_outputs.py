@@ -106,7 +106,8 @@ def table(report: dict, insertion: str = "false_insertion_rate") -> str:
 
 
 RUN_TABLE = {"ppl": "ppl", "ppl_frequent": "frequent ppl", "ppl_medium": "medium ppl", "ppl_rare": "rare ppl",
-             "ppl_general": "general-text ppl", "false_insertion_rate": "false insertion"}
+             "ppl_general": "general-text ppl", "ppl_general_model": "general-text ppl, model alone",
+             "false_insertion_rate": "false insertion"}
 
 
 def _sig(x: float | None) -> str:
@@ -147,7 +148,10 @@ def run_table(report: dict, insertion: str = "false_insertion_rate") -> str:
     rate (and the plan's guard figure `insertion` if another), each as mean over seeds with its
     interval over seeds (t, 95%) and the change to the baseline."""
     names = {**RUN_TABLE, insertion: INSERTION_METRICS[insertion]}
-    keys = [k for k in names if any(r["metric"] == k for r in report.get("run_rows", []))]
+    value = {(r["configuration"], r["metric"]): r["value"] for r in report.get("run_rows", [])}
+    # the model alone's general-text ppl only where some configuration mixes at decode time
+    same = all(v == value.get((c, "ppl_general")) for (c, m), v in value.items() if m == "ppl_general_model")
+    keys = [k for k in names if any(m == k for _, m in value) and not (k == "ppl_general_model" and same)]
     lines = ["| configuration | " + " | ".join(names[k] for k in keys) + " |",
              "| --- |" + " --- |" * len(keys)]
     for c in report["configurations"]:

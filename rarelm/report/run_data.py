@@ -70,7 +70,26 @@ def split_summary(summary: dict, params: dict[str, str], split: str) -> dict:
         first = json.loads(params.get("eval.splits", '["test"]'))[0]
     except (ValueError, IndexError, TypeError):
         first = "test"
-    return {k: v for k, v in summary.items() if not isinstance(v, dict)} if first == split else {}
+    out = {k: v for k, v in summary.items() if not isinstance(v, dict)} if first == split else {}
+    if "ppl_general" in out and "ppl_general_model" not in out and not _mixed(params):
+        out["ppl_general_model"] = out["ppl_general"]  # a record from before the key: the model alone
+    return out
+
+
+def _mixed(params: dict[str, str]) -> bool:
+    """Whether the run mixed kNN-LM or the cache into its distributions (rarelm.knn.hook.active).
+
+    >>> _mixed({"knn.cache_window": "128", "knn.cache_weight": "0.1"}), _mixed({"knn.enabled": "false"})
+    (True, False)
+    """
+    def number(key: str) -> float:
+        try:
+            return float(params.get(key, "0"))
+        except ValueError:
+            return 0.0
+
+    store = params.get("knn.enabled", "false").lower() == "true" and number("knn.weight") > 0
+    return store or (number("knn.cache_weight") > 0 and number("knn.cache_window") > 0)
 
 
 def load_files(ref: str, name: str, source: str, ident: str, read: Callable[[str], str | None]) -> RunData:
