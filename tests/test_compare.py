@@ -53,6 +53,7 @@ def occurrence_rows(seed, alpha, n_terms=40):
                          "output": f" term {t:02d}" if hit else " something else",
                          "exact_match": hit, "exact_match_ci": hit, "first_token_hit": hit or noise < 0.3,
                          "completion_match": hit or noise < 0.5,
+                         "prefix_share": 1.0 if hit else 0.4 if noise < 0.5 else 0.0,
                          "nll": round(0.2 + 3 * (1 - p), 4), "nll_sum": round(0.4 + 6 * (1 - p), 4),
                          "nll_per_char": round((0.4 + 6 * (1 - p)) / 8, 4),
                          "token_acc": 1.0 if hit else 0.5 if noise < 0.5 else 0.0,
@@ -166,14 +167,14 @@ def test_runs_of_other_data_or_mixed_baselines_are_refused():
 
 def test_a_metric_missing_in_a_run_is_left_out_and_slices_by_band():
     # older rows lack them
-    newer = ("exact_match_ci", "completion_match", "choice_rank", "nll_sum", "nll_per_char", "token_acc",
-             "first_token_rr")
+    newer = ("exact_match_ci", "completion_match", "prefix_share", "choice_rank", "nll_sum", "nll_per_char",
+             "token_acc", "first_token_rr")
     old = _run_data("old", 1, 0.7, [{k: v for k, v in r.items() if k not in newer}
                                      for r in GEN["occurrence_rows"](1, 0.7)])
     report = compare_runs([_run_data("base", 1, 0.0)], [old], n_boot=50)
     assert report["metrics"] == ["exact_match", "first_token_acc", "nll", "term_ppl"]  # term_ppl: from nll
-    assert report["left_out"] == ["exact_match_ci", "completion_match", "choice_acc", "nll_per_char",
-                                  "nll_per_term", "token_acc", "first_token_rr"]
+    assert report["left_out"] == ["exact_match_ci", "completion_match", "prefix_share", "choice_acc",
+                                  "nll_per_char", "nll_per_term", "token_acc", "first_token_rr"]
     slices = list(dict.fromkeys(r["slice"] for r in report["rows"]))
     assert slices[:4] == ["all", "first mention", "repeat mention", "train_count<=15"]
     assert slices[4:7] == ["seen 0-1", "seen 2-15", "seen 16+"]

@@ -7,6 +7,7 @@ sums the rows up. `logit_bias` is as in rarelm.evaluate.decoding: None = the mod
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import numpy as np
 
@@ -199,11 +200,26 @@ def _row(tokenizer, split: str, task: Prompted, term: term_search.Term, generate
             "expected": expected, "output": text,
             "exact_match": text.startswith(expected),
             "exact_match_ci": text.casefold().startswith(expected.casefold()),
+            "prefix_share": prefix_share(text, expected, len(o.lead)),
             "first_token_hit": bool(generated[0] == task.cover[0]),
             "completion_match": completion.startswith(expected),
             "nll": float(nll.mean()),
             **continuous_figures(nll, rank, covered),
             "choice_rank": choice_rank, "n_choices": n_choices}
+
+
+def prefix_share(text: str, expected: str, lead: int) -> float:
+    """The share of the term's characters (`expected` after its first `lead` characters) that `text`
+    writes right before its first wrong one: 1.0 = exact match, a graded figure with an event at
+    every character where exact match has one per term.
+
+    >>> prefix_share(" public key infra", " public key infrastructure", 1), prefix_share(" pub", " PKI", 1)
+    (0.64, 0.0)
+    >>> prefix_share("套接口", "套接字", 0)
+    0.6666666666666666
+    """
+    same = len(os.path.commonprefix([text, expected]))
+    return max(same - lead, 0) / max(len(expected) - lead, 1)
 
 
 def continuous_figures(nll: np.ndarray, rank: np.ndarray, covered_text: str) -> dict:

@@ -83,6 +83,7 @@ def _figures(rows: list[dict]) -> dict:
     return {"exact_match": _mean(r["exact_match"] for r in rows),
             "completion_match": _mean(r.get("completion_match") for r in rows),  # None: rows from before it
             "exact_match_ci": _mean(r.get("exact_match_ci") for r in rows),  # None: rows from before it
+            "prefix_share": _mean(r.get("prefix_share") for r in rows),  # None: rows from before it
             "first_token_acc": _mean(r["first_token_hit"] for r in rows),
             "nll": nll,
             "ppl": term_ppl(nll),
@@ -103,6 +104,8 @@ def term_metrics(rows: list[dict], n_terms: int, n_occurrences: int) -> dict:
     times, 16 times or more). `term_ppl` = exp(`term_nll`), the term perplexity;
     `term_completion_match`: exact match when the term's first token is given (see term_generation).
     `term_exact_match_ci` is exact match compared case folded (" Pki" for " PKI").
+    `term_prefix_share`: the share of the term's characters written right before the first wrong
+    one (term_generation.prefix_share), exact match graded by character.
     """
     def block(subset: list[dict], suffix: str) -> dict:
         out = {f"term_{key}{suffix}": value for key, value in _figures(subset).items()}

@@ -88,7 +88,7 @@ def table(report: dict, insertion: str = "false_insertion_rate") -> str:
     overall perplexity and the false-insertion figure `insertion` beside the baseline's."""
     names = {"nll_per_char": "term NLL/char", "token_acc": "term-token acc", "term_ppl": "term ppl",
              "completion_match": "completion given 1st token", "exact_match": "exact match",
-             "exact_match_ci": "exact match, any case"}
+             "exact_match_ci": "exact match, any case", "prefix_share": "share of the term written"}
     metrics = [m for m in names if m in report["metrics"]]
     head = "".join(f" {names[m]} | diff [95% CI] |" for m in metrics)
     lines = [f"| configuration | seeds | terms |{head} ppl (vs baseline) | {INSERTION_METRICS[insertion]} "

@@ -25,7 +25,8 @@ RANK_METRIC, TIE_METRIC = "nll_per_char", "token_acc"  # lower first; then highe
 TIE_METRICS = {"token_acc": "term-token accuracy",
                "completion_match": "the completion given the term's first token"}  # -> the page's words
 # "nll" (NLL per term token) is asked for so that compare derives term perplexity (term_ppl) from it
-TABLE_METRICS = (RANK_METRIC, TIE_METRIC, "nll", "completion_match", "exact_match", "exact_match_ci")
+TABLE_METRICS = (RANK_METRIC, TIE_METRIC, "nll", "completion_match", "exact_match", "exact_match_ci",
+                 "prefix_share")
 # the false-insertion figures a plan's guard can use (eval.json), with their name in the tables:
 # terms in sampled text per 1,000 tokens over the text's own rate (counts: coarse when the baseline
 # makes one or two), the same per 1,000 characters (tokenizer-invariant: models of different

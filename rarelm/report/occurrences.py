@@ -32,6 +32,8 @@ METRICS: dict[str, tuple[str, Any]] = {
     "exact_match_ci": ("exact_match_ci", lambda v: float(bool(v))),  # compared case folded
     # the rest of the term written after the prompt + its first token (rarelm.evaluate.term_generation)
     "completion_match": ("completion_match", lambda v: float(bool(v))),
+    # the share of the term's characters written right before the first wrong one (graded exact match)
+    "prefix_share": ("prefix_share", float),
     "first_token_acc": ("first_token_hit", lambda v: float(bool(v))),
     "nll": ("nll", float),
     "choice_acc": ("choice_rank", lambda v: float(int(v) == 1)),
