@@ -105,6 +105,32 @@ def table(report: dict, insertion: str = "false_insertion_rate") -> str:
     return "\n".join(lines)
 
 
+MENTIONS = ("first mention", "repeat mention")
+MENTION_METRICS = {"term_ppl": "term ppl", "completion_match": "completion given 1st token"}
+
+
+def mention_table(report: dict) -> str:
+    """Markdown: first mentions first, repeats beside them (a term's first mention, not yet in the
+    context, is the case a user brings; a repeat is one a cache can copy): per configuration and
+    mention, the occurrences, the term perplexity and the completion given the term's first token,
+    each with its change to the baseline [paired 95% interval]. "" if the report has neither."""
+    metrics = [m for m in MENTION_METRICS if m in report["metrics"]]
+    if not metrics:
+        return ""
+    head = "".join(f" {mention}s: occurrences |" + "".join(f" {MENTION_METRICS[m]} | diff [95% CI] |"
+                                                          for m in metrics) for mention in MENTIONS)
+    lines = ["| configuration |" + head, "| --- |" + (" ---: |" + " ---: | --- |" * len(metrics)) * 2]
+    for c in report["configurations"]:
+        cells = [c["label"]]
+        for mention in MENTIONS:
+            rows = [report_row(report, c["label"], mention, m) for m in metrics]
+            cells.append(str(rows[0].get("occurrences", "n/a")))
+            for row in rows:
+                cells += [_sig(row.get("value")), _ci(row)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 RUN_TABLE = {"ppl": "ppl", "ppl_frequent": "frequent ppl", "ppl_medium": "medium ppl", "ppl_rare": "rare ppl",
              "ppl_general": "general-text ppl", "ppl_general_model": "general-text ppl, model alone",
              "false_insertion_rate": "false insertion"}
@@ -187,6 +213,8 @@ def results_section(result: dict, figures: dict[str, str]) -> str:
              f"**{title}** ({plan['final_split']} split, seeds {final_seeds}; intervals: paired bootstrap "
              "over terms and seeds together; ppl and false insertion: means over seeds):",
              "", table(result["final"], insertion), "",
+             "First mentions and repeats (the same paired intervals):", "",
+             mention_table(result["final"]), "",
              "Per run (mean over seeds [95% interval over seeds]; change to the baseline [interval], "
              "paired by seed):", "", run_table(result["final"], insertion), "",
              " ".join(f"![{FIGURE_TITLES[m]}]({path})" for m, path in figures.items())]
