@@ -553,3 +553,19 @@ def test_rules_sentence_names_every_guard_and_the_tie_metric_the_plan_fixed():
     assert "(then the completion given the term's first token)" in rules
     plain = _rules({**plan, "common": ['eval.general_text=""'], "tie_metric": "token_acc"})
     assert "general-text" not in plain and "(then term-token accuracy)" in plain
+
+
+def test_the_model_alone_column_shows_only_where_a_configuration_mixes():
+    """The per-run table's "general-text ppl, model alone" column: only where some configuration's
+    figure differs from its ppl_general (kNN-LM or the cache mixed in)."""
+    from rarelm.report.headline_outputs import run_table
+
+    def report(mixed: float) -> dict:
+        rows = [{"configuration": c, "metric": m, "value": v, "seeds": 1}
+                for c, m, v in [("base", "ppl", 10.0), ("base", "ppl_general", 20.0),
+                                ("base", "ppl_general_model", 20.0), ("cache", "ppl", 9.0),
+                                ("cache", "ppl_general", mixed), ("cache", "ppl_general_model", 20.0)]]
+        return {"configurations": [{"label": "base"}, {"label": "cache"}], "run_rows": rows}
+
+    assert "model alone" in run_table(report(24.0)).splitlines()[0]
+    assert "model alone" not in run_table(report(20.0)).splitlines()[0]

@@ -1,11 +1,13 @@
-"""General text held out from the base model's pretraining, scored as the forgetting guard `ppl_general`.
+"""General text held out from the base model's pretraining, scored as the forgetting guard
+`ppl_general_model` (the model alone) and as `ppl_general` (what is evaluated, mixing included).
 
 A fine-tune that learns its domain may forget general language; in-domain perplexity cannot show
 that. `eval.general_text` names a slice of general text (one document a line, UTF-8) that the base
 model never trained on: data/general/en.txt and data/general/zh.txt are the base pipeline's own
 held-out documents (base/params.yaml: `corpus.val_fraction` 0.02 of GCIDE and of the Chinese
 reviews; see data/general/README.md). `evaluate` scores it teacher-forced, as `ppl` is scored, and
-writes `ppl_general` (and `n_general_tokens`) into metrics/eval.json.
+writes `ppl_general_model`, `ppl_general` (the same figure unless kNN-LM or the cache is mixed
+in) and `n_general_tokens` into metrics/eval.json.
 
     python -m rarelm.evaluate.general_text build base/data/prepared/val.jsonl base/data/raw data/general
 

@@ -28,6 +28,12 @@ class TermTrie(LogitsProcessor):
     >>> trie = TermTrie([[4, 5, 6], [4, 7], [8]])
     >>> trie.allowed([1, 4]), trie.allowed([1, 4, 5]), trie.allowed([4, 7]), trie.allowed([1, 8])
     ([5, 7], [6], None, None)
+    >>> scores = torch.tensor([[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, -9.0, 0.0]])
+    >>> trie(torch.tensor([[1, 4, 5]]), scores.clone()).argmax(-1).item()  # only 6 may follow 4 5
+    6
+    >>> scores[0, 6] = float("-inf")  # a distribution that rules 6 out (a kNN-LM at lambda 1): free
+    >>> trie(torch.tensor([[1, 4, 5]]), scores.clone()).argmax(-1).item()
+    5
     """
 
     def __init__(self, sequences: list[list[int]]):
@@ -57,6 +63,8 @@ class TermTrie(LogitsProcessor):
             if allowed is not None:
                 keep = torch.as_tensor(allowed, device=scores.device)
                 kept = scores[r, keep]
+                if torch.isneginf(kept).all():  # the distribution rules every continuation out: free
+                    continue
                 scores[r] = float("-inf")
                 scores[r, keep] = kept
         return scores

@@ -109,7 +109,8 @@ class Interpolation:
             # cosine store: the distance is 2 - 2 cos, so the score is cos / T, as the cache's
             cosine = self.store.similarity == "cosine"
             similarities = 1 - distances / 2 if cosine else -distances
-            nearest = similarities.amax(-1) if cosine else None  # the gate's cos_1 (params: cosine only)
+            # the gate's cos_1 (params: cosine stores only); an empty store has no nearest key
+            nearest = similarities.amax(-1) if cosine and similarities.shape[-1] else None
             lam = gated(self.knn.weight, self.knn, nearest, lm)
             votes.append((lam, values.reshape(shape),
                           vote_weights(similarities / self.knn.temperature).reshape(shape)))

@@ -72,6 +72,8 @@ def gated(weight: float, knn, nearest_cosine: torch.Tensor | None, lm_log_probs:
     if not knn.gate_cosine and not knn.gate_entropy:
         return weight
     factor = torch.ones(lm_log_probs.shape[:-1] + (1,), device=lm_log_probs.device)
+    if knn.gate_cosine and nearest_cosine is None:  # no key to be near (an empty store): no vote
+        return 0.0
     if knn.gate_cosine:
         factor = factor * ((nearest_cosine.float() - knn.gate_cosine) / (1 - knn.gate_cosine)
                            ).clamp(0, 1).reshape(factor.shape)

@@ -40,6 +40,8 @@ import yaml
 from rarelm.errors import RarelmError
 from rarelm.report.git_runs import experiment_refs
 
+MAX_RESTARTS = 3  # new workers while no experiment finishes, before the wait gives up
+
 
 def _dvc(args: list[str], repo: Path, check: bool = True) -> str:
     out = subprocess.run([sys.executable, "-m", "dvc", *args], cwd=repo, capture_output=True, text=True)
@@ -164,6 +166,7 @@ def run_batch(repo: Path, batch: list[tuple[str, list[str]]], log: Callable[[str
     workers = [_start_worker(repo)]
     names, handed, suspects, requeued = {name for name, _ in todo}, set(), set(), set()
     t0, shown, first = time.time(), None, None  # first: (time, waiting) at the first finish seen
+    dead_polls, restarts = 0, 0  # polls in a row with no worker; new workers since the last finish
     while True:
         time.sleep(poll)
         pending, lost, dead = _queue_view(repo)
@@ -175,14 +178,21 @@ def run_batch(repo: Path, batch: list[tuple[str, list[str]]], log: Callable[[str
         if lost & requeued:
             raise RarelmError(f"the queue's worker died running {', '.join(sorted(lost & requeued))} "
                               "twice (run the command again: it queues it anew)")
-        if dead and waiting & pending and workers[-1].poll() is not None:
+        # dead on two polls in a row: a worker just started may not show yet on the first
+        dead_polls = dead_polls + 1 if dead and waiting & pending and workers[-1].poll() is not None else 0
+        if dead_polls >= 2:
+            if restarts == MAX_RESTARTS:
+                raise RarelmError(f"the queue's worker ended {MAX_RESTARTS + 1} times with no experiment "
+                                  "finished (`dvc queue start` in the repo shows why)")
             for name in sorted(lost):
                 _kill_lost(repo, name, log)
                 _queue(repo, name, dict(todo)[name], log)
             requeued |= lost
             log("the queue's worker ended with experiments left: a new worker starts")
             workers.append(_start_worker(repo))
+            dead_polls, restarts = 0, restarts + 1
         if len(waiting) != shown:  # a line when one finishes, not every poll
+            restarts = 0 if shown is not None else restarts
             handed = _hand_over(repo, names - waiting, handed, finished)
             now = time.time()
             if shown is not None and first is None:

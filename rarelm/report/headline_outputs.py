@@ -213,8 +213,8 @@ def results_section(result: dict, figures: dict[str, str]) -> str:
              f"**{title}** ({plan['final_split']} split, seeds {final_seeds}; intervals: paired bootstrap "
              "over terms and seeds together; ppl and false insertion: means over seeds):",
              "", table(result["final"], insertion), "",
-             "First mentions and repeats (the same paired intervals):", "",
-             mention_table(result["final"]), "",
+             *(["First mentions and repeats (the same paired intervals):", "", mentions, ""]
+               if (mentions := mention_table(result["final"])) else []),
              "Per run (mean over seeds [95% interval over seeds]; change to the baseline [interval], "
              "paired by seed):", "", run_table(result["final"], insertion), "",
              " ".join(f"![{FIGURE_TITLES[m]}]({path})" for m, path in figures.items())]

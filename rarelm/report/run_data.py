@@ -63,6 +63,10 @@ def split_summary(summary: dict, params: dict[str, str], split: str) -> dict:
     {'ppl': 3.0}
     >>> split_summary({"ppl": 2.0}, {}, "val")      # a split the run did not score
     {}
+    >>> split_summary({"ppl_general": 5.0}, {}, "test")  # older record, nothing mixed: the model alone
+    {'ppl_general': 5.0, 'ppl_general_model': 5.0}
+    >>> split_summary({"ppl_general": 6.0}, {"knn.cache_window": "64", "knn.cache_weight": "0.1"}, "test")
+    {'ppl_general': 6.0}
     """
     if isinstance(summary.get(split), dict):
         return summary[split]
