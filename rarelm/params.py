@@ -334,6 +334,18 @@ class KnnParams:
 
 
 @dataclasses.dataclass(frozen=True)
+class RetrievalParams:
+    """In-context retrieval at decode time (rarelm/evaluate/retrieval.py); off by default: BM25 over
+    the train split's passages, the best put before every prompt and scored window."""
+
+    enabled: bool = False
+    passages: int = param(1, ge=1, le=16)  # passages put before each prompt, the best last
+    passage_tokens: int = param(64, ge=8, le=4096)  # the train split cut into passages of this length
+    query_tokens: int = param(32, ge=1, le=4096)  # the query: the text of this many tokens before
+    max_passages: int = param(0, ge=0)  # passages from the train split's start; 0 = all
+
+
+@dataclasses.dataclass(frozen=True)
 class TrackingParams:
     """MLflow tracking; the store is MLFLOW_TRACKING_URI or sqlite:///<repo>/mlflow.db."""
 
@@ -375,6 +387,7 @@ class Params:
     train: TrainParams = dataclasses.field(default_factory=TrainParams)
     eval: EvalParams = dataclasses.field(default_factory=EvalParams)
     knn: KnnParams = dataclasses.field(default_factory=KnnParams)
+    retrieval: RetrievalParams = dataclasses.field(default_factory=RetrievalParams)
     tracking: TrackingParams = dataclasses.field(default_factory=TrackingParams)
 
     def __post_init__(self) -> None:

@@ -61,6 +61,7 @@ def evaluate(
         from rarelm.artifacts.terms import load_terms
         from rarelm.artifacts.tokenized import TokenizedData, load_tokenizer
         from rarelm.evaluate.mlflow_log import log_eval_files, log_eval_metrics
+        from rarelm.evaluate.retrieval import retrieving
         from rarelm.knn.hook import active as knn_active
         from rarelm.tracking.metrics import summary_file
         from rarelm.tracking.run import open_run
@@ -81,9 +82,11 @@ def evaluate(
             # never trained on
             general = _general(params, model, tokenizer, data, prior)
             general["ppl_general_model"] = general["ppl_general"]
-        # kNN-LM + cache mixed into every next-token distribution below (rarelm/knn/hook.py); off: nothing
-        with _knn(params, model, datastore, data.eot_id):
-            if general and knn_active(params.knn):  # the mixture's own general-text perplexity, apart
+        # kNN-LM + cache mixed into every next-token distribution below (rarelm/knn/hook.py), retrieved
+        # train passages before every prompt and window (rarelm/evaluate/retrieval.py); off: nothing
+        retriever = _retriever(params, data, tokenizer, prepared, model)
+        with _knn(params, model, datastore, data.eot_id), retrieving(retriever):
+            if general and (knn_active(params.knn) or retriever):  # the mixture's own, apart
                 general.update(_general(params, model, tokenizer, data, prior))
             out, results = _evaluate(params, model, tokenizer, data, buckets, terms, prepared, prior)
         out.update(general)
@@ -93,7 +96,8 @@ def evaluate(
             # the training run's params are fixed at training time: the tau behind these metrics goes too
             mixed = {f"knn_{k}": v for k, v in vars(params.knn).items() if isinstance(v, (int, float))} \
                 if knn_active(params.knn) else {}  # the kNN settings behind these metrics; off: as before
-            settings = {"logit_adjust_tau": tau, "term_trie": params.eval.term_trie}
+            settings = {"logit_adjust_tau": tau, "term_trie": params.eval.term_trie,
+                        **({"retrieval": _retrieval_setting(params.retrieval)} if retriever else {})}
             log_eval_metrics(run, {**out, **settings, **mixed}, inputs=[prepared, tokenized, rare])
             headline = summary_file(out, params.eval.splits, _train_figures(model_dir, train_metrics))
             with outputs_together():  # every output changes, or none does
@@ -242,6 +246,34 @@ def _knn(params, model, datastore: Path, eot_id: int):
     store = Datastore.open(datastore, str(model.device), knn.nprobe) if uses_store(knn) else None
     print(f"evaluate: mixing in {describe(params.knn, store)}", file=sys.stderr, flush=True)
     return attached(model, store, params.knn, eot_id)
+
+
+def _retriever(params, data, tokenizer, prepared: Path, model):
+    """The BM25 retriever over the train split's passages (retrieval.enabled), or None; one line."""
+    if not params.retrieval.enabled:
+        return None
+    import sys
+    import time
+
+    from rarelm.evaluate.decoding import context_length
+    from rarelm.evaluate.retrieval import Retriever, check_fits
+    from rarelm.files import read_json
+
+    r, limit = params.retrieval, context_length(model)
+    check_fits(params.eval.block_size or limit or 1024, r.passages * r.passage_tokens + 1, limit)
+    started = time.perf_counter()
+    language = read_json(prepared / "stats.json").get("language", "en")
+    retriever = Retriever.build(data.tokens("train"), tokenizer, language, params.retrieval, data.eot_id)
+    print(f"evaluate: retrieving {_retrieval_setting(params.retrieval)} from {len(retriever.passages):,} "
+          f"train passages (BM25, {language} words; index built in {time.perf_counter() - started:.1f} s)",
+          file=sys.stderr, flush=True)
+    return retriever
+
+
+def _retrieval_setting(r) -> str:
+    """What retrieval puts before a prompt, in words: '1 passage of 64 tokens, query 32 tokens'."""
+    return (f"{r.passages} passage{'s' if r.passages > 1 else ''} of {r.passage_tokens} tokens, "
+            f"query {r.query_tokens} tokens")
 
 
 def _load(model_dir: Path, data, device: str, threads: int):

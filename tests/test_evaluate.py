@@ -217,6 +217,37 @@ def test_term_trie_decoding_continues_a_begun_term_and_leaves_the_scores_alone()
     assert [r["nll_sum"] for r in trie] == [r["nll_sum"] for r in plain]
 
 
+def test_retrieval_puts_the_best_passage_before_prompts_and_windows_and_scores_only_the_window():
+    """retrieval.*: BM25 over the train split's passages; the best passage (then end-of-text) goes
+    before every scored window and term prompt. The bigram model reads only the last token, so the
+    passage changes no score: the same perplexity and term NLLs as without it prove that only the
+    window's own targets are scored, each at its own position."""
+    from types import SimpleNamespace
+
+    from rarelm.evaluate.retrieval import Retriever, retrieving
+
+    # passages of 2 tokens, one word each: 一二 | 三四 | 五六 | 七七 (the last token left out); the
+    # text of the 2 tokens before a position is the query: 五六 finds the third passage
+    train = np.array([1, 2, 3, 4, 5, 6, 7, 7, 1], dtype=np.uint16)
+    params = SimpleNamespace(passages=1, passage_tokens=2, query_tokens=2, max_passages=0)
+    retriever = Retriever.build(train, char_tokenizer(), "en", params, eot_id=0)
+    assert retriever.passages.tolist() == [[1, 2], [3, 4], [5, 6], [7, 7]] and retriever.width == 3
+    assert retriever.prefix([1, 5, 6]) == [5, 6, 0] and retriever.prefix([3, 4]) == [3, 4, 0]
+    two = Retriever.build(train, char_tokenizer(), "en", SimpleNamespace(**{**vars(params), "passages": 2}),
+                          eot_id=0)
+    assert two.prefix([7, 7])[-3:] == [7, 7, 0] and two.width == 5  # the best last, nearest the prompt
+    plain = score_tokens(bigram(), TOKENS, BUCKETS, block_size=4, batch_size=2).metrics()
+    rows = evaluate_terms(bigram(), char_tokenizer(), DOCS, TOKENS, OFFSETS, TERMS, max_terms=100,
+                          context_tokens=2, batch_size=2, eot_id=0, closed_set=False)
+    with retrieving(retriever):
+        found = score_tokens(bigram(), TOKENS, BUCKETS, block_size=4, batch_size=2).metrics()
+        retrieved = evaluate_terms(bigram(), char_tokenizer(), DOCS, TOKENS, OFFSETS, TERMS, max_terms=100,
+                                   context_tokens=2, batch_size=2, eot_id=0, closed_set=False)
+    assert found["n_eval_tokens"] == plain["n_eval_tokens"] and found["ppl"] == pytest.approx(plain["ppl"])
+    assert [r["nll_sum"] for r in retrieved] == pytest.approx([r["nll_sum"] for r in rows])
+    assert all(r["prompt_tokens"] == p["prompt_tokens"] + 3 for r, p in zip(retrieved, rows, strict=True))
+
+
 def test_general_text_perplexity_by_hand(tmp_path):
     """ppl_general: documents 一二 and 三 as the stream 1 2 <eot> 3 <eot>; the targets cost
     bits(1, 2) = 1, bits(2, 0) = 6, bits(0, 3) = 3, bits(3, 0) = 5: 15 bits over 4 tokens."""
@@ -631,7 +662,7 @@ def test_term_scores_from_the_kept_logits_equal_the_full_pass(arch, monkeypatch)
     model = tiny_random_lm(arch)
     prompts, conts = [[3, 4, 5, 6, 7], [8, 9], [10, 11, 12]], [[13, 14], [15, 16, 17], [18]]
     kept = scoring.continuation_scores(model, prompts, conts, pad_id=0)
-    monkeypatch.setattr(scoring, "_keeps_logits", lambda model: False)
+    monkeypatch.setattr(scoring, "keeps_logits", lambda model: False)
     full = scoring.continuation_scores(model, prompts, conts, pad_id=0)
     for (a_nll, a_rank), (b_nll, b_rank) in zip(kept, full, strict=True):
         assert np.array_equal(a_nll, b_nll) and np.array_equal(a_rank, b_rank)
@@ -695,7 +726,7 @@ def foldoc_sample(tmp_path_factory):
     params = load_params(root / "params.yaml")
     for sub in ("data/prepared", "data/tokenized"):
         (root / sub).mkdir(parents=True)
-    corpus.prepare(params.corpus, root / "data/prepared")
+    write_json(root / "data/prepared/stats.json", corpus.prepare(params.corpus, root / "data/prepared"))
     meta = tokenization.tokenize(params.tokenizer, root / "data/prepared", root / "data/tokenized")
     write_json(root / "data/tokenized/meta.json", meta)
     data = TokenizedData.open(root / "data/tokenized")
@@ -774,7 +805,7 @@ def workspace(tmp_path_factory, tiny_raw):
     params = load_params(root / "params.yaml")
     (root / "data/prepared").mkdir(parents=True)
     (root / "data/tokenized").mkdir()
-    corpus.prepare(params.corpus, root / "data/prepared")
+    write_json(root / "data/prepared/stats.json", corpus.prepare(params.corpus, root / "data/prepared"))
     meta = tokenization.tokenize(params.tokenizer, root / "data/prepared", root / "data/tokenized")
     write_json(root / "data/tokenized/meta.json", meta)
     data = TokenizedData.open(root / "data/tokenized")
@@ -996,6 +1027,37 @@ def test_stage_with_term_trie_completes_terms_and_scores_as_without(workspace, t
 
     unambiguous = [r for r in rows if one_way(r["expected"])]
     assert len(unambiguous) >= 10 and all(r["completion_match"] for r in unambiguous)
+
+
+def test_stage_with_retrieval_scores_windows_after_train_passages(workspace, tmp_path):
+    """`-S retrieval.enabled=true` through the stage: one line says what is retrieved; the in-domain and
+    the mixture's general-text perplexity change, the model alone's (forgetting) does not; windows
+    and passages that do not fit the model's context are one error line, nothing written."""
+    runs = {}
+    for enabled in (False, True):
+        ws = tmp_path / f"ws-{enabled}"
+        shutil.copytree(workspace, ws)
+        (ws / "general.txt").write_text("A general sentence about the weather.\nAnother one.\n")
+        set_params(ws, **{"retrieval.enabled": enabled, "retrieval.passage_tokens": 8, "eval.block_size": 32,
+                          "eval.splits": ["test"], "eval.general_text": "general.txt"})
+        result = stage("evaluate", ws, env={"OMP_NUM_THREADS": "1"})
+        assert result.returncode == 0, result.stderr
+        runs[enabled] = json.loads((ws / "metrics/eval.json").read_text())
+        assert ("retrieving 1 passage of 8 tokens, query 32 tokens" in result.stderr) == enabled
+    plain, found = runs[False], runs[True]
+    assert found["n_eval_tokens"] == plain["n_eval_tokens"] and found["ppl"] != pytest.approx(plain["ppl"])
+    assert found["ppl_general_model"] == plain["ppl_general"] != pytest.approx(found["ppl_general"])
+    assert [r["prompt_tokens"] for r in _rows(tmp_path / "ws-True")] == \
+        [r["prompt_tokens"] + 9 for r in _rows(tmp_path / "ws-False")]
+    ws = tmp_path / "ws-True"
+    shutil.rmtree(ws / "metrics")
+    set_params(ws, **{"eval.block_size": 0})  # the model's whole context of 64, and 9 tokens more
+    assert_user_error(stage("evaluate", ws), "eval.block_size 64 + the 9 retrieved tokens exceed the model's "
+                      "context of 64", ws, "metrics/eval.json", stage="evaluate")
+
+
+def _rows(ws) -> list[dict]:
+    return [json.loads(line) for line in (ws / "metrics/eval_occurrences.jsonl").open()]
 
 
 def test_unreachable_store_is_one_warning_line_or_one_error_if_required(tmp_path, monkeypatch, capsys):

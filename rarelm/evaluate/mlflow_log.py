@@ -22,6 +22,8 @@ def log_eval_metrics(run, metrics: dict, inputs: list[str | Path]) -> None:
     # the decode-time settings behind these figures: tags, not metrics
     settings = {f"eval.{key}": str(metrics[key]) for key in ("logit_adjust_tau", "term_trie")
                 if key in metrics}
+    if "retrieval" in metrics:
+        settings["retrieval"] = str(metrics["retrieval"])
     if settings:
         run.set_tags(settings)
     run.log_datasets(list(inputs), context="evaluation")

@@ -51,7 +51,7 @@ def continuation_scores(model, prompts: list[list[int]], continuations: list[lis
     # output layer and the softmax over the vocabulary were most of this pass, for 64-token prompts
     # and 2-3 token terms (docs/evaluation.md, "Cost of the user-facing metrics")
     keep = width - min(len(p) for p in prompts) + 1
-    extra = {"logits_to_keep": keep} if _keeps_logits(model) else {}
+    extra = {"logits_to_keep": keep} if keeps_logits(model) else {}
     with torch.no_grad():
         logits = model(input_ids=ids.to(model.device), attention_mask=mask.to(model.device), **extra).logits
     offset = width - logits.shape[1]  # 0 for a model that returns every position's logits
@@ -66,7 +66,7 @@ def continuation_scores(model, prompts: list[list[int]], continuations: list[lis
     return out
 
 
-def _keeps_logits(model) -> bool:
+def keeps_logits(model) -> bool:
     """Whether the model's forward takes `logits_to_keep` (transformers' causal LMs: the last k positions'
     logits only)."""
     return "logits_to_keep" in inspect.signature(model.forward).parameters

@@ -9,6 +9,7 @@ import dataclasses
 import numpy as np
 
 from rarelm.errors import RarelmError
+from rarelm.evaluate import retrieval
 from rarelm.evaluate.common import Progress
 from rarelm.evaluate.decoding import constrained, context_length, logit_adjustment
 from rarelm.evaluate.diversity import diversity
@@ -96,11 +97,12 @@ def _prompt_tokens(params: EvalParams, limit: int | None,
     if limit:
         generated = max(2 * longest + 4, params.diversity_tokens if params.diversity_prompts else 0,
                         params.insertion_tokens if params.insertion_prompts else 0)
-        context = min(context, limit - generated)
+        context = min(context, limit - generated - retrieval.width())
         if context < 1:
             raise RarelmError(f"the model's context of {limit} tokens is too short for terms of "
-                              f"{longest} tokens, eval.diversity_tokens = {params.diversity_tokens} and "
-                              f"eval.insertion_tokens = {params.insertion_tokens}")
+                              f"{longest} tokens, eval.diversity_tokens = {params.diversity_tokens}, "
+                              f"eval.insertion_tokens = {params.insertion_tokens} and "
+                              f"{retrieval.width()} retrieved tokens")
     return context
 
 

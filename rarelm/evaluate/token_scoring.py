@@ -23,7 +23,10 @@ import math
 import numpy as np
 import torch
 
+from rarelm.evaluate import retrieval
 from rarelm.evaluate.common import Progress, ratio, silent
+from rarelm.evaluate.decoding import context_length
+from rarelm.evaluate.scoring import keeps_logits
 
 BUCKETS = ("frequent", "medium", "rare", "unseen")
 CLASSES = (*BUCKETS, "term")  # "term": tokens covering a term occurrence (also in their bucket)
@@ -132,11 +135,15 @@ def _score_rows(logits: torch.Tensor, targets: torch.Tensor, start_ids) -> tuple
 
 def _score_batch(model, windows: np.ndarray, buckets: np.ndarray, is_term: np.ndarray,
                  stats: TokenStats, logit_bias=None, at_start: np.ndarray | None = None,
-                 start_ids=None) -> None:
+                 start_ids=None, skip: int = 0) -> None:
+    """Score the targets of `windows` [rows, 1 + targets], each row led by `skip` tokens that are
+    context only (retrieved passages)."""
     ids = torch.as_tensor(windows.astype(np.int64), device=model.device)
-    inputs, targets = ids[:, :-1], ids[:, 1:].reshape(-1)
+    inputs, targets = ids[:, :-1], ids[:, 1 + skip:].reshape(-1)
+    scored = inputs.shape[1] - skip
+    keep = {"logits_to_keep": scored} if skip and keeps_logits(model) else {}
     with torch.no_grad():
-        logits = model(input_ids=inputs, use_cache=False).logits.float()
+        logits = model(input_ids=inputs, use_cache=False, **keep).logits[:, -scored:].float()
         if logit_bias is not None:
             logits = logits + logit_bias
         chunks = zip(logits.reshape(len(targets), -1).split(ROWS), targets.split(ROWS), strict=True)
@@ -171,6 +178,9 @@ def score_tokens(model, tokens: np.ndarray, buckets: np.ndarray, block_size: int
         ids = np.unique(np.asarray(tokens)[start_mask]).astype(np.int64)
         stats.n_start_ids = len(ids)
         start_ids = torch.as_tensor(ids, device=model.device)
+    retriever = retrieval.active()  # retrieved passages before every window (retrieval.*), or None
+    if retriever is not None:
+        retrieval.check_fits(block_size, retriever.width, context_length(model))
     starts = budget_windows(np.arange(0, max(n - 1, 0), block_size), block_size, max_tokens)
     advance = (progress or silent)("scoring tokens", int(np.minimum(block_size, n - 1 - starts).sum()))
     for b in range(0, len(starts), batch_size):
@@ -179,12 +189,23 @@ def score_tokens(model, tokens: np.ndarray, buckets: np.ndarray, block_size: int
         for length in np.unique(targets):
             first = batch[targets == length]
             rows = [tokens[s:s + length + 1] for s in first]
+            if retriever is not None:  # the passages found for the text before each window's targets
+                rows = _with_passages(retriever, tokens, first, rows)
             terms = np.stack([term_mask[s + 1:s + length + 1] for s in first])
             at_start = None if start_ids is None else \
                 np.stack([start_mask[s + 1:s + length + 1] for s in first])
-            _score_batch(model, np.stack(rows), buckets, terms, stats, logit_bias, at_start, start_ids)
+            _score_batch(model, np.stack(rows), buckets, terms, stats, logit_bias, at_start, start_ids,
+                         skip=0 if retriever is None else retriever.width)
         advance(int(targets.sum()))
     return stats
+
+
+def _with_passages(retriever, tokens: np.ndarray, starts: np.ndarray, rows: list) -> list[np.ndarray]:
+    """Each window led by the passages retrieved for the text before its first target."""
+    q = retriever.params.query_tokens
+    found = retriever.prefixes([tokens[max(s + 1 - q, 0):s + 1] for s in starts])
+    return [np.concatenate([np.asarray(p, dtype=np.int64), np.asarray(row, dtype=np.int64)])
+            for p, row in zip(found, rows, strict=True)]
 
 
 def budget_windows(starts: np.ndarray, block_size: int, max_tokens: int) -> np.ndarray:

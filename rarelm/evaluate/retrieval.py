@@ -1,0 +1,117 @@
+"""In-context retrieval (retrieval.*; Ram et al. 2023, In-Context RALM): before the model scores or
+writes at a position, passages of the train split that BM25 finds for the text just before it are
+put in front of the prompt, so a term the document has not mentioned yet may stand in the context.
+
+The train split's tokens are cut into passages of `passage_tokens`; each passage's text is cut into
+words (jieba for Chinese, lower-cased word characters otherwise) and indexed with BM25 (the `bm25s`
+package). The query is the text of the last `query_tokens` tokens before the position; the
+`passages` best passages, best last (nearest the prompt), and one end-of-text token go before it:
+
+    retriever = Retriever.build(train_tokens, tokenizer, "en", RetrievalParams(enabled=True), eot_id)
+    with retrieving(retriever):
+        ...  # score_tokens' windows, term prompts and sampled continuations get their passages
+
+Every prefix is exactly `retriever.width` tokens long (full passages only), so scored windows still
+stack. The passages come from the train split, never from the scored document (val, test or general
+text); for a window of the split, the query is the text before the window. What the model alone
+gives is scored apart where it matters: `ppl_general_model` is scored before any of this.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Iterator
+
+import numpy as np
+
+
+def words(text: str, language: str) -> list[str]:
+    """BM25's terms of a text: jieba's words for Chinese (punctuation and spaces left out), else the
+    lower-cased runs of word characters.
+
+    >>> words("The TCP/IP stack", "en"), words("删除临时文件，然后退出。", "zh")
+    (['the', 'tcp', 'ip', 'stack'], ['删除', '临时文件', '然后', '退出'])
+    """
+    if language == "zh":
+        import jieba  # ~1 s to load: on use
+
+        return [w for w in jieba.lcut(text) if re.match(r"\w", w)]
+    return re.findall(r"\w+", text.lower())
+
+
+class Retriever:
+    """BM25 over the train split's passages; `prefix(before)` the tokens to put before a prompt."""
+
+    def __init__(self, passages: np.ndarray, index, tokenizer, language: str, params, eot_id: int):
+        self.passages, self.index, self.tokenizer = passages, index, tokenizer
+        self.language, self.params, self.eot_id = language, params, eot_id
+        self.width = params.passages * params.passage_tokens + 1  # passages, then one end-of-text token
+
+    @classmethod
+    def build(cls, train_tokens: np.ndarray, tokenizer, language: str, params, eot_id: int) -> Retriever:
+        import bm25s  # on use
+
+        n = len(train_tokens) // params.passage_tokens
+        if params.max_passages:
+            n = min(n, params.max_passages)
+        if n < params.passages:
+            from rarelm.errors import RarelmError
+
+            raise RarelmError(f"the train split holds {n} passages of {params.passage_tokens} tokens, fewer "
+                              f"than retrieval.passages = {params.passages}")
+        passages = np.asarray(train_tokens[:n * params.passage_tokens], dtype=np.int64).reshape(n, -1)
+        texts = tokenizer.decode_batch(passages.tolist(), skip_special_tokens=True)
+        index = bm25s.BM25()
+        index.index([words(t, language) for t in texts], show_progress=False)
+        return cls(passages, index, tokenizer, language, params, eot_id)
+
+    def prefix(self, before) -> list[int]:
+        """The `width` tokens to put before a prompt whose preceding tokens are `before` (the last
+        `query_tokens` of them are the query): the best passages, the best last, then end-of-text."""
+        return self.prefixes([before])[0]
+
+    def prefixes(self, befores: list) -> list[list[int]]:
+        # a query with no word (a window at the split's start) gets one no passage has: BM25 scores
+        # every passage 0 and the first ones come back (the empty word is bm25s' own, refused here)
+        queries = [words(self.tokenizer.decode([int(t) for t in b[-self.params.query_tokens:]],
+                                               skip_special_tokens=True), self.language) or ["\x00"]
+                   for b in befores]
+        found, _ = self.index.retrieve(queries, k=self.params.passages, show_progress=False)
+        return [[int(t) for i in row[::-1] for t in self.passages[i]] + [self.eot_id] for row in found]
+
+
+def check_fits(block_size: int, width: int, limit: int | None) -> None:
+    """A one-line error where a scored window and the retrieved tokens before it exceed the model's
+    context of `limit` positions (None: unknown, not checked)."""
+    if limit and block_size + width > limit:
+        from rarelm.errors import RarelmError
+
+        raise RarelmError(f"eval.block_size {block_size} + the {width} retrieved tokens exceed the model's "
+                          f"context of {limit}: lower eval.block_size or retrieval.passage_tokens")
+
+
+_ACTIVE: list[Retriever] = []
+
+
+@contextlib.contextmanager
+def retrieving(retriever: Retriever | None) -> Iterator[None]:
+    """A block in which `active()` is `retriever` (None: no retrieval, the block as it is)."""
+    if retriever is None:
+        yield
+        return
+    _ACTIVE.append(retriever)
+    try:
+        yield
+    finally:
+        _ACTIVE.remove(retriever)
+
+
+def active() -> Retriever | None:
+    """The retriever of the innermost `retrieving` block, or None."""
+    return _ACTIVE[-1] if _ACTIVE else None
+
+
+def width() -> int:
+    """Tokens that retrieval puts before every prompt and window now (0 outside `retrieving`)."""
+    return active().width if _ACTIVE else 0
