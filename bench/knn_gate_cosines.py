@@ -50,8 +50,8 @@ def main() -> None:
     data = TokenizedData.open(args.tokenized)
     tokenizer = load_tokenizer(data.tokenizer_dir, data.vocab_size)
     domain = np.asarray(data.tokens(args.split))
-    domain = domain[np.linspace(0, len(domain) - args.block, max(args.tokens // args.block, 1)).astype(int)[:, None]
-                    + np.arange(args.block)].reshape(-1)  # windows spread over the split
+    starts = np.linspace(0, len(domain) - args.block, max(args.tokens // args.block, 1)).astype(int)
+    domain = domain[starts[:, None] + np.arange(args.block)].reshape(-1)  # windows spread over the split
     with open(args.general, encoding="utf-8") as f:
         general = np.array(tokenizer.encode(f.read(), add_special_tokens=False).ids[:args.tokens])
     print(f"store: {len(store):,} entries; quantiles 10/25/50/75/90% of the nearest key's cosine")
