@@ -236,6 +236,10 @@ def test_retrieval_puts_the_best_passage_before_prompts_and_windows_and_scores_o
     two = Retriever.build(train, char_tokenizer(), "en", SimpleNamespace(**{**vars(params), "passages": 2}),
                           eot_id=0)
     assert two.prefix([7, 7])[-3:] == [7, 7, 0] and two.width == 5  # the best last, nearest the prompt
+    with pytest.raises(RarelmError, match="the train split holds 1 passages of 2 tokens, fewer than "
+                                          "retrieval.passages = 2"):
+        Retriever.build(train[:3], char_tokenizer(), "en", SimpleNamespace(**{**vars(params), "passages": 2}),
+                        eot_id=0)
     plain = score_tokens(bigram(), TOKENS, BUCKETS, block_size=4, batch_size=2).metrics()
     rows = evaluate_terms(bigram(), char_tokenizer(), DOCS, TOKENS, OFFSETS, TERMS, max_terms=100,
                           context_tokens=2, batch_size=2, eot_id=0, closed_set=False)
@@ -849,6 +853,23 @@ def _hf_ppl(model_dir, tokens, block, bias=None):
     return math.exp(total / n), n
 
 
+def _assert_eval_plots(ws, m: dict, n: int) -> None:
+    """The evaluate stage's plot CSVs against its metrics/eval.json `m` (n: scored test tokens)."""
+    buckets_csv = (ws / "plots/eval_buckets.csv").read_text().splitlines()
+    assert buckets_csv[0] == "bucket,tokens,ppl,acc,recall_at_5"
+    assert buckets_csv[1].startswith(f"all,{n},{m['ppl']:.6g},")
+    header, *band_lines = (ws / "plots/eval_term_bands.csv").read_text().splitlines()
+    assert header == "band,terms,occurrences,exact_match,first_token_acc,choice_acc,nll,nll_per_char,ppl"
+    bands = [dict(zip(header.split(","), line.split(","), strict=True)) for line in band_lines]
+    assert sum(int(b["occurrences"]) for b in bands) == m["n_eval_terms"]
+    # the term chart's panels: band means of NLL per character weigh back to the overall one,
+    # and term perplexity is exp of the band's NLL per term token
+    assert sum(int(b["occurrences"]) * float(b["nll_per_char"]) for b in bands) / m["n_eval_terms"] == \
+        pytest.approx(m["term_nll_per_char"], rel=1e-4)
+    ppl_of_nll = [math.exp(float(b["nll"])) for b in bands]
+    assert [float(b["ppl"]) for b in bands] == pytest.approx(ppl_of_nll, rel=1e-4)
+
+
 def test_stage_writes_metrics_plots_and_logs_into_the_training_run(workspace, tmp_path):
     import mlflow
 
@@ -904,19 +925,7 @@ def test_stage_writes_metrics_plots_and_logs_into_the_training_run(workspace, tm
     val_tokens = TokenizedData.open(ws / "data/tokenized").tokens("val")
     assert m["val"]["n_eval_tokens"] == len(val_tokens) - 1 and m["val"]["ppl"] > 1
 
-    buckets_csv = (ws / "plots/eval_buckets.csv").read_text().splitlines()
-    assert buckets_csv[0] == "bucket,tokens,ppl,acc,recall_at_5"
-    assert buckets_csv[1].startswith(f"all,{n},{m['ppl']:.6g},")
-    header, *band_lines = (ws / "plots/eval_term_bands.csv").read_text().splitlines()
-    assert header == "band,terms,occurrences,exact_match,first_token_acc,choice_acc,nll,nll_per_char,ppl"
-    bands = [dict(zip(header.split(","), line.split(","), strict=True)) for line in band_lines]
-    assert sum(int(b["occurrences"]) for b in bands) == m["n_eval_terms"]
-    # the term chart's panels: band means of NLL per character weigh back to the overall one,
-    # and term perplexity is exp of the band's NLL per term token
-    assert sum(int(b["occurrences"]) * float(b["nll_per_char"]) for b in bands) / m["n_eval_terms"] == \
-        pytest.approx(m["term_nll_per_char"], rel=1e-4)
-    ppl_of_nll = [math.exp(float(b["nll"])) for b in bands]
-    assert [float(b["ppl"]) for b in bands] == pytest.approx(ppl_of_nll, rel=1e-4)
+    _assert_eval_plots(ws, m, n)
 
     logged = client.get_run(run_id)
     assert logged.data.metrics["summary/ppl"] == pytest.approx(m["ppl"])
