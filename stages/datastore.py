@@ -54,9 +54,10 @@ def _build(params, model_dir: Path, tokenized: Path, out: Path) -> dict:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from rarelm.artifacts.tokenized import TokenizedData
+    from rarelm.artifacts.tokenized import TokenizedData, lead_ids, load_tokenizer
     from rarelm.evaluate.decoding import context_length
     from rarelm.evaluate.model_folder import load_causal_lm
+    from rarelm.evaluate.prefix import window
     from rarelm.knn.datastore import build
 
     if params.eval.threads:
@@ -69,10 +70,13 @@ def _build(params, model_dir: Path, tokenized: Path, out: Path) -> dict:
         raise RarelmError(f"{model_dir}: the model's vocabulary ({vocab}) is smaller than the "
                           f"tokenizer's ({data.vocab_size}); was it trained on this data?")
     limit = context_length(model)
-    block = params.eval.block_size or limit or 1024
-    if limit and block > limit:
+    lead = lead_ids(load_tokenizer(data.tokenizer_dir, data.vocab_size))  # <bos> first, as evaluate reads
+    block = window(params.eval.block_size, limit, len(lead))
+    before = len(lead)
+    if limit and block + before > limit:
         raise RarelmError(f"params: eval.block_size = {block} is not allowed "
-                          f"(must be <= the model's context length {limit})")
+                          f"(must be <= the model's context length {limit}"
+                          f"{f' less the {before} lead token(s) before every window' if before else ''})")
     total = max(len(tokens) - 1, 0)
     if params.knn.max_entries:
         total = min(total, params.knn.max_entries)
@@ -84,7 +88,7 @@ def _build(params, model_dir: Path, tokenized: Path, out: Path) -> dict:
         task = bar.add_task("train entries", total=total)
         meta = build(model, tokens, block, params.eval.batch_size, tmp, params.knn.key_dtype,
                      params.knn.max_entries, lambda n: bar.advance(task, n), params.knn.index,
-                     params.knn.nlist, params.knn.similarity)
+                     params.knn.nlist, params.knn.similarity, lead)
         write_json(tmp / "meta.json", meta)
     return meta
 

@@ -61,6 +61,7 @@ def evaluate(
         from rarelm.artifacts.terms import load_terms
         from rarelm.artifacts.tokenized import TokenizedData, load_tokenizer
         from rarelm.evaluate.mlflow_log import log_eval_files, log_eval_metrics
+        from rarelm.evaluate.prefix import leading
         from rarelm.evaluate.retrieval import retrieving
         from rarelm.knn.hook import active as knn_active
         from rarelm.tracking.metrics import summary_file
@@ -75,20 +76,23 @@ def evaluate(
         terms = load_terms(rare / "terms.jsonl")
         tokenizer = load_tokenizer(data.tokenizer_dir, data.vocab_size)
         model = _load(model_dir, data, params.eval.device, params.eval.threads)
+        lead = _lead(tokenizer)  # <bos> before every window and prompt where the model reads one first
 
         general = {}
-        if params.eval.general_text:  # first: a bad path fails at once
-            # the forgetting guard: the model alone (no decode-time mixing) on general text the base
-            # never trained on
-            general = _general(params, model, tokenizer, data, prior)
-            general["ppl_general_model"] = general["ppl_general"]
-        # kNN-LM + cache mixed into every next-token distribution below (rarelm/knn/hook.py), retrieved
-        # train passages before every prompt and window (rarelm/evaluate/retrieval.py); off: nothing
-        retriever = _retriever(params, data, tokenizer, prepared, model)
-        with _knn(params, model, datastore, data.eot_id), retrieving(retriever):
-            if general and (knn_active(params.knn) or retriever):  # the mixture's own, apart
-                general.update(_general(params, model, tokenizer, data, prior))
-            out, results = _evaluate(params, model, tokenizer, data, buckets, terms, prepared, prior)
+        with leading(lead):
+            if params.eval.general_text:  # first: a bad path fails at once
+                # the forgetting guard: the model alone (no decode-time mixing) on general text the
+                # base never trained on
+                general = _general(params, model, tokenizer, data, prior)
+                general["ppl_general_model"] = general["ppl_general"]
+            # kNN-LM + cache mixed into every next-token distribution below (rarelm/knn/hook.py),
+            # retrieved train passages before every prompt and window (rarelm/evaluate/retrieval.py);
+            # off: nothing
+            retriever = _retriever(params, data, tokenizer, prepared, model)
+            with _knn(params, model, datastore, data.eot_id), retrieving(retriever):
+                if general and (knn_active(params.knn) or retriever):  # the mixture's own, apart
+                    general.update(_general(params, model, tokenizer, data, prior))
+                out, results = _evaluate(params, model, tokenizer, data, buckets, terms, prepared, prior)
         out.update(general)
         # before any output is written: a store that cannot log is the error (tracking.required)
         run = open_run(model_dir / "mlflow_run.json", "evaluate", params)
@@ -225,11 +229,27 @@ def _general(params, model, tokenizer, data, prior) -> dict:
     """ppl_general and n_general_tokens on eval.general_text (rarelm/evaluate/general_text.py)."""
     from rarelm.evaluate.decoding import context_length, logit_adjustment
     from rarelm.evaluate.general_text import general_metrics
+    from rarelm.evaluate.prefix import window
 
-    block = params.eval.block_size or context_length(model) or 1024
+    block = window(params.eval.block_size, context_length(model))
     bias = logit_adjustment(model, prior, params.eval.logit_adjust_tau)
     return general_metrics(model, tokenizer, params.eval.general_text, data.eot_id, data.vocab_size, block,
                            params.eval.batch_size, bias, params.eval.max_tokens)
+
+
+def _lead(tokenizer) -> list[int]:
+    """The tokens the model reads first in any text (rarelm/artifacts/tokenized.py `lead_ids`); one
+    stderr line when there are any."""
+    import sys
+
+    from rarelm.artifacts.tokenized import lead_ids
+
+    lead = lead_ids(tokenizer)
+    if lead:
+        shown = "".join(tokenizer.id_to_token(t) or str(t) for t in lead)
+        print(f"evaluate: every window, prompt and sample starts with {shown}, as the tokenizer starts texts",
+              file=sys.stderr, flush=True)
+    return lead
 
 
 def _knn(params, model, datastore: Path, eot_id: int):
@@ -256,11 +276,12 @@ def _retriever(params, data, tokenizer, prepared: Path, model):
     import time
 
     from rarelm.evaluate.decoding import context_length
+    from rarelm.evaluate.prefix import lead, window
     from rarelm.evaluate.retrieval import Retriever, check_fits
     from rarelm.files import read_json
 
     r, limit = params.retrieval, context_length(model)
-    check_fits(params.eval.block_size or limit or 1024, r.passages * r.passage_tokens + 1, limit)
+    check_fits(window(params.eval.block_size, limit), len(lead()) + r.passages * r.passage_tokens + 1, limit)
     started = time.perf_counter()
     language = read_json(prepared / "stats.json").get("language", "en")
     retriever = Retriever.build(data.tokens("train"), tokenizer, language, params.retrieval, data.eot_id)

@@ -252,6 +252,54 @@ def test_retrieval_puts_the_best_passage_before_prompts_and_windows_and_scores_o
     assert all(r["prompt_tokens"] == p["prompt_tokens"] + 3 for r, p in zip(retrieved, rows, strict=True))
 
 
+def test_a_lead_token_goes_before_every_window_prompt_and_sample_and_is_never_scored():
+    """A tokenizer that starts every text with <bos> (Gemma 3's post-processor) has it found by
+    `lead_ids`, and under `leading` it stands before every scored window, term prompt and sampled
+    continuation: the windows' NLLs equal those computed by hand with <bos> in front, the same targets
+    are scored, every prompt is one token longer and every sample starts from it."""
+    from tokenizers import processors
+
+    from rarelm.artifacts.tokenized import lead_ids
+    from rarelm.evaluate.diversity import sampled_continuations
+    from rarelm.evaluate.prefix import leading, window
+
+    bos = 9
+    tokenizer = char_tokenizer()
+    assert lead_ids(tokenizer) == []  # GPT-2 style: nothing before a text
+    tokenizer.post_processor = processors.TemplateProcessing(single="[B] $A", special_tokens=[("[B]", bos)])
+    assert lead_ids(tokenizer) == [bos] and tokenizer.encode("一二").ids == [bos, 1, 2]
+    tokenizer.post_processor = processors.TemplateProcessing(single="$A [B]", special_tokens=[("[B]", bos)])
+    assert lead_ids(tokenizer) == []  # a token after the text is no lead
+    assert window(0, 512, 1) == 511
+
+    model = tiny_random_lm("gemma3")
+    plain = score_tokens(model, TOKENS, BUCKETS, block_size=4, batch_size=2).metrics()
+    prompts = evaluate_terms(model, char_tokenizer(), DOCS, TOKENS, OFFSETS, TERMS, max_terms=100,
+                             context_tokens=2, batch_size=2, eot_id=0, closed_set=False)
+    seen = []
+    model.register_forward_pre_hook(lambda _m, _a, kw: seen.append(
+        (kw["input_ids"], kw.get("attention_mask"))), with_kwargs=True)
+    with leading([bos]):
+        led = score_tokens(model, TOKENS, BUCKETS, block_size=4, batch_size=2).metrics()
+        rows = evaluate_terms(model, char_tokenizer(), DOCS, TOKENS, OFFSETS, TERMS, max_terms=100,
+                              context_tokens=2, batch_size=2, eot_id=0, closed_set=False)
+        seen.clear()
+        sampled_continuations(model, TOKENS, OFFSETS, n_prompts=3, n_new=2, context_tokens=2, batch_size=3,
+                              eot_id=0, seed=0)
+    ids, mask = seen[0]  # the first forward of the samples: each prompt (left-padded) led by <bos>
+    assert ids[torch.arange(3), mask.argmax(1)].tolist() == [bos] * 3
+    nll = []
+    with torch.no_grad():
+        for start in range(0, len(TOKENS) - 1, 4):
+            window_ = [int(t) for t in TOKENS[start:start + 5]]
+            inputs = torch.tensor([[bos, *window_[:-1]]])
+            logp = torch.log_softmax(model(input_ids=inputs).logits[0].double(), -1)
+            nll += [-logp[i + 1, t].item() for i, t in enumerate(window_[1:])]
+    assert led["n_eval_tokens"] == plain["n_eval_tokens"] == len(nll) == len(TOKENS) - 1
+    assert led["ppl"] == pytest.approx(math.exp(sum(nll) / len(nll)), rel=1e-5) != pytest.approx(plain["ppl"])
+    assert [r["prompt_tokens"] for r in rows] == [r["prompt_tokens"] + 1 for r in prompts]
+
+
 def test_general_text_perplexity_by_hand(tmp_path):
     """ppl_general: documents 一二 and 三 as the stream 1 2 <eot> 3 <eot>; the targets cost
     bits(1, 2) = 1, bits(2, 0) = 6, bits(0, 3) = 3, bits(3, 0) = 5: 15 bits over 4 tokens."""
@@ -1038,6 +1086,34 @@ def test_stage_with_term_trie_completes_terms_and_scores_as_without(workspace, t
     assert len(unambiguous) >= 10 and all(r["completion_match"] for r in unambiguous)
 
 
+def test_stage_puts_the_tokenizers_lead_before_every_window_and_prompt(workspace, tmp_path):
+    """A tokenizer that starts every text with a token (Gemma 3's <bos>; here the end-of-text token as
+    the post-processor's lead): evaluate says so in one line, scores the same targets, and every term
+    prompt is one token longer; the plain tokenizer gets nothing before its windows."""
+    from tokenizers import Tokenizer, processors
+
+    runs = {}
+    for lead in (False, True):
+        ws = tmp_path / f"ws-{lead}"
+        shutil.copytree(workspace, ws)
+        set_params(ws, **{"eval.splits": ["test"], "eval.block_size": 32})
+        if lead:
+            path = ws / "data/tokenized/tokenizer/tokenizer.json"
+            tokenizer = Tokenizer.from_file(str(path))
+            eot = tokenizer.token_to_id("<|endoftext|>")
+            tokenizer.post_processor = processors.TemplateProcessing(
+                single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", eot)])
+            tokenizer.save(str(path))
+        result = stage("evaluate", ws, env={"OMP_NUM_THREADS": "1"})
+        assert result.returncode == 0, result.stderr
+        assert ("every window, prompt and sample starts with <|endoftext|>" in result.stderr) == lead
+        runs[lead] = json.loads((ws / "metrics/eval.json").read_text())
+    assert runs[True]["n_eval_tokens"] == runs[False]["n_eval_tokens"]
+    assert runs[True]["ppl"] != pytest.approx(runs[False]["ppl"])
+    assert [r["prompt_tokens"] for r in _rows(tmp_path / "ws-True")] == \
+        [r["prompt_tokens"] + 1 for r in _rows(tmp_path / "ws-False")]
+
+
 def test_stage_with_retrieval_scores_windows_after_train_passages(workspace, tmp_path):
     """`-S retrieval.enabled=true` through the stage: one line says what is retrieved; the in-domain and
     the mixture's general-text perplexity change, the model alone's (forgetting) does not; windows
@@ -1061,8 +1137,9 @@ def test_stage_with_retrieval_scores_windows_after_train_passages(workspace, tmp
     ws = tmp_path / "ws-True"
     shutil.rmtree(ws / "metrics")
     set_params(ws, **{"eval.block_size": 0})  # the model's whole context of 64, and 9 tokens more
-    assert_user_error(stage("evaluate", ws), "eval.block_size 64 + the 9 retrieved tokens exceed the model's "
-                      "context of 64", ws, "metrics/eval.json", stage="evaluate")
+    assert_user_error(stage("evaluate", ws), "eval.block_size 64 + the 9 tokens before it (lead and "
+                      "retrieved passages) exceed the model's context of 64", ws, "metrics/eval.json",
+                      stage="evaluate")
 
 
 def _rows(ws) -> list[dict]:

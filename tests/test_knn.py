@@ -295,21 +295,32 @@ def test_generation_with_the_kv_cache_matches_full_forwards(tiny):
         assert row == seq[len(prompt):]
 
 
-def tiny_folders(tmp_path, tiny):
+def tiny_folders(tmp_path, tiny, lead: bool = False):
+    """The model's folder and a tokenize stage's (tokens 0..19 as words "t0".."t19"; with `lead` the
+    tokenizer starts every text with t0, as Gemma 3's starts it with <bos>)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
     model, tokens = tiny
     model.save_pretrained(tmp_path / "model")
     tok = tmp_path / "tokenized"
-    tok.mkdir()
+    (tok / "tokenizer").mkdir(parents=True)
+    words = Tokenizer(models.WordLevel({f"t{i}": i for i in range(20)}, unk_token="t0"))
+    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    if lead:
+        words.post_processor = processors.TemplateProcessing(single="t0 $A", special_tokens=[("t0", 0)])
+    words.save(str(tok / "tokenizer/tokenizer.json"))
     tokens.tofile(tok / "train.tokens")
     (tok / "meta.json").write_text(json.dumps({"vocab_size": 20, "eot_id": 0, "dtype": "uint16",
                                                "splits": {"train": {"tokens": len(tokens)}}}))
     return tmp_path / "model", tok
 
 
-@pytest.mark.parametrize("index", ["off", "exact", "ivf", "cosine"])
+@pytest.mark.parametrize("index", ["off", "exact", "ivf", "cosine", "lead"])
 def test_datastore_stage(tmp_path, tiny, index):
+    """Keys and values of the train split; with a tokenizer that starts texts with a lead token (Gemma 3's
+    <bos>), every window is read after it, as evaluate reads it, and the lead gives no entry."""
     model, tokens = tiny
-    model_dir, tok = tiny_folders(tmp_path, tiny)
+    model_dir, tok = tiny_folders(tmp_path, tiny, lead=index == "lead")
     enabled = index != "off"
     similarity = "cosine" if index == "cosine" else "l2"
     (tmp_path / "params.yaml").write_text(
@@ -326,13 +337,15 @@ def test_datastore_stage(tmp_path, tiny, index):
         assert meta == {"enabled": False} and sorted(p.name for p in out.iterdir()) == ["meta.json"]
         return
     expected = {"enabled": True, "entries": 150, "hidden": 8, "key_dtype": "float32", "block_size": 16,
-                "index": "ivf" if index == "ivf" else "exact", "similarity": similarity}
+                "index": "ivf" if index == "ivf" else "exact", "similarity": similarity,
+                "lead": [0] if index == "lead" else []}
     assert meta == ({**expected, "nlist": 4} if index == "ivf" else expected)
     store = Datastore.open(out, nprobe=4)
     assert store.values.tolist() == tokens[1:151].tolist() and store.similarity == similarity
     # entry 20 is position 4 of the second 16-token window (tokens 16..32); cosine: unit length
-    window = torch.as_tensor(tokens[None, 16:32].astype(np.int64))
-    state = final_hidden(model, window)[0, 4]
+    lead = [0] if index == "lead" else []
+    window = torch.as_tensor(np.asarray([lead + tokens[16:32].tolist()], dtype=np.int64))
+    state = final_hidden(model, window)[0, 4 + len(lead)]
     assert float(state.norm()) > 1.5  # GPT-2's final layer norm: norms near sqrt(8), not 1
     key = state / state.norm() if similarity == "cosine" else state
     assert np.allclose(store.keys[20], key.numpy(), atol=1e-6)

@@ -91,6 +91,17 @@ class Samples:
         return self.tokens[start:start + self.block_size + 1]
 
 
+def lead_ids(tokenizer: Tokenizer) -> list[int]:
+    """The tokens the tokenizer puts before any text: `<bos>` for Gemma 3 (its post-processor's), none
+    for GPT-2-style tokenizers (SmolLM2's, the pipeline's own BPE). The tokenize stage leaves them out
+    (documents and end-of-text tokens only); evaluate and the datastore put them before every window
+    and prompt, as the model was trained (rarelm/evaluate/prefix.py)."""
+    encoding = tokenizer.encode("a")
+    added = encoding.special_tokens_mask  # 1 where the post-processor added a token
+    first = added.index(0) if 0 in added else len(added)
+    return encoding.ids[:first]
+
+
 def load_tokenizer(tokenizer_dir: Path, vocab_size: int) -> Tokenizer:
     """The pipeline's tokenizer (tokenizers.Tokenizer), checked against the tokenized data."""
     path = tokenizer_dir / "tokenizer.json"

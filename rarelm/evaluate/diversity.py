@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from rarelm.evaluate import retrieval
+from rarelm.evaluate import prefix
 from rarelm.evaluate.common import Progress, silent
 from rarelm.evaluate.decoding import sample_continue
 from rarelm.evaluate.token_scoring import BUCKETS, RARE
@@ -28,9 +28,8 @@ def sampled_continuations(model, tokens: np.ndarray, offsets: np.ndarray, *, n_p
     prompts = [term_search.prompt_before(tokens, int(d), int(p), context_tokens, eot_id)
                for p, d in zip(positions, starts, strict=True)]
     human = np.stack([np.asarray(tokens[p:p + n_new], dtype=np.int64) for p in positions])
-    retriever = retrieval.active()
-    if retriever is not None:  # the train passages BM25 finds for each prompt's text, before it
-        prompts = [found + p for p, found in zip(prompts, retriever.prefixes(prompts), strict=True)]
+    # the model's lead (<bos>), then the train passages BM25 finds for each prompt's text, before it
+    prompts = [found + p for p, found in zip(prompts, prefix.prefixes(prompts), strict=True)]
     advance = (progress or silent)(what, len(prompts))
     torch.manual_seed(seed)
     generated = []

@@ -82,13 +82,15 @@ class Retriever:
 
 
 def check_fits(block_size: int, width: int, limit: int | None) -> None:
-    """A one-line error where a scored window and the retrieved tokens before it exceed the model's
-    context of `limit` positions (None: unknown, not checked)."""
+    """A one-line error where a scored window and the `width` tokens before it (the model's lead and
+    retrieved passages: rarelm/evaluate/prefix.py) exceed the model's context of `limit` positions
+    (None: unknown, not checked)."""
     if limit and block_size + width > limit:
         from rarelm.errors import RarelmError
 
-        raise RarelmError(f"eval.block_size {block_size} + the {width} retrieved tokens exceed the model's "
-                          f"context of {limit}: lower eval.block_size or retrieval.passage_tokens")
+        raise RarelmError(f"eval.block_size {block_size} + the {width} tokens before it (lead and retrieved "
+                          f"passages) exceed the model's context of {limit}: lower eval.block_size or "
+                          "retrieval.passage_tokens")
 
 
 _ACTIVE: list[Retriever] = []

@@ -9,7 +9,7 @@ import dataclasses
 import numpy as np
 
 from rarelm.errors import RarelmError
-from rarelm.evaluate import retrieval
+from rarelm.evaluate import prefix
 from rarelm.evaluate.common import Progress
 from rarelm.evaluate.decoding import constrained, context_length, logit_adjustment
 from rarelm.evaluate.diversity import diversity
@@ -44,10 +44,12 @@ def evaluate_split(model, tokenizer, data, documents: list[str], split: str, buc
         raise RarelmError(f"{split} split holds token id {int(tokens.max())}, outside the vocabulary of "
                           f"{len(buckets)}; re-run the tokenize and rare_terms stages")
     limit = context_length(model)
-    block = params.block_size or limit or 1024
-    if limit and block > limit:
+    block = prefix.window(params.block_size, limit)
+    before = len(prefix.lead())
+    if limit and block + before > limit:
         raise RarelmError(f"params: eval.block_size = {block} is not allowed "
-                          f"(must be <= the model's context length {limit})")
+                          f"(must be <= the model's context length {limit}"
+                          f"{f' less the {before} lead token(s) before every window' if before else ''})")
     steps, seconds = Steps(f"evaluate: {split}"), {}  # a line per measurement once the split took 10 s
 
     def lap(name: str) -> None:
@@ -97,12 +99,12 @@ def _prompt_tokens(params: EvalParams, limit: int | None,
     if limit:
         generated = max(2 * longest + 4, params.diversity_tokens if params.diversity_prompts else 0,
                         params.insertion_tokens if params.insertion_prompts else 0)
-        context = min(context, limit - generated - retrieval.width())
+        context = min(context, limit - generated - prefix.width())
         if context < 1:
             raise RarelmError(f"the model's context of {limit} tokens is too short for terms of "
                               f"{longest} tokens, eval.diversity_tokens = {params.diversity_tokens}, "
                               f"eval.insertion_tokens = {params.insertion_tokens} and "
-                              f"{retrieval.width()} retrieved tokens")
+                              f"{prefix.width()} tokens of lead and retrieved passages")
     return context
 
 

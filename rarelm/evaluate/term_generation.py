@@ -11,7 +11,7 @@ import os
 
 import numpy as np
 
-from rarelm.evaluate import retrieval
+from rarelm.evaluate import prefix
 from rarelm.evaluate.common import Progress, silent
 from rarelm.evaluate.decoding import greedy_continue
 from rarelm.evaluate.scoring import candidates_nll, continuation_scores, tree_candidates_nll
@@ -96,10 +96,9 @@ def evaluate_terms(model, tokenizer, documents: list[str], tokens: np.ndarray, o
         per_term = term_search.find_occurrences(tokenizer, documents, tokens, offsets, terms)
     tasks = [_prompted(o, tokens, offsets, terms, context_tokens, eot_id)
              for o in term_search.select_round_robin(per_term, max_terms)]
-    retriever = retrieval.active()
-    if retriever is not None:  # the train passages BM25 finds for the text before each term
-        tasks = [dataclasses.replace(t, prompt=found + t.prompt)
-                 for t, found in zip(tasks, retriever.prefixes([t.prompt for t in tasks]), strict=True)]
+    # the model's lead (<bos>), then the train passages BM25 finds for the text before each term
+    tasks = [dataclasses.replace(t, prompt=found + t.prompt)
+             for t, found in zip(tasks, prefix.prefixes([t.prompt for t in tasks]), strict=True)]
     ranker = ClosedSet(model, tokenizer, terms, logit_bias, tree=batch_size > 1) if closed_set else None
     rows: list[dict] = [{} for _ in tasks]
     order = sorted(range(len(tasks)), key=lambda i: (len(tasks[i].cover), len(tasks[i].prompt)))

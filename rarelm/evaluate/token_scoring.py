@@ -23,7 +23,7 @@ import math
 import numpy as np
 import torch
 
-from rarelm.evaluate import retrieval
+from rarelm.evaluate import prefix, retrieval
 from rarelm.evaluate.common import Progress, ratio, silent
 from rarelm.evaluate.decoding import context_length
 from rarelm.evaluate.scoring import keeps_logits
@@ -178,9 +178,9 @@ def score_tokens(model, tokens: np.ndarray, buckets: np.ndarray, block_size: int
         ids = np.unique(np.asarray(tokens)[start_mask]).astype(np.int64)
         stats.n_start_ids = len(ids)
         start_ids = torch.as_tensor(ids, device=model.device)
-    retriever = retrieval.active()  # retrieved passages before every window (retrieval.*), or None
-    if retriever is not None:
-        retrieval.check_fits(block_size, retriever.width, context_length(model))
+    skip = prefix.width()  # the lead (<bos>) and retrieved passages before every window: context only
+    if skip:
+        retrieval.check_fits(block_size, skip, context_length(model))
     starts = budget_windows(np.arange(0, max(n - 1, 0), block_size), block_size, max_tokens)
     advance = (progress or silent)("scoring tokens", int(np.minimum(block_size, n - 1 - starts).sum()))
     for b in range(0, len(starts), batch_size):
@@ -189,21 +189,21 @@ def score_tokens(model, tokens: np.ndarray, buckets: np.ndarray, block_size: int
         for length in np.unique(targets):
             first = batch[targets == length]
             rows = [tokens[s:s + length + 1] for s in first]
-            if retriever is not None:  # the passages found for the text before each window's targets
-                rows = _with_passages(retriever, tokens, first, rows)
+            if skip:  # the lead, then the passages found for the text before each window's targets
+                rows = _with_prefix(tokens, first, rows)
             terms = np.stack([term_mask[s + 1:s + length + 1] for s in first])
             at_start = None if start_ids is None else \
                 np.stack([start_mask[s + 1:s + length + 1] for s in first])
             _score_batch(model, np.stack(rows), buckets, terms, stats, logit_bias, at_start, start_ids,
-                         skip=0 if retriever is None else retriever.width)
+                         skip=skip)
         advance(int(targets.sum()))
     return stats
 
 
-def _with_passages(retriever, tokens: np.ndarray, starts: np.ndarray, rows: list) -> list[np.ndarray]:
-    """Each window led by the passages retrieved for the text before its first target."""
-    q = retriever.params.query_tokens
-    found = retriever.prefixes([tokens[max(s + 1 - q, 0):s + 1] for s in starts])
+def _with_prefix(tokens: np.ndarray, starts: np.ndarray, rows: list) -> list[np.ndarray]:
+    """Each window led by its prefix (rarelm/evaluate/prefix.py): the model's lead, then the passages
+    retrieved for the text before its first target."""
+    found = prefix.prefixes([tokens[:s + 1] for s in starts])
     return [np.concatenate([np.asarray(p, dtype=np.int64), np.asarray(row, dtype=np.int64)])
             for p, row in zip(found, rows, strict=True)]
 

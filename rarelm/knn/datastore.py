@@ -30,7 +30,7 @@ unit-length and each query is made unit-length before the search, so the distanc
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -60,12 +60,13 @@ def final_hidden(model, input_ids: torch.Tensor) -> torch.Tensor:
 
 def build(model, tokens: np.ndarray, block_size: int, batch_size: int, out: Path, key_dtype: str = "float16",
           max_entries: int = 0, progress: Callable[[int], None] | None = None, index: str = "exact",
-          nlist: int = 0, similarity: str = "l2") -> dict:
+          nlist: int = 0, similarity: str = "l2", lead: Sequence[int] = ()) -> dict:
     """Write keys.npy, values.npy and meta.json into the folder `out`; returns meta.
 
     Targets 1..n-1 of `tokens` in windows of `block_size` (the last one shorter), capped at
     `max_entries` (0 = all); `progress(n)` after each batch with the entries written; keys
-    unit-length with `similarity` "cosine".
+    unit-length with `similarity` "cosine". `lead` (the model's `<bos>`) goes before every window,
+    as evaluate puts it (rarelm/evaluate/prefix.py), and gives no entry.
     """
     n = max(len(tokens) - 1, 0)
     if max_entries:
@@ -81,7 +82,9 @@ def build(model, tokens: np.ndarray, block_size: int, batch_size: int, out: Path
         for length in np.unique(lengths):
             first = batch[lengths == length]
             rows = np.stack([tokens[s:s + length + 1] for s in first]).astype(np.int64)
-            states = final_hidden(model, torch.as_tensor(rows[:, :-1], device=model.device)).float()
+            head = np.tile(np.asarray(lead, np.int64), (len(rows), 1))
+            inputs = np.concatenate([head, rows[:, :-1]], axis=1)
+            states = final_hidden(model, torch.as_tensor(inputs, device=model.device))[:, len(lead):].float()
             if similarity == "cosine":
                 states = torch.nn.functional.normalize(states, dim=-1)
             states = states.cpu().numpy().astype(key_dtype)
@@ -94,7 +97,8 @@ def build(model, tokens: np.ndarray, block_size: int, batch_size: int, out: Path
     values.flush()
     del keys, values
     meta = {"enabled": True, "entries": int(n), "hidden": hidden, "key_dtype": key_dtype,
-            "block_size": int(block_size), "index": index, "similarity": similarity}
+            "block_size": int(block_size), "index": index, "similarity": similarity,
+            "lead": [int(t) for t in lead]}
     if index == "ivf" and n:
         meta["nlist"] = build_ivf(np.load(out / "keys.npy", mmap_mode="r"), out / IVF_FILE, nlist)
     return meta
