@@ -343,6 +343,9 @@ class RetrievalParams:
     passage_tokens: int = param(64, ge=8, le=4096)  # the train split cut into passages of this length
     query_tokens: int = param(32, ge=1, le=4096)  # the query: the text of this many tokens before
     max_passages: int = param(0, ge=0)  # passages from the train split's start; 0 = all
+    # the control: as many train passages drawn at random (seeded by `seed`), the query ignored; what
+    # in-domain text in front gives by itself, beside what the right passage gives
+    random: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

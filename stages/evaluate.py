@@ -284,15 +284,19 @@ def _retriever(params, data, tokenizer, prepared: Path, model):
     check_fits(window(params.eval.block_size, limit), len(lead()) + r.passages * r.passage_tokens + 1, limit)
     started = time.perf_counter()
     language = read_json(prepared / "stats.json").get("language", "en")
-    retriever = Retriever.build(data.tokens("train"), tokenizer, language, params.retrieval, data.eot_id)
+    retriever = Retriever.build(data.tokens("train"), tokenizer, language, params.retrieval, data.eot_id,
+                                params.seed)
+    how = "drawn at random, the query ignored (the control)" if r.random else \
+        f"BM25, {language} words; index built in {time.perf_counter() - started:.1f} s"
     print(f"evaluate: retrieving {_retrieval_setting(params.retrieval)} from {len(retriever.passages):,} "
-          f"train passages (BM25, {language} words; index built in {time.perf_counter() - started:.1f} s)",
-          file=sys.stderr, flush=True)
+          f"train passages ({how})", file=sys.stderr, flush=True)
     return retriever
 
 
 def _retrieval_setting(r) -> str:
     """What retrieval puts before a prompt, in words: '1 passage of 64 tokens, query 32 tokens'."""
+    if r.random:
+        return f"{r.passages} random passage{'s' if r.passages > 1 else ''} of {r.passage_tokens} tokens"
     return (f"{r.passages} passage{'s' if r.passages > 1 else ''} of {r.passage_tokens} tokens, "
             f"query {r.query_tokens} tokens")
 

@@ -240,6 +240,15 @@ def test_retrieval_puts_the_best_passage_before_prompts_and_windows_and_scores_o
                                           "retrieval.passages = 2"):
         Retriever.build(train[:3], char_tokenizer(), "en", SimpleNamespace(**{**vars(params), "passages": 2}),
                         eot_id=0)
+    # the control (retrieval.random): distinct passages drawn by the seed, whatever the query
+    control = {**vars(params), "passages": 2, "random": True}
+    draws = [Retriever.build(train, char_tokenizer(), "en", SimpleNamespace(**control), eot_id=0, seed=7)
+             .prefixes([[5, 6], [1, 2], [5, 6]]) for _ in range(2)]
+    assert draws[0] == draws[1] and len({tuple(p) for p in draws[0]}) > 1  # seeded, not by the query
+    for prefix in draws[0]:
+        pair = sorted(prefix[:2]), sorted(prefix[2:4])
+        assert len(prefix) == two.width and prefix[-1] == 0 and pair[0] != pair[1]
+        assert all(list(p) in [sorted(q) for q in retriever.passages.tolist()] for p in pair)
     plain = score_tokens(bigram(), TOKENS, BUCKETS, block_size=4, batch_size=2).metrics()
     rows = evaluate_terms(bigram(), char_tokenizer(), DOCS, TOKENS, OFFSETS, TERMS, max_terms=100,
                           context_tokens=2, batch_size=2, eot_id=0, closed_set=False)

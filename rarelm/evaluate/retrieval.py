@@ -5,7 +5,9 @@ put in front of the prompt, so a term the document has not mentioned yet may sta
 The train split's tokens are cut into passages of `passage_tokens`; each passage's text is cut into
 words (jieba for Chinese, lower-cased word characters otherwise) and indexed with BM25 (the `bm25s`
 package). The query is the text of the last `query_tokens` tokens before the position; the
-`passages` best passages, best last (nearest the prompt), and one end-of-text token go before it:
+`passages` best passages, best last (nearest the prompt), and one end-of-text token go before it.
+With `random` (the control) as many passages are drawn at random instead, the query ignored: what
+in-domain text in front does by itself, beside what the right passage does.
 
     retriever = Retriever.build(train_tokens, tokenizer, "en", RetrievalParams(enabled=True), eot_id)
     with retrieving(retriever):
@@ -43,14 +45,16 @@ def words(text: str, language: str) -> list[str]:
 class Retriever:
     """BM25 over the train split's passages; `prefix(before)` the tokens to put before a prompt."""
 
-    def __init__(self, passages: np.ndarray, index, tokenizer, language: str, params, eot_id: int):
+    def __init__(self, passages: np.ndarray, index, tokenizer, language: str, params, eot_id: int,
+                 seed: int = 0):
         self.passages, self.index, self.tokenizer = passages, index, tokenizer
         self.language, self.params, self.eot_id = language, params, eot_id
         self.width = params.passages * params.passage_tokens + 1  # passages, then one end-of-text token
+        self.rng = np.random.default_rng(seed)  # retrieval.random: the control's draws
 
     @classmethod
-    def build(cls, train_tokens: np.ndarray, tokenizer, language: str, params, eot_id: int) -> Retriever:
-        import bm25s  # on use
+    def build(cls, train_tokens: np.ndarray, tokenizer, language: str, params, eot_id: int,
+              seed: int = 0) -> Retriever:
 
         n = len(train_tokens) // params.passage_tokens
         if params.max_passages:
@@ -61,10 +65,14 @@ class Retriever:
             raise RarelmError(f"the train split holds {n} passages of {params.passage_tokens} tokens, fewer "
                               f"than retrieval.passages = {params.passages}")
         passages = np.asarray(train_tokens[:n * params.passage_tokens], dtype=np.int64).reshape(n, -1)
+        if getattr(params, "random", False):  # the control needs no index
+            return cls(passages, None, tokenizer, language, params, eot_id, seed)
+        import bm25s  # on use
+
         texts = tokenizer.decode_batch(passages.tolist(), skip_special_tokens=True)
         index = bm25s.BM25()
         index.index([words(t, language) for t in texts], show_progress=False)
-        return cls(passages, index, tokenizer, language, params, eot_id)
+        return cls(passages, index, tokenizer, language, params, eot_id, seed)
 
     def prefix(self, before) -> list[int]:
         """The `width` tokens to put before a prompt whose preceding tokens are `before` (the last
@@ -72,6 +80,10 @@ class Retriever:
         return self.prefixes([before])[0]
 
     def prefixes(self, befores: list) -> list[list[int]]:
+        if self.index is None:  # retrieval.random: distinct passages drawn for each, the query ignored
+            n, k = len(self.passages), self.params.passages
+            found = [self.rng.choice(n, k, replace=False) for _ in befores]
+            return [[int(t) for i in row for t in self.passages[i]] + [self.eot_id] for row in found]
         # a query with no word (a window at the split's start) gets one no passage has: BM25 scores
         # every passage 0 and the first ones come back (the empty word is bm25s' own, refused here)
         queries = [words(self.tokenizer.decode([int(t) for t in b[-self.params.query_tokens:]],
