@@ -325,6 +325,11 @@ class KnnParams:
             raise RarelmError(f"params: knn.gate_cosine = {self.gate_cosine:g} with knn.similarity = "
                               f"{self.similarity} is not allowed (the gate reads cosines: set "
                               "knn.similarity cosine)")
+        gate = "knn.gate_cosine" if self.gate_cosine else "knn.gate_entropy" if self.gate_entropy else ""
+        if gate and not self.enabled:
+            raise RarelmError(f"params: {gate} = {self.gate_cosine or self.gate_entropy:g} with "
+                              "knn.enabled = false is not allowed (the gates act on kNN-LM's weight; the "
+                              "cache has none)")
         if self.enabled and self.weight == 0:
             raise RarelmError("params: knn.enabled = true with knn.weight = 0 is not allowed (it builds a "
                               "datastore nothing reads; the cache alone needs knn.enabled false)")

@@ -275,6 +275,10 @@ def test_gated_knn_weight_follows_the_nearest_cosine_and_the_models_entropy_by_h
     assert torch.allclose(half[0], 0.75 * p[0] + 0.25 * torch.eye(5)[3], atol=1e-6)
     with pytest.raises(RarelmError, match="knn.gate_cosine = 0.5 with knn.similarity = l2 is not allowed"):
         KnnParams(gate_cosine=0.5)
+    for gate in ({"gate_cosine": 0.5, "similarity": "cosine"}, {"gate_entropy": 2.0}):  # nothing to gate
+        with pytest.raises(RarelmError, match=f"knn.{next(iter(gate))} = .* with knn.enabled = false is not"):
+            KnnParams(**gate)
+    assert KnnParams(enabled=True, gate_entropy=2.0).gate_entropy == 2.0
 
 
 def test_generation_with_the_kv_cache_matches_full_forwards(tiny):
