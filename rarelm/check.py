@@ -33,7 +33,7 @@ def check(params: Params) -> str:
 
 def check_inputs(params: Params) -> int:
     """The corpus (its files' count) and every other file params name: glossaries, general text."""
-    from rarelm.evaluate.general_text import read_documents
+    from rarelm.evaluate.general_text import read_documents, resolve
     from rarelm.files import read_input
     from rarelm.prepare.corpus import corpus_files
     from rarelm.rare_terms.glossary import read_glossary, read_reference
@@ -43,8 +43,9 @@ def check_inputs(params: Params) -> int:
         read_reference(params.corpus.reference_glossary)
     if params.rare.glossary:
         read_glossary(params.rare.glossary)
-    if params.eval.general_text:
-        read_documents(params.eval.general_text)
+    general = resolve(params.eval.general_text, params.corpus.language)  # auto with language auto: None
+    if general is not None:
+        read_documents(general)
     if params.train.replay_share:
         try:  # with the input guards, as train reads it: a FIFO or a device is called what it is
             read_input("train.replay_text", params.train.replay_text)

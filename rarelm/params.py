@@ -267,10 +267,10 @@ class EvalParams:
     # post-hoc logit adjustment: logits - tau * log prior (train unigram) wherever the model's
     # next-token distribution is used (scores, generation); 0 = the model as trained
     logit_adjust_tau: float = param(0.0, ge=0.0, le=100.0)
-    # general text held out from the base model's pretraining (data/general/<lang>.txt, one document
-    # a line) scored as `ppl_general_model` (the model alone: the forgetting guard) and `ppl_general`
-    # (with decode-time mixing, if on); "" = off
-    general_text: str = ""
+    # general text held out from the base model's pretraining (one document a line) scored as
+    # `ppl_general_model` (the model alone: the forgetting guard) and `ppl_general` (with decode-time
+    # mixing, if on); auto = data/general/<corpus language>.txt where it exists (en, zh); "" = off
+    general_text: str = "auto"
     # term-trie constrained decoding (rarelm/evaluate/term_trie.py): once the text ends inside a term,
     # generation continues it; generation metrics only, teacher-forced scores unchanged
     term_trie: bool = False

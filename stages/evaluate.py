@@ -77,21 +77,20 @@ def evaluate(
         tokenizer = load_tokenizer(data.tokenizer_dir, data.vocab_size)
         model = _load(model_dir, data, params.eval.device, params.eval.threads)
         lead = _lead(tokenizer)  # <bos> before every window and prompt where the model reads one first
+        general_text = _general_text(params, prepared)  # eval.general_text's file, or None
 
         general = {}
         with leading(lead):
-            if params.eval.general_text:  # first: a bad path fails at once
-                # the forgetting guard: the model alone (no decode-time mixing) on general text the
-                # base never trained on
-                general = _general(params, model, tokenizer, data, prior)
+            if general_text is not None:  # first: a bad path fails at once. The forgetting guard: the
+                # model alone (no decode-time mixing) on general text the base never trained on
+                general = _general(params, model, tokenizer, data, prior, general_text)
                 general["ppl_general_model"] = general["ppl_general"]
-            # kNN-LM + cache mixed into every next-token distribution below (rarelm/knn/hook.py),
-            # retrieved train passages before every prompt and window (rarelm/evaluate/retrieval.py);
-            # off: nothing
+            # kNN-LM + cache mixed into every next-token distribution below (rarelm/knn/hook.py), retrieved
+            # train passages before every prompt and window (rarelm/evaluate/retrieval.py); off: nothing
             retriever = _retriever(params, data, tokenizer, prepared, model)
             with _knn(params, model, datastore, data.eot_id), retrieving(retriever):
                 if general and (knn_active(params.knn) or retriever):  # the mixture's own, apart
-                    general.update(_general(params, model, tokenizer, data, prior))
+                    general.update(_general(params, model, tokenizer, data, prior, general_text))
                 out, results = _evaluate(params, model, tokenizer, data, buckets, terms, prepared, prior)
         out.update(general)
         # before any output is written: a store that cannot log is the error (tracking.required)
@@ -114,6 +113,9 @@ def evaluate(
                        logs_text(params.tracking.log_text, run.tracking_uri))
     for split in params.eval.splits:
         print(_summary(split, out if split == params.eval.splits[0] else out[split]))
+    if general_text is None and params.eval.general_text:  # `auto` found no slice
+        print("evaluate: eval.general_text auto found no data/general/<language>.txt here: the forgetting "
+              "guard (ppl_general_model) is not measured; set eval.general_text to a file")
     print(f"evaluate: {time.perf_counter() - started:.1f} s; every figure in {metrics}, "
           f"the headline in {summary}")
 
@@ -225,15 +227,28 @@ def _evaluate(params, model, tokenizer, data, buckets, terms, prepared: Path, pr
     return combine(results), results
 
 
-def _general(params, model, tokenizer, data, prior) -> dict:
-    """ppl_general and n_general_tokens on eval.general_text (rarelm/evaluate/general_text.py)."""
+def _language(prepared: Path) -> str:
+    """The corpus' language as prepare recorded it (corpus.language, or what `auto` found)."""
+    return read_json(prepared / "stats.json").get("language", "en")
+
+
+def _general_text(params, prepared: Path) -> Path | None:
+    """eval.general_text's file (`auto`: the project's slice for the corpus' language), or None."""
+    from rarelm.evaluate.general_text import AUTO, resolve
+
+    language = _language(prepared) if params.eval.general_text == AUTO else ""
+    return resolve(params.eval.general_text, language)
+
+
+def _general(params, model, tokenizer, data, prior, path: Path) -> dict:
+    """ppl_general and n_general_tokens on the general text at `path` (rarelm/evaluate/general_text.py)."""
     from rarelm.evaluate.decoding import context_length, logit_adjustment
     from rarelm.evaluate.general_text import general_metrics
     from rarelm.evaluate.prefix import window
 
     block = window(params.eval.block_size, context_length(model))
     bias = logit_adjustment(model, prior, params.eval.logit_adjust_tau)
-    return general_metrics(model, tokenizer, params.eval.general_text, data.eot_id, data.vocab_size, block,
+    return general_metrics(model, tokenizer, path, data.eot_id, data.vocab_size, block,
                            params.eval.batch_size, bias, params.eval.max_tokens)
 
 
@@ -278,12 +293,11 @@ def _retriever(params, data, tokenizer, prepared: Path, model):
     from rarelm.evaluate.decoding import context_length
     from rarelm.evaluate.prefix import lead, window
     from rarelm.evaluate.retrieval import Retriever, check_fits
-    from rarelm.files import read_json
 
     r, limit = params.retrieval, context_length(model)
     check_fits(window(params.eval.block_size, limit), len(lead()) + r.passages * r.passage_tokens + 1, limit)
     started = time.perf_counter()
-    language = read_json(prepared / "stats.json").get("language", "en")
+    language = _language(prepared)
     retriever = Retriever.build(data.tokens("train"), tokenizer, language, params.retrieval, data.eot_id,
                                 params.seed)
     how = "drawn at random, the query ignored (the control)" if r.random else \

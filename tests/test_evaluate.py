@@ -30,7 +30,7 @@ from rarelm.evaluate.term_generation import evaluate_terms
 from rarelm.evaluate.term_metrics import em50_train_count, term_metrics
 from rarelm.evaluate.token_scoring import BUCKETS as BUCKET_NAMES
 from rarelm.evaluate.token_scoring import score_tokens
-from rarelm.params import EvalParams
+from rarelm.params import EvalParams, load_params
 from rarelm.rare_terms import term_search
 from rarelm.rare_terms.term_search import Occurrence
 from tests.conftest import assert_user_error, run, set_params, stage
@@ -772,7 +772,6 @@ def foldoc_sample(tmp_path_factory):
 
     from rarelm.artifacts.tokenized import TokenizedData
     from rarelm.files import write_json
-    from rarelm.params import load_params
     from rarelm.prepare import corpus
     from rarelm.tokenize import tokenization
     from tests.conftest import REPO
@@ -1009,18 +1008,31 @@ def test_stage_writes_metrics_plots_and_logs_into_the_training_run(workspace, tm
 
 def test_stage_scores_the_general_text_as_ppl_general(workspace, tmp_path):
     """eval.general_text: the file's documents, each followed by the end-of-text token, scored as
-    ppl is scored (checked against torch's cross_entropy window by window)."""
+    ppl is scored (checked against torch's cross_entropy window by window). The default, `auto`, is
+    the project's slice for the corpus' language, data/general/en.txt here; a workspace without it
+    says in one line that the guard is not measured."""
     from rarelm.artifacts.tokenized import TokenizedData, load_tokenizer
     from rarelm.evaluate.general_text import token_stream
 
     ws = tmp_path / "ws"
     shutil.copytree(workspace, ws)
+    assert load_params(ws / "params.yaml").eval.general_text == "auto"
+    result = stage("evaluate", ws)
+    assert result.returncode == 0, result.stderr
+    assert "ppl_general" not in json.loads((ws / "metrics/eval.json").read_text())
+    assert "auto found no data/general/<language>.txt here: the forgetting guard (ppl_general_model) is " \
+        "not measured" in result.stdout
     documents = ["The acute phase of a bilateral condition was noted.", "A second, unrelated document."]
+    (ws / "data/general").mkdir()
+    (ws / "data/general/en.txt").write_text("\n".join(documents) + "\n", encoding="utf-8")
+    result = stage("evaluate", ws)  # auto: the corpus is English (data/prepared/stats.json)
+    assert result.returncode == 0 and "auto found no" not in result.stdout, result.stderr
+    metrics = json.loads((ws / "metrics/eval.json").read_text())
     (ws / "general.txt").write_text("\n".join(documents) + "\n", encoding="utf-8")
     set_params(ws, **{"eval.general_text": "general.txt"})
     result = stage("evaluate", ws)
     assert result.returncode == 0, result.stderr
-    metrics = json.loads((ws / "metrics/eval.json").read_text())
+    assert json.loads((ws / "metrics/eval.json").read_text())["ppl_general"] == metrics["ppl_general"]
     data = TokenizedData.open(ws / "data/tokenized")
     tokens = token_stream(load_tokenizer(data.tokenizer_dir, data.vocab_size), documents, data.eot_id)
     ppl, n = _hf_ppl(ws / "models/model", tokens, 64)  # eval.block_size 0: the model's context of 64

@@ -29,9 +29,10 @@ With `eval.logit_adjust_tau` > 0 all four measure the post-hoc logit-adjusted
 model, `logits - tau * log pi` (pi: the train unigram prior), the model a user
 would deploy (`decoding.logit_adjustment`; `logit_bias` None = the model as trained).
 
-With `eval.general_text`, general text held out from the base model's pretraining is scored
-as `ppl_general_model` by the model alone, the forgetting guard, and as `ppl_general` by what is
-evaluated (the same figure unless kNN-LM or the cache is mixed in) (`general_text`; data/general/).
+With `eval.general_text` (by default `auto`: data/general/<language>.txt), general text held out
+from the base model's pretraining is scored as `ppl_general_model` by the model alone, the
+forgetting guard, and as `ppl_general` by what is evaluated (the same figure unless kNN-LM or the
+cache is mixed in) (`general_text`; data/general/).
 
 The other modules: `model_folder` (load a Hugging Face causal LM folder),
 `decoding` (batched greedy and sampled continuations), `scoring` (teacher-forced

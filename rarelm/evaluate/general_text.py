@@ -43,6 +43,24 @@ SOURCES = {"en": ("gcide_en",), "zh": ("reviews_zh",)}
 REPLAY_BYTES = 300_000
 
 
+AUTO = "auto"
+SLICES = Path("data/general")  # relative to where the stage runs: the repository, for DVC
+
+
+def resolve(setting: str, language: str) -> Path | None:
+    """The file eval.general_text names: a path as given; "auto" the project's slice for the corpus'
+    language (data/general/en.txt, zh.txt) where it exists, else None (a corpus in another language, a
+    workspace without the slices); "" None.
+
+    >>> resolve("", "en"), resolve("my/general.txt", "en"), resolve("auto", "xx")
+    (None, PosixPath('my/general.txt'), None)
+    """
+    if setting != AUTO:
+        return Path(setting) if setting else None
+    path = SLICES / f"{language}.txt"
+    return path if path.is_file() else None
+
+
 def read_documents(path: str | Path, key: str = "eval.general_text") -> list[str]:
     """The slice's documents: its non-empty lines (read with the corpus' guards: `read_input`)."""
     path = Path(path)
