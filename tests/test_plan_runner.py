@@ -36,6 +36,14 @@ def _pretrained(folder: Path, kind: str, repo: Path) -> Path:
         model = LlamaForCausalLM(LlamaConfig(**shape, tie_word_embeddings=True))
     else:  # Gemma 3's text model: sliding-window layers, query-key norms, scaled embeddings
         model = Gemma3ForCausalLM(Gemma3TextConfig(**shape, head_dim=16, sliding_window=16))
+        # and, as Gemma 3's tokenizer puts <bos> before a text, this one puts its token 0 there: every
+        # stage then reads it before each window (rarelm/evaluate/prefix.py, rarelm/train/batches.py)
+        from tokenizers import Tokenizer, processors
+
+        tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        bos = processors.TemplateProcessing(single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", 0)])
+        tokenizer.post_processor = processors.Sequence([tokenizer.post_processor, bos])
+        tokenizer.save(str(folder / "tokenizer.json"))
     model.save_pretrained(folder)
     return folder
 
@@ -126,6 +134,11 @@ def test_run_plan_records_a_fixed_plan_and_headline_tables_it_without_dvc(repo, 
     assert stages == ["datastore", *["evaluate"] * 4, "prepare", "rare_terms", "tokenize", "train", "train",
                       "weights"]
     assert "4 experiments of" in result.stdout.splitlines()[-1]
+    lead = [0] if kind == "gemma3" else []  # the datastore, evaluate and train read it before every window
+    assert [json.loads(p.read_text())["lead"] for p in work.glob("datastore-*/out/meta.json")] == [lead]
+    evaluations = [p.read_text() for p in (work / "logs").glob("rp-*.log")]
+    assert len(evaluations) == 4
+    assert all(("starts with <|endoftext|>" in text) == bool(lead) for text in evaluations)
     records = {name: out / "runs" / name
                for name in ("rp-as-is-s1", "rp-finetune-s1", "rp-finetune-tau-s1", "rp-finetune-knn-s1")}
     for record in records.values():

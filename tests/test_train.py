@@ -7,6 +7,7 @@ and then finished by torchrun by hand, must end byte-identical.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import hashlib
@@ -29,7 +30,7 @@ from rarelm.objectives.rare_weight import rare_weighted_loss
 from rarelm.objectives.selection import rare_mask
 from rarelm.params import Params, TrainParams
 from rarelm.train import precision as precision_module
-from rarelm.train.batches import SampleStream, epochs_to_train, to_batch
+from rarelm.train.batches import SampleStream, epochs_to_train, logits_after_lead, to_batch
 from rarelm.train.checkpoint import CheckpointStore, run_key
 from rarelm.train.optim import lr_at
 from rarelm.train.precision import (
@@ -306,6 +307,34 @@ def test_to_batch_reads_windows_at_start_positions():
                        torch.from_numpy(samples[1][:-1].astype(np.int64))[None])
     with pytest.raises(IndexError, match="runs outside the 20 tokens"):
         to_batch(tokens, np.array([16]), 4, torch.device("cpu"))
+
+
+def test_a_lead_token_is_read_before_every_training_and_validation_window_and_never_scored():
+    """A model pretrained with <bos> first (Gemma 3) trains and validates with it before every window:
+    the logits line up with the window's own positions, and validation's cross-entropy equals the one
+    computed by hand with <bos> in front; no lead is the model's own forward."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    from rarelm.train.dist import Dist
+    from rarelm.train.validate import validation_loss
+
+    torch.manual_seed(0)
+    model = Gemma3ForCausalLM(Gemma3TextConfig(
+        vocab_size=20, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=8, sliding_window=8, max_position_embeddings=64,
+        initializer_range=0.5)).eval()
+    samples = Samples(np.arange(3, 19), block_size=5)
+    x, y = to_batch(samples, np.array([0, 5]), 5, torch.device("cpu"))
+    with torch.no_grad():
+        led = logits_after_lead(model, x, (2,))
+        whole = model(input_ids=torch.cat([torch.full((2, 1), 2), x], 1)).logits
+        assert torch.equal(logits_after_lead(model, x), model(input_ids=x).logits)
+    assert led.shape == (2, 5, 20) and torch.equal(led, whole[:, 1:])
+    assert not torch.allclose(led, model(input_ids=x).logits)  # the lead changes what the model reads
+
+    ce, _ = validation_loss(model, samples, np.array([0, 1]), 2, torch.device("cpu"), contextlib.nullcontext,
+                            torch.zeros(20, dtype=torch.bool), Dist(), lead=(2,))
+    assert ce == pytest.approx(F.cross_entropy(led.flatten(0, 1), y.flatten()).item(), rel=1e-5)
 
 
 def test_epochs_to_train_rounds_up():

@@ -5,7 +5,8 @@ such as SmolLM2's or the pipeline's own BPE), then the train passages that retri
 A model trained with `<bos>` first in every sequence reads a window that starts without it as broken
 text: Gemma 3's val windows of manpages_zh score perplexity 355 cold and 64 led by `<bos>`
 (bench/gemma_bos.py, docs/results.md). The tokenize stage writes documents and end-of-text tokens
-only, so evaluate puts the lead back here, as context that is never scored:
+only, so evaluate puts the lead back here, as context that is never scored (the train stage reads it
+before its windows too: rarelm/train/batches.py `logits_after_lead`):
 
     with leading([2]), retrieving(retriever):
         prefixes([before])  # [[2, <passages found for `before`>..., <eot>]]

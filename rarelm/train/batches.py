@@ -78,6 +78,17 @@ def to_batch(tokens_or_samples, starts: np.ndarray, block_size: int, device) -> 
     return windows[:, :-1], windows[:, 1:]
 
 
+def logits_after_lead(model, x, lead: tuple[int, ...] = ()):
+    """`model(x).logits` (inside rarelm.train.output's `hidden_states()`, what feeds the output layer)
+    with the model's lead (Gemma 3's `<bos>`: rarelm/artifacts/tokenized.py `lead_ids`) read first
+    before every window, as the model was pretrained and as evaluate reads it; the lead's own
+    positions are left out, so the result lines up with `x` and its targets. No lead: `model(x)`."""
+    if not lead:
+        return model(input_ids=x, use_cache=False).logits
+    head = torch.tensor(lead, dtype=x.dtype, device=x.device).expand(x.size(0), -1)
+    return model(input_ids=torch.cat([head, x], dim=1), use_cache=False).logits[:, len(lead):]
+
+
 def epochs_to_train(tp: TrainParams, world_size: int, n_windows: int) -> int:
     """Epochs the run starts: max_steps * grad_accum * the batch's domain rows per rank (batch_size
     less the general-text replay rows, rarelm.train.replay), rounded up.

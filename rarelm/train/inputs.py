@@ -11,7 +11,7 @@ import numpy as np
 from rarelm import paths
 from rarelm.artifacts.buckets import load_buckets, load_counts
 from rarelm.artifacts.term_index import TermIndex
-from rarelm.artifacts.tokenized import Samples, TokenizedData, load_tokenizer
+from rarelm.artifacts.tokenized import Samples, TokenizedData, lead_ids, load_tokenizer
 from rarelm.artifacts.weights import load_weights
 from rarelm.errors import RarelmError
 from rarelm.files import load_array
@@ -49,6 +49,7 @@ class Inputs(NamedTuple):
     term_index: TermIndex | None  # where loss.targets weighs term tokens
     counts: np.ndarray | None  # train token counts, where a loss.* objective reads them
     replay: np.ndarray | None = None  # train.replay_text's tokens, where train.replay_share > 0
+    lead: tuple[int, ...] = ()  # read before every window: the tokenizer's lead (Gemma 3's <bos>), or none
 
 
 def input_files(where: Paths, params: Params) -> list[Path]:
@@ -87,11 +88,12 @@ def load_inputs(params: Params, where: Paths) -> Inputs:
                             "(one log score per training sample); it does not match the tokenized data")
     term_index = TermIndex.open(where.rare, data) if params.loss.targets != "rare_bucket" else None
     counts = load_counts(where.rare, data.vocab_size) if needs_counts(params.loss) else None
+    tokenizer = load_tokenizer(data.tokenizer_dir, data.vocab_size)
     replay = None
     if params.train.replay_share:  # general-text replay (rarelm.train.replay), tokenized as the run's text
-        replay = replay_tokens(params.train.replay_text, load_tokenizer(data.tokenizer_dir, data.vocab_size),
-                               data.eot_id, block)
-    return Inputs(data, train_samples, val_samples, weights, scores, buckets, term_index, counts, replay)
+        replay = replay_tokens(params.train.replay_text, tokenizer, data.eot_id, block)
+    return Inputs(data, train_samples, val_samples, weights, scores, buckets, term_index, counts, replay,
+                  tuple(lead_ids(tokenizer)))
 
 
 def checkpoint_key(params: Params, where: Paths, pinned: dict[str, str]) -> str:

@@ -96,7 +96,7 @@ def validate(t: setup.Trainer) -> dict[str, float]:
     """The val losses, also kept in the run's state for the final metrics."""
     val_ce, val_rare = validation_loss(t.raw_model, t.inputs.val_samples, t.val_idx,
                                        t.tp.batch_size, t.device, t.precision.autocast,
-                                       t.is_rare, t.dist)
+                                       t.is_rare, t.dist, t.inputs.lead)
     t.state.val = {"val_ce": val_ce, "val_rare_ce": val_rare}
     return dict(t.state.val)
 

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from rarelm.train import sharding
-from rarelm.train.batches import to_batch
+from rarelm.train.batches import logits_after_lead, to_batch
 from rarelm.train.meter import Meter
 from rarelm.train.setup import Trainer
 
@@ -26,7 +26,7 @@ def forward_backward_step(t: Trainer, starts: np.ndarray, last: bool):
     x, y = to_batch(t.stream.tokens, starts, t.params.model.block_size, t.device)  # what starts address
     with sharding.gradient_sync(t.model, last):
         with t.precision.autocast(), t.output.hidden_states():  # rarelm.train.output
-            scores = t.output.scores(t.model(input_ids=x, use_cache=False).logits, t.precision.dtype)
+            scores = t.output.scores(logits_after_lead(t.model, x, t.inputs.lead), t.precision.dtype)
         loss, stats = t.objective(scores, y, starts, x)
         t.scaler.scale(loss / t.tp.grad_accum).backward()
     return loss, stats

@@ -5,16 +5,17 @@ from __future__ import annotations
 import torch
 
 from rarelm.objectives.rare_weight import rare_weighted_loss
-from rarelm.train.batches import to_batch
+from rarelm.train.batches import logits_after_lead, to_batch
 
 
-def validation_loss(model, samples, windows, batch_size, device, autocast, is_rare, dist):
+def validation_loss(model, samples, windows, batch_size, device, autocast, is_rare, dist, lead=()):
     """(plain CE, rare-target CE) over `windows`, sharded across ranks and summed.
 
     `model` is the bare model, not the DDP wrapper (whose forward would wait for a
     matching collective). Under FSDP every forward is collective (it all-gathers the
     parameters), so every rank runs as many batches as rank 0, which has the most
-    windows; a rank out of windows scores its first one again and counts nothing.
+    windows; a rank out of windows scores its first one again and counts nothing. `lead` (the
+    model's `<bos>`) goes before every window, as in training (`logits_after_lead`).
     """
     stats = torch.zeros(4, device=device)
     block = samples.block_size
@@ -28,7 +29,7 @@ def validation_loss(model, samples, windows, batch_size, device, autocast, is_ra
                 batch, counts = windows[:1] * block, 0.0
             x, y = to_batch(samples, batch, block, device)
             with autocast():
-                logits = model(input_ids=x, use_cache=False).logits
+                logits = logits_after_lead(model, x, lead)
             stats += counts * rare_weighted_loss(logits, y, is_rare, 0.0)[1]
     model.train()
     dist.all_reduce(stats)
