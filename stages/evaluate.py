@@ -114,8 +114,8 @@ def evaluate(
     for split in params.eval.splits:
         print(_summary(split, out if split == params.eval.splits[0] else out[split]))
     if general_text is None and params.eval.general_text:  # `auto` found no slice
-        print("evaluate: eval.general_text auto found no data/general/<language>.txt here: the forgetting "
-              "guard (ppl_general_model) is not measured; set eval.general_text to a file")
+        print("evaluate: eval.general_text auto: no data/general/<language>.txt here, forgetting not "
+              "measured")
     print(f"evaluate: {time.perf_counter() - started:.1f} s; every figure in {metrics}, "
           f"the headline in {summary}")
 
