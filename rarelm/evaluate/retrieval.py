@@ -55,7 +55,6 @@ class Retriever:
     @classmethod
     def build(cls, train_tokens: np.ndarray, tokenizer, language: str, params, eot_id: int,
               seed: int = 0) -> Retriever:
-
         n = len(train_tokens) // params.passage_tokens
         if params.max_passages:
             n = min(n, params.max_passages)
