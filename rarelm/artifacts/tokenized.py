@@ -102,15 +102,16 @@ def lead_ids(tokenizer: Tokenizer) -> list[int]:
     return encoding.ids[:first]
 
 
-def load_tokenizer(tokenizer_dir: Path, vocab_size: int) -> Tokenizer:
-    """The pipeline's tokenizer (tokenizers.Tokenizer), checked against the tokenized data."""
+def load_tokenizer(tokenizer_dir: Path, vocab_size: int | None) -> Tokenizer:
+    """The pipeline's tokenizer (tokenizers.Tokenizer), checked against the tokenized data's
+    vocabulary (None: not checked, for what does not encode text with it, such as its lead)."""
     path = tokenizer_dir / "tokenizer.json"
     try:
         tokenizer = Tokenizer.from_file(str(path))
     except Exception as exc:  # tokenizers raises a plain Exception for a missing or bad file
         raise RarelmError(f"{path}: not a readable tokenizer ({' '.join(str(exc).split())[:200]}); "
                           "re-run the tokenize stage") from None
-    if tokenizer.get_vocab_size() != vocab_size:
+    if vocab_size is not None and tokenizer.get_vocab_size() != vocab_size:
         raise RarelmError(
             f"{path}: vocabulary of {tokenizer.get_vocab_size()} tokens, but the tokenized data "
             f"says {vocab_size}; the vocabulary does not match the tokenized data, re-run tokenize")

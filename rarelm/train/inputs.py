@@ -88,12 +88,13 @@ def load_inputs(params: Params, where: Paths) -> Inputs:
                             "(one log score per training sample); it does not match the tokenized data")
     term_index = TermIndex.open(where.rare, data) if params.loss.targets != "rare_bucket" else None
     counts = load_counts(where.rare, data.vocab_size) if needs_counts(params.loss) else None
-    tokenizer = load_tokenizer(data.tokenizer_dir, data.vocab_size)
     replay = None
     if params.train.replay_share:  # general-text replay (rarelm.train.replay), tokenized as the run's text
-        replay = replay_tokens(params.train.replay_text, tokenizer, data.eot_id, block)
+        replay = replay_tokens(params.train.replay_text, load_tokenizer(data.tokenizer_dir, data.vocab_size),
+                               data.eot_id, block)
+    lead = tuple(lead_ids(load_tokenizer(data.tokenizer_dir, None)))  # Gemma 3's <bos>; GPT-2's: none
     return Inputs(data, train_samples, val_samples, weights, scores, buckets, term_index, counts, replay,
-                  tuple(lead_ids(tokenizer)))
+                  lead)
 
 
 def checkpoint_key(params: Params, where: Paths, pinned: dict[str, str]) -> str:
