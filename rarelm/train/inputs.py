@@ -88,11 +88,12 @@ def load_inputs(params: Params, where: Paths) -> Inputs:
                             "(one log score per training sample); it does not match the tokenized data")
     term_index = TermIndex.open(where.rare, data) if params.loss.targets != "rare_bucket" else None
     counts = load_counts(where.rare, data.vocab_size) if needs_counts(params.loss) else None
+    # checked against the vocabulary only where it encodes text (replay); its lead needs no check
+    tokenizer = load_tokenizer(data.tokenizer_dir, data.vocab_size if params.train.replay_share else None)
     replay = None
     if params.train.replay_share:  # general-text replay (rarelm.train.replay), tokenized as the run's text
-        replay = replay_tokens(params.train.replay_text, load_tokenizer(data.tokenizer_dir, data.vocab_size),
-                               data.eot_id, block)
-    lead = tuple(lead_ids(load_tokenizer(data.tokenizer_dir, None)))  # Gemma 3's <bos>; GPT-2's: none
+        replay = replay_tokens(params.train.replay_text, tokenizer, data.eot_id, block)
+    lead = tuple(lead_ids(tokenizer))  # Gemma 3's <bos>; GPT-2's: none
     return Inputs(data, train_samples, val_samples, weights, scores, buckets, term_index, counts, replay,
                   lead)
 
