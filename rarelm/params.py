@@ -250,6 +250,10 @@ class EvalParams:
     block_size: int = param(0, ge=0)  # scoring window in tokens; 0 = the model's context length
     batch_size: int = param(32, ge=1)  # windows / prompts per forward pass
     max_terms: int = param(2000, ge=1)  # most term occurrences generated (round robin over terms)
+    # which occurrences the max_terms cap keeps: terms = round robin over terms (every term its turn,
+    # the rarest not crowded out); occurrences = drawn over all occurrences alike (a term as often as
+    # the text holds it; the sample's repeat share about the text's)
+    term_sample: Literal["terms", "occurrences"] = "terms"
     # most tokens scored for perplexity, of the split and of general_text each, in windows spread
     # evenly; 0 = all (a budget for big models on a CPU: n_eval_tokens, n_general_tokens say what was)
     max_tokens: int = param(0, ge=0)

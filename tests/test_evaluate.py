@@ -157,6 +157,7 @@ def test_term_rows_are_exact():
     assert (m["term_exact_match_le15"], m["n_eval_terms_le15"]) == (1 / 5, 5)
     assert (m["term_exact_match_band_2-3"], m["term_exact_match_band_8-15"]) == (1.0, 0.0)
     assert (m["n_eval_term_types"], m["n_term_occurrences"], m["n_terms"]) == (5, 5, 6)
+    assert m["term_repeat_share"] == 0.0  # every row a first mention
 
 
 def test_completion_match_given_the_first_token_and_strata():
@@ -668,6 +669,38 @@ def test_a_capped_sample_holds_repeated_mentions_as_the_text_does():
     repeats = sum(o.mention == "repeat" for o in chosen) / 400
     assert 0.70 <= repeats <= 0.80, repeats  # 3 of 4 in the text
     assert chosen == term_search.select_round_robin(per_term, 400)  # fixed: every run scores the same
+
+
+def test_an_occurrence_sample_weights_each_term_by_how_often_the_text_holds_it():
+    # one term mentioned 300 times in its document (a first mention, 299 repeats), 100 terms once each
+    per_term = [[Occurrence(0, 0, 10 * i, i, i + 1, "", "first" if i == 0 else "repeat") for i in range(300)],
+                *[[Occurrence(t, t, 5, 0, 1, "", "first")] for t in range(1, 101)]]
+    by_terms, by_occurrences = (term_search.select(per_term, 100, s) for s in ("terms", "occurrences"))
+    assert by_terms == term_search.select_round_robin(per_term, 100)
+    assert sorted(o.term for o in by_terms) == list(range(100))  # every term its turn, term 0 once
+    frequent = sum(o.term == 0 for o in by_occurrences)  # 300 of the 400 occurrences are term 0's
+    assert 60 <= frequent <= 90, frequent
+    assert sum(o.mention == "repeat" for o in by_occurrences) >= frequent - 1  # its repeats come with it
+    assert len(set(map(id, by_occurrences))) == 100 and by_occurrences == term_search.select(per_term, 100,
+                                                                                              "occurrences")
+    assert term_search.select(per_term, 1000, "occurrences") == term_search.select_round_robin(per_term, 1000)
+
+
+def test_stage_reports_the_repeat_share_of_the_scored_sample_and_of_the_text(workspace, tmp_path):
+    """`eval.term_sample=occurrences` with a cap above the split's occurrences scores them all, so the
+    scored sample's repeat share (from the rows) is the text's (from every occurrence found)."""
+    ws = tmp_path / "ws"
+    shutil.copytree(workspace, ws)
+    set_params(ws, **{"eval.term_sample": "occurrences", "eval.max_terms": 100_000, "eval.splits": ["test"],
+                      "eval.closed_set": False, "eval.diversity_prompts": 0, "eval.insertion_prompts": 0})
+    result = stage("evaluate", ws, env={"OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr
+    m = json.loads((ws / "metrics/eval.json").read_text())
+    rows = [json.loads(line) for line in (ws / "metrics/eval_occurrences.jsonl").open()]
+    assert m["n_eval_terms"] == m["n_term_occurrences"] == len(rows) > 40
+    repeats = sum(r["mention"] == "repeat" for r in rows)
+    assert 0 < repeats < len(rows)
+    assert m["term_repeat_share"] == m["term_repeat_share_text"] == pytest.approx(repeats / len(rows))
 
 
 def tiny_random_lm(arch: str):

@@ -17,6 +17,8 @@ def test_inside_longer_words_and_strata_by_hand_english():
     assert q["terms_by_train_count"] == {"0-1": 1, "2-15": 1, "16_up": 1}
     # art: 2 of 3 inside, more than not; mi: 1 of 3; renal colic: 0
     assert (q["terms_in_test"], q["terms_mostly_inside_longer_words"]) == (3, 1)
+    # repeats: renal colic once in each document, mi twice in the second (MI, mi) -> 1 of 5
+    assert q["test_repeat_share"] == 0.2
 
 
 def test_inside_longer_words_chinese():
@@ -25,6 +27,7 @@ def test_inside_longer_words_chinese():
     q = term_list_quality(rows, ["进程状态 态"], han_words=True)
     assert (q["test_matches"], q["test_occurrences"], q["inside_longer_word"]) == (3, 2, 1)
     assert q["inside_longer_word_share"] == round(1 / 3, 6)
+    assert q["test_repeat_share"] == 0.0  # 态 and 状态 once each
     assert q["terms_by_train_count"] == {"0-1": 1, "2-15": 0, "16_up": 1}
 
 

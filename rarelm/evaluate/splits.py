@@ -68,6 +68,7 @@ def evaluate_split(model, tokenizer, data, documents: list[str], split: str, buc
     trie = term_trie(tokenizer, terms, usual_lead(per_term)) if params.term_trie else None
     with constrained(trie) if trie else contextlib.nullcontext():  # what generates; the scores are above
         rows = evaluate_terms(model, tokenizer, documents, tokens, offsets, terms, max_terms=params.max_terms,
+                              sample=params.term_sample,
                               context_tokens=context, batch_size=params.batch_size, eot_id=data.eot_id,
                               closed_set=params.closed_set, split=split, per_term=per_term,
                               progress=progress, logit_bias=bias)
@@ -83,7 +84,9 @@ def evaluate_split(model, tokenizer, data, documents: list[str], split: str, buc
                                    seed=seed, progress=progress, logit_bias=bias,
                                    text_chars=sum(map(len, documents)))
         lap("false insertion")
-    metrics = {**stats.metrics(), **term_metrics(rows, len(terms), found), **div, **inserted}
+    repeats = sum(o.mention == "repeat" for occurrences in per_term for o in occurrences)
+    metrics = {**stats.metrics(), **term_metrics(rows, len(terms), found), **div, **inserted,
+               "term_repeat_share_text": repeats / found if found else None}  # every occurrence, uncapped
     return SplitResult(metrics, stats.rows(), band_rows(rows), rows, seconds)
 
 

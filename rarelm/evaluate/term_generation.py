@@ -64,12 +64,14 @@ def _generate_text(model, tokenizer, prompts: list[list[int]], targets: list[str
 
 def evaluate_terms(model, tokenizer, documents: list[str], tokens: np.ndarray, offsets: np.ndarray,
                    terms: list[term_search.Term], *, max_terms: int, context_tokens: int, batch_size: int,
+                   sample: str = "terms",
                    eot_id: int, closed_set: bool = True, split: str = "test",
                    per_term: list[list[term_search.Occurrence]] | None = None,
                    progress: Progress | None = None, logit_bias=None) -> list[dict]:
     """One row per evaluated term occurrence (metrics/eval_occurrences.jsonl); `term_metrics` sums them up.
 
-    At each chosen occurrence (term_search.find_occurrences, capped round robin):
+    At each chosen occurrence (term_search.find_occurrences, capped round robin over terms, or
+    over occurrences with `sample` "occurrences"):
     the prompt is up to `context_tokens` of the document's tokens before the first
     token covering the term; the model writes greedily until its decoded text
     covers `lead + surface` (lead: the text of that first token before the term, " "
@@ -95,7 +97,7 @@ def evaluate_terms(model, tokenizer, documents: list[str], tokens: np.ndarray, o
     if per_term is None:
         per_term = term_search.find_occurrences(tokenizer, documents, tokens, offsets, terms)
     tasks = [_prompted(o, tokens, offsets, terms, context_tokens, eot_id)
-             for o in term_search.select_round_robin(per_term, max_terms)]
+             for o in term_search.select(per_term, max_terms, sample)]
     # the model's lead (<bos>), then the train passages BM25 finds for the text before each term
     tasks = [dataclasses.replace(t, prompt=found + t.prompt)
              for t, found in zip(tasks, prefix.prefixes([t.prompt for t in tasks]), strict=True)]

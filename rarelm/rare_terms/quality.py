@@ -7,6 +7,9 @@ Two figures a reader can check a term list by:
   a longer word: in English not on word boundaries (a letter or digit right before or
   after: "art" in "start"); in Chinese not on jieba's word boundaries (态 in 状态). A list
   of real terms finds few such places; fragments of words (接字, 态) find many.
+- **Repeat share**: of the test occurrences, the share that repeat a term already found
+  earlier in their document (`test_repeat_share`): the case a cache copies from the context,
+  where a term's first mention is the case a user brings.
 - **Terms by train count**: how many terms the train split holds 0-1, 2-15 and 16 or
   more times (`train_occurrences`, the search `evaluate` uses): the strata the
   evaluation reports separately.
@@ -21,11 +24,16 @@ that is (`terms_mostly_inside_longer_words`, of `terms_in_test`, the terms with 
     (4, 2, 2, 0.5)
     >>> q["terms_by_train_count"], q["terms_mostly_inside_longer_words"], q["terms_in_test"]
     ({'0-1': 1, '2-15': 0, '16_up': 1}, 1, 2)
+    >>> [term_list_quality(rows, docs, han_words=False)["test_repeat_share"]   # art, art | art: 1 of 3
+    ...  for docs in (["start art. arts", "art"], ["art, art", "art"])]
+    [0.0, 0.333333]
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+
+import numpy as np
 
 from rarelm.rare_terms.term_search import FoldedText
 
@@ -50,13 +58,17 @@ def term_list_quality(rows: list[dict], test_documents: list[str], han_words: bo
     its glossary terms, kept whole).
     """
     text = FoldedText("\n".join(test_documents))
-    matches = occurrences = mostly_inside = in_test = 0
+    doc_starts = np.cumsum([0] + [len(d) + 1 for d in test_documents[:-1]])
+    matches = occurrences = mostly_inside = in_test = repeats = 0
     for row in rows:
         term = row.get("display", row["term"])
         if "\n" in term:
             continue
         term_matches = len(text.find(term, words=False))
-        term_occurrences = len(text.find(term, han_words, glossary))
+        found = text.find(term, han_words, glossary)
+        term_occurrences = len(found)
+        docs = np.searchsorted(doc_starts, [start for start, _ in found], side="right")
+        repeats += term_occurrences - len(set(docs.tolist()))  # all but the first in each document
         matches += term_matches
         occurrences += term_occurrences
         in_test += term_matches > 0
@@ -67,6 +79,7 @@ def term_list_quality(rows: list[dict], test_documents: list[str], han_words: bo
     inside = matches - occurrences
     return {"test_matches": matches, "test_occurrences": occurrences, "inside_longer_word": inside,
             "inside_longer_word_share": round(inside / matches, 6) if matches else 0.0,
+            "test_repeat_share": round(repeats / occurrences, 6) if occurrences else 0.0,
             "terms_in_test": in_test, "terms_mostly_inside_longer_words": mostly_inside,
             "terms_by_train_count": strata}
 

@@ -47,7 +47,9 @@ so the cap never crowds out the rarest terms; each term's occurrences are taken 
 a fixed pseudo-random order (a hash of document and position), so a capped sample
 holds first and repeated mentions about as the text does (in text order, a term's
 first pick would always be a first mention), and the choice is deterministic and
-the same for every tokenizer.
+the same for every tokenizer. `eval.term_sample: occurrences` draws the cap from all
+occurrences alike instead (`select_occurrences`), so a term counts as often as the text holds it:
+the sample's repeat share is then about the text's (`term_repeat_share` against `term_repeat_share_text`).
 """
 
 from __future__ import annotations
@@ -311,6 +313,26 @@ def select_round_robin(per_term: list[list[Occurrence]], cap: int) -> list[Occur
     drawn = [sorted(range(len(occ)), key=lambda i: _sample_order(occ[i])) for occ in per_term]
     ranked = sorted((pick, t, place) for t, order in enumerate(drawn) for pick, place in enumerate(order))
     return [per_term[t][place] for place, t in sorted((place, t) for _, t, place in ranked[:cap])]
+
+
+def select_occurrences(per_term: list[list[Occurrence]], cap: int) -> list[Occurrence]:
+    """At most `cap` occurrences drawn from all of them alike, each term weighted by how often the
+    split holds it (`eval.term_sample: occurrences`; round robin gives every term its turn instead):
+    the `cap` first in the fixed pseudo-random order of `_sample_order`, returned in the order
+    `select_round_robin` uses, so with no more than `cap` occurrences the two agree.
+
+    >>> occ = [[Occurrence(0, 0, p, p, p + 1, "", "first") for p in (3, 8, 9)],
+    ...        [Occurrence(1, 0, 5, 5, 6, "", "first")]]
+    >>> select_occurrences(occ, 4) == select_round_robin(occ, 4)
+    True
+    """
+    ranked = sorted((_sample_order(o), place, t) for t, occ in enumerate(per_term) for place, o in enumerate(occ))
+    return [per_term[t][place] for place, t in sorted((place, t) for _, place, t in ranked[:cap])]
+
+
+def select(per_term: list[list[Occurrence]], cap: int, sample: str = "terms") -> list[Occurrence]:
+    """The scored occurrences: round robin over terms (`terms`) or drawn over occurrences."""
+    return (select_occurrences if sample == "occurrences" else select_round_robin)(per_term, cap)
 
 
 def _sample_order(o: Occurrence) -> tuple[bytes, int, int]:

@@ -131,6 +131,32 @@ def mention_table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def repeat_line(report: dict) -> str:
+    """One sentence: how many of the baseline's scored occurrences repeat a term already in their
+    document (the case a cache can copy) and, where eval.json has it, the share among all the split's
+    occurrences; "" without mention rows.
+
+    >>> row = {"configuration": "a", "aggregate": "occurrences", "metric": "term_ppl"}
+    >>> print(repeat_line({"metrics": ["term_ppl"], "configurations": [{"label": "a"}], "rows": [
+    ...     {**row, "slice": "first mention", "occurrences": 119},
+    ...     {**row, "slice": "repeat mention", "occurrences": 175}],
+    ...     "run_rows": [{"configuration": "a", "metric": "term_repeat_share_text", "value": 0.66}]}))
+    Repeat share: 175 of the 294 scored occurrences (59.5%) repeat a term already in their document; of all the split's occurrences, 66.0%.
+    """
+    metric = next((m for m in MENTION_METRICS if m in report["metrics"]), None)
+    if metric is None:
+        return ""
+    base = report["configurations"][0]["label"]
+    first, repeat = (report_row(report, base, mention, metric).get("occurrences") or 0 for mention in MENTIONS)
+    if not first + repeat:
+        return ""
+    text = next((r["value"] for r in report.get("run_rows", [])
+                 if r["configuration"] == base and r["metric"] == "term_repeat_share_text"), None)
+    return (f"Repeat share: {repeat} of the {first + repeat} scored occurrences ({repeat / (first + repeat):.1%}) "
+            "repeat a term already in their document" +
+            (f"; of all the split's occurrences, {text:.1%}." if text is not None else "."))
+
+
 RUN_TABLE = {"ppl": "ppl", "ppl_frequent": "frequent ppl", "ppl_medium": "medium ppl", "ppl_rare": "rare ppl",
              "ppl_general": "general-text ppl", "ppl_general_model": "general-text ppl, model alone",
              "false_insertion_rate": "false insertion"}
@@ -213,7 +239,8 @@ def results_section(result: dict, figures: dict[str, str]) -> str:
              f"**{title}** ({plan['final_split']} split, seeds {final_seeds}; intervals: paired bootstrap "
              "over terms and seeds together; ppl and false insertion: means over seeds):",
              "", table(result["final"], insertion), "",
-             *(["First mentions and repeats (the same paired intervals):", "", mentions, ""]
+             *(["First mentions and repeats (the same paired intervals):", "", mentions, "",
+                repeat_line(result["final"]), ""]
                if (mentions := mention_table(result["final"])) else []),
              "Per run (mean over seeds [95% interval over seeds]; change to the baseline [interval], "
              "paired by seed):", "", run_table(result["final"], insertion), "",
