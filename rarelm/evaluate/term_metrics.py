@@ -136,7 +136,8 @@ def term_metrics(rows: list[dict], n_terms: int, n_occurrences: int) -> dict:
     out["n_eval_term_types"] = len(by_term)
     out["n_term_occurrences"] = n_occurrences  # found in the split, before the eval.max_terms cap
     # the scored occurrences that repeat a term already in their document (the case a cache copies)
-    out["term_repeat_share"] = len([r for r in rows if r["mention"] == "repeat"]) / len(rows) if rows else None
+    repeats = sum(r["mention"] == "repeat" for r in rows)
+    out["term_repeat_share"] = repeats / len(rows) if rows else None
     out["n_terms"] = n_terms
     return out
 

@@ -326,7 +326,8 @@ def select_occurrences(per_term: list[list[Occurrence]], cap: int) -> list[Occur
     >>> select_occurrences(occ, 4) == select_round_robin(occ, 4)
     True
     """
-    ranked = sorted((_sample_order(o), place, t) for t, occ in enumerate(per_term) for place, o in enumerate(occ))
+    ranked = sorted((_sample_order(o), place, t)
+                    for t, occ in enumerate(per_term) for place, o in enumerate(occ))
     return [per_term[t][place] for place, t in sorted((place, t) for _, place, t in ranked[:cap])]
 
 

@@ -137,22 +137,26 @@ def repeat_line(report: dict) -> str:
     occurrences; "" without mention rows.
 
     >>> row = {"configuration": "a", "aggregate": "occurrences", "metric": "term_ppl"}
-    >>> print(repeat_line({"metrics": ["term_ppl"], "configurations": [{"label": "a"}], "rows": [
+    >>> line = repeat_line({"metrics": ["term_ppl"], "configurations": [{"label": "a"}], "rows": [
     ...     {**row, "slice": "first mention", "occurrences": 119},
     ...     {**row, "slice": "repeat mention", "occurrences": 175}],
-    ...     "run_rows": [{"configuration": "a", "metric": "term_repeat_share_text", "value": 0.66}]}))
-    Repeat share: 175 of the 294 scored occurrences (59.5%) repeat a term already in their document; of all the split's occurrences, 66.0%.
+    ...     "run_rows": [{"configuration": "a", "metric": "term_repeat_share_text", "value": 0.66}]})
+    >>> print(line.replace("; ", ";\\n"))
+    Repeat share: 175 of the 294 scored occurrences (59.5%) repeat a term already in their document;
+    of all the split's occurrences, 66.0%.
     """
     metric = next((m for m in MENTION_METRICS if m in report["metrics"]), None)
     if metric is None:
         return ""
     base = report["configurations"][0]["label"]
-    first, repeat = (report_row(report, base, mention, metric).get("occurrences") or 0 for mention in MENTIONS)
+    first, repeat = (report_row(report, base, mention, metric).get("occurrences") or 0
+                     for mention in MENTIONS)
     if not first + repeat:
         return ""
     text = next((r["value"] for r in report.get("run_rows", [])
                  if r["configuration"] == base and r["metric"] == "term_repeat_share_text"), None)
-    return (f"Repeat share: {repeat} of the {first + repeat} scored occurrences ({repeat / (first + repeat):.1%}) "
+    share = repeat / (first + repeat)
+    return (f"Repeat share: {repeat} of the {first + repeat} scored occurrences ({share:.1%}) "
             "repeat a term already in their document" +
             (f"; of all the split's occurrences, {text:.1%}." if text is not None else "."))
 
