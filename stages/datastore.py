@@ -71,12 +71,7 @@ def _build(params, model_dir: Path, tokenized: Path, out: Path) -> dict:
                           f"tokenizer's ({data.vocab_size}); was it trained on this data?")
     limit = context_length(model)
     lead = lead_ids(load_tokenizer(data.tokenizer_dir, data.vocab_size))  # <bos> first, as evaluate reads
-    block = window(params.eval.block_size, limit, len(lead))
-    before = len(lead)
-    if limit and block + before > limit:
-        raise RarelmError(f"params: eval.block_size = {block} is not allowed "
-                          f"(must be <= the model's context length {limit}"
-                          f"{f' less the {before} lead token(s) before every window' if before else ''})")
+    block = window(params.eval.block_size, limit, len(lead))  # fits with the lead, or a RarelmError
     total = max(len(tokens) - 1, 0)
     if params.knn.max_entries:
         total = min(total, params.knn.max_entries)

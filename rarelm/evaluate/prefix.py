@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Sequence
 
+from rarelm.errors import RarelmError
 from rarelm.evaluate import retrieval
 
 _LEADS: list[list[int]] = []
@@ -65,6 +66,18 @@ def window(block_size: int, limit: int | None, lead_tokens: int | None = None) -
 
     >>> window(0, 512, 1), window(128, 512, 1), window(0, None, 1)
     (511, 128, 1024)
+
+    A window that does not fit with its lead is a one-line error (evaluate and the datastore stage):
+
+    >>> window(512, 512, 1)
+    Traceback (most recent call last):
+    rarelm.errors.RarelmError: params: eval.block_size = 512 is not allowed (must be <= the model's \
+context length 512 less the 1 lead token(s) before every window)
     """
     before = len(lead()) if lead_tokens is None else lead_tokens
-    return block_size or (limit - before if limit else 1024)
+    block = block_size or (limit - before if limit else 1024)
+    if limit and block + before > limit:
+        raise RarelmError(f"params: eval.block_size = {block} is not allowed "
+                          f"(must be <= the model's context length {limit}"
+                          f"{f' less the {before} lead token(s) before every window' if before else ''})")
+    return block

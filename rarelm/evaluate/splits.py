@@ -44,12 +44,7 @@ def evaluate_split(model, tokenizer, data, documents: list[str], split: str, buc
         raise RarelmError(f"{split} split holds token id {int(tokens.max())}, outside the vocabulary of "
                           f"{len(buckets)}; re-run the tokenize and rare_terms stages")
     limit = context_length(model)
-    block = prefix.window(params.block_size, limit)
-    before = len(prefix.lead())
-    if limit and block + before > limit:
-        raise RarelmError(f"params: eval.block_size = {block} is not allowed "
-                          f"(must be <= the model's context length {limit}"
-                          f"{f' less the {before} lead token(s) before every window' if before else ''})")
+    block = prefix.window(params.block_size, limit)  # fits the context with the lead, or a RarelmError
     steps, seconds = Steps(f"evaluate: {split}"), {}  # a line per measurement once the split took 10 s
 
     def lap(name: str) -> None:
