@@ -163,6 +163,13 @@ def test_run_plan_records_a_fixed_plan_and_headline_tables_it_without_dvc(repo, 
 
     again = run(args, repo, env=env, check=True)
     assert "started" not in again.stdout  # every experiment recorded: nothing runs
+    # another --out on the same --work (a second plan sharing these experiments): nothing runs, and
+    # every experiment is recorded there too, so `rarelm headline` on it finds them all
+    elsewhere = run([*args[:-5], str(tmp_path / "out2"), *args[-4:]], repo, env=env, check=True)
+    assert "started" not in elsewhere.stdout and elsewhere.stdout.count("(its stages ran before") == 4
+    for name, record in records.items():
+        assert (tmp_path / "out2/runs" / name / "metrics/eval.json").read_text() == \
+            (record / "metrics/eval.json").read_text()
 
     # the tables from the records alone: no DVC experiment of these names exists in the repo
     from rarelm.report.headline import headline

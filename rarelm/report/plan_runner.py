@@ -19,8 +19,10 @@ on one machine can travel to another (`--only data`).
 
 As each evaluation finishes, the experiment's record is written under `<out>/runs/<experiment>/`
 (rarelm/report/records.py: params.yaml, metrics/eval.json, the occurrences gzipped, the commit; here
-also metrics/train.json), which `rarelm headline` reads instead of DVC experiments. `<out>/runner.json`
-holds each stage's seconds and exit code, the machine and the commit.
+also metrics/train.json), which `rarelm headline` reads instead of DVC experiments; an experiment
+whose stages another plan already ran in the same `--work` is recorded too, so that `rarelm
+headline` finds every experiment of the plan and runs none. `<out>/runner.json` holds each stage's
+seconds and exit code, the machine and the commit.
 """
 
 from __future__ import annotations
@@ -275,7 +277,7 @@ def run_plan(plan_path: Path, repo: Path, out: Path, work: Path, jobs: int = 4, 
     def stamped(message: str) -> None:
         log(f"run-plan [{time.time() - clock:6.0f} s] {message}")
 
-    def finished(task: Task) -> None:
+    def finished(task: Task, reused: bool = False) -> None:
         if not task.experiments:  # a data stage or a training
             return
         trained = tasks[task.after[0]]
@@ -283,15 +285,21 @@ def run_plan(plan_path: Path, repo: Path, out: Path, work: Path, jobs: int = 4, 
             trained = tasks[trained.after[0]]
         seconds = {t: runner.report.get(t, {}).get("seconds") for t in (trained.name, task.name)}
         for experiment in task.experiments:
+            if reused and experiment in recorded(out):
+                continue
             write_record(out, experiment, task.root, trained.root, commit,
                          {"machine": host, "train_s": seconds[trained.name],
                           "evaluate_s": seconds[task.name]})
-            stamped(f"recorded {experiment}")
+            stamped(f"recorded {experiment}" + (" (its stages ran before, in --work)" if reused else ""))
 
     runner = Runner(tasks, work, jobs, stamped, finished)
     failed = runner.run([n for n in todo if tasks[n].stage in DATA_STAGES])
     if only != "data" and not failed:
         failed = runner.run([n for n in todo if tasks[n].stage not in DATA_STAGES])
+    if only != "data" and not failed:  # an experiment another plan ran in this --work: its record here too
+        for task in tasks.values():
+            if task.experiments and (task.root / DONE).is_file():
+                finished(task, reused=True)
     report = {"plan": str(plan_path), "commit": commit, "machine": host, "jobs": jobs,
               "wall_s": round(time.time() - clock, 1), "experiments": sorted(resolved),
               "tasks": runner.report, "failed": failed}
