@@ -39,8 +39,8 @@ from rarelm.report.statistics import (
 
 # eval.json figures with one value per run, shown with intervals over seeds
 RUN_METRICS = ("ppl", "ppl_frequent", "ppl_medium", "ppl_rare", "ppl_term", "ppl_general",
-               "ppl_general_model", "false_insertion_rate", "false_insertion_gen_per_1k",
-               "false_insertion_start_mass", "term_repeat_share_text")
+               "ppl_general_model", "false_insertion_rate", "false_insertion_rate_chars",
+               "false_insertion_gen_per_1k", "false_insertion_start_mass", "term_repeat_share_text")
 
 
 def compare(baseline: list[RunData], runs: list[RunData], metrics: Sequence[str] = tuple(METRICS),

@@ -304,7 +304,9 @@ def run_plan(plan_path: Path, repo: Path, out: Path, work: Path, jobs: int = 4, 
               "wall_s": round(time.time() - clock, 1), "experiments": sorted(resolved),
               "tasks": runner.report, "failed": failed}
     write_json(Path(out) / "runner.json", _merge(Path(out) / "runner.json", report))
-    if only != "data" and not failed and not (Path(out) / "headline.json").is_file():
+    # the round's wall time: this command's where it ran a stage (a resumed round counts from the
+    # resume, as `rarelm headline` counts it), else what an earlier command wrote
+    if only != "data" and not failed and (todo or not (Path(out) / "headline.json").is_file()):
         write_json(Path(out) / "headline.json", {"rounds_s": {"confirm": report["wall_s"]},
                                                  "cpu": report["machine"]["name"], "cores": os.cpu_count()})
     if failed:
