@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 import yaml
 
 from rarelm.errors import RarelmError
+from rarelm.report.headline import headline
 from rarelm.report.headline_plan import Plan
 from rarelm.report.plan_runner import DATA_STAGES, needed, plan_tasks, run_plan, stage_key, with_overrides
 from tests.conftest import run
@@ -170,10 +172,13 @@ def test_run_plan_records_a_fixed_plan_and_headline_tables_it_without_dvc(repo, 
     for name, record in records.items():
         assert (tmp_path / "out2/runs" / name / "metrics/eval.json").read_text() == \
             (record / "metrics/eval.json").read_text()
+    # a record missing from run-plan's folder: `rarelm headline` says so and queues nothing
+    shutil.rmtree(tmp_path / "out2/runs/rp-finetune-tau-s1")
+    with pytest.raises(RarelmError, match=r"1 of the plan's 4 experiments have no record \(first: "
+                                          r"rp-finetune-tau-s1\).*run-plan"):
+        headline(repo, Plan.load(plan), tmp_path / "out2", page=None, log=lambda m: None)
 
     # the tables from the records alone: no DVC experiment of these names exists in the repo
-    from rarelm.report.headline import headline
-
     result = headline(repo, Plan.load(plan), out, page=None, log=lambda m: None)
     labels = [c["label"] for c in result["final"]["configurations"]]
     assert labels == ["as-is", "finetune", "finetune-knn", "finetune-tau"]  # safe_dump sorts the keys

@@ -118,6 +118,19 @@ def _diff(report: dict, config: str, metric: str) -> float:
     return report_row(report, config, RANK_SLICE, metric).get("diff") or 0.0
 
 
+def _records_complete(repo: Path, out: Path, experiments: list[str]) -> None:
+    """A folder `rarelm run-plan` wrote (its runner.json) holds that command's records: an experiment
+    missing there is one line, not hours of DVC experiments queued behind the user's back."""
+    if not (out / "runner.json").is_file():
+        return
+    missing = [e for e in experiments if e not in recorded(out) | existing(repo)]
+    if missing:
+        raise RarelmError(f"{out}: {len(missing)} of the plan's {len(experiments)} experiments have no "
+                          f"record (first: {missing[0]}); this folder holds `rarelm run-plan`'s records: "
+                          "run it with the same --plan and --out first (or remove runner.json to run them "
+                          "as DVC experiments)")
+
+
 def headline(repo: Path, plan: Plan, out: Path, page: Path | None,
              log: Callable[[str], None] = print, poll: float = 20, register: bool = False) -> dict:
     """Run the rounds (or the fixed comparison), write the comparisons and the tables into the
@@ -146,8 +159,9 @@ def headline(repo: Path, plan: Plan, out: Path, page: Path | None,
 
     choice = _fixed(plan) if plan.fixed else _choose(repo, out, plan, timed)
     screened, finalists = choice["screened"], choice["finalists"]
-    timed("confirm", plan.batch([plan.baseline, *finalists], plan.final_seeds, choice["extra"],
-                                plan.final_split))
+    confirm = plan.batch([plan.baseline, *finalists], plan.final_seeds, choice["extra"], plan.final_split)
+    _records_complete(repo, out, [e for e, _ in confirm])
+    timed("confirm", confirm)
     screen = (None if plan.fixed else
               _compare(repo, out, plan, [plan.baseline], screened[1:], plan.screen_seeds, plan.screen_split))
     final = _compare(repo, out, plan, [plan.baseline], finalists, plan.final_seeds, plan.final_split)
