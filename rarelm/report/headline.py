@@ -123,7 +123,8 @@ def _records_complete(repo: Path, out: Path, experiments: list[str]) -> None:
     missing there is one line, not hours of DVC experiments queued behind the user's back."""
     if not (out / "runner.json").is_file():
         return
-    missing = [e for e in experiments if e not in recorded(out) | existing(repo)]
+    have = recorded(out) | existing(repo)  # one directory scan, one `git` listing of the experiments
+    missing = [e for e in experiments if e not in have]
     if missing:
         raise RarelmError(f"{out}: {len(missing)} of the plan's {len(experiments)} experiments have no "
                           f"record (first: {missing[0]}); this folder holds `rarelm run-plan`'s records: "

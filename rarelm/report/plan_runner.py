@@ -277,7 +277,8 @@ def run_plan(plan_path: Path, repo: Path, out: Path, work: Path, jobs: int = 4, 
     def stamped(message: str) -> None:
         log(f"run-plan [{time.time() - clock:6.0f} s] {message}")
 
-    def finished(task: Task, reused: bool = False) -> None:
+    def finished(task: Task, reused: frozenset[str] | None = None) -> None:
+        """Records the task's experiments; `reused`: those already recorded, skipped (stages run before)."""
         if not task.experiments:  # a data stage or a training
             return
         trained = tasks[task.after[0]]
@@ -285,21 +286,23 @@ def run_plan(plan_path: Path, repo: Path, out: Path, work: Path, jobs: int = 4, 
             trained = tasks[trained.after[0]]
         seconds = {t: runner.report.get(t, {}).get("seconds") for t in (trained.name, task.name)}
         for experiment in task.experiments:
-            if reused and experiment in recorded(out):
+            if reused is not None and experiment in reused:
                 continue
             write_record(out, experiment, task.root, trained.root, commit,
                          {"machine": host, "train_s": seconds[trained.name],
                           "evaluate_s": seconds[task.name]})
-            stamped(f"recorded {experiment}" + (" (its stages ran before, in --work)" if reused else ""))
+            before = "" if reused is None else " (its stages ran before, in --work)"
+            stamped(f"recorded {experiment}{before}")
 
     runner = Runner(tasks, work, jobs, stamped, finished)
     failed = runner.run([n for n in todo if tasks[n].stage in DATA_STAGES])
     if only != "data" and not failed:
         failed = runner.run([n for n in todo if tasks[n].stage not in DATA_STAGES])
     if only != "data" and not failed:  # an experiment another plan ran in this --work: its record here too
+        already = frozenset(recorded(out))  # one scan of <out>/runs/
         for task in tasks.values():
             if task.experiments and (task.root / DONE).is_file():
-                finished(task, reused=True)
+                finished(task, reused=already)
     report = {"plan": str(plan_path), "commit": commit, "machine": host, "jobs": jobs,
               "wall_s": round(time.time() - clock, 1), "experiments": sorted(resolved),
               "tasks": runner.report, "failed": failed}
