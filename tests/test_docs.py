@@ -58,9 +58,9 @@ def test_readme_fits_on_a_front_page():
     assert not re.search(r"\bissue \d+", text, re.I)
     assert not re.search(r"\b20\d\d-\d\d-\d\d\b", text)
     assert ":start -->" not in text and ":end -->" not in text
-    # its sections in the agreed order
+    # its sections in the agreed order: a newcomer's two commands before the findings
     heads = [line[3:] for line in lines if line.startswith("## ")]
-    assert heads == ["What rarelm does and what it found", "Two commands", "Your own corpus and model",
+    assert heads == ["Two commands", "What rarelm does and what it found", "Your own corpus and model",
                      "The DAG", "Metrics", "Remedies", "Outputs"]
 
 
