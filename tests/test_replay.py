@@ -18,14 +18,13 @@ import torch
 from rarelm.errors import RarelmError
 from rarelm.evaluate import general_text
 from rarelm.params import Params, TrainParams, load_params
-from rarelm.train.batches import SampleStream, to_batch
+from rarelm.train.batches import SampleStream, to_batch, with_replay
 from rarelm.train.replay import (
     JoinedTokens,
     ReplayStream,
     replay_rows,
     replay_seed,
     replay_tokens,
-    with_replay,
 )
 from rarelm.train.sampler import WeightedDistributedSampler
 from tests.conftest import REPO, run, set_params, stage

@@ -16,7 +16,8 @@ import numpy as np
 import torch
 
 from rarelm.params import Params, TrainParams
-from rarelm.train.replay import replay_rows
+from rarelm.train.replay import ReplayStream, replay_rows, replay_seed
+from rarelm.train.sampler import WeightedDistributedSampler
 from rarelm.weights.scoring import alpha_at, weights_from_scores
 
 
@@ -124,3 +125,15 @@ def val_windows(n_windows: int, count: int) -> np.ndarray:
     if n_windows == 0:
         return np.zeros(0, dtype=np.int64)
     return np.unique(np.linspace(0, n_windows - 1, num=min(count, n_windows)).astype(np.int64))
+
+
+def with_replay(stream, params, replay: np.ndarray | None, world_size: int, rank: int):
+    """`stream` as it is where replay is off (`train.replay_share` 0), else a `ReplayStream` over the
+    replay tokens, with windows of `model.block_size` and their sampler's seed from `replay_seed`."""
+    if not params.train.replay_share:
+        return stream
+    block = params.model.block_size
+    sampler = WeightedDistributedSampler(
+        np.ones((len(replay) - 1) // block), num_replicas=world_size, rank=rank,
+        seed=replay_seed(params.seed), block_size=block, shift_windows=params.weights.shift_windows)
+    return ReplayStream(stream, SampleStream(sampler, replay), params.train.replay_share)

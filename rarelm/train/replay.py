@@ -125,18 +125,3 @@ class ReplayStream:
     def restore(self, state: dict) -> None:
         self.domain.restore(state)
         self.replay.restore(state["replay"])
-
-
-def with_replay(stream, params, replay: np.ndarray | None, world_size: int, rank: int):
-    """`stream` as it is where replay is off (`train.replay_share` 0), else a `ReplayStream` over the
-    replay tokens, with windows of `model.block_size` and their sampler's seed from `replay_seed`."""
-    if not params.train.replay_share:
-        return stream
-    from rarelm.train.batches import SampleStream  # batches imports torch; replay's doctests need not
-    from rarelm.train.sampler import WeightedDistributedSampler
-
-    block = params.model.block_size
-    sampler = WeightedDistributedSampler(
-        np.ones((len(replay) - 1) // block), num_replicas=world_size, rank=rank,
-        seed=replay_seed(params.seed), block_size=block, shift_windows=params.weights.shift_windows)
-    return ReplayStream(stream, SampleStream(sampler, replay), params.train.replay_share)

@@ -27,7 +27,14 @@ from rarelm.process import exit_on_sigterm
 from rarelm.tracking.metrics import upstream_metrics
 from rarelm.tracking.run import Run, start_run
 from rarelm.train import sharding
-from rarelm.train.batches import SampleStream, epochs_to_train, sampling_weights, to_batch, val_windows
+from rarelm.train.batches import (
+    SampleStream,
+    epochs_to_train,
+    sampling_weights,
+    to_batch,
+    val_windows,
+    with_replay,
+)
 from rarelm.train.checkpoint import CheckpointStore
 from rarelm.train.dist import Dist
 from rarelm.train.inputs import Inputs, Paths, checkpoint_key, load_inputs
@@ -45,7 +52,6 @@ from rarelm.train.precision import (
     probe_seconds,
     resolve,
 )
-from rarelm.train.replay import with_replay
 from rarelm.train.sampler import WeightedDistributedSampler
 from rarelm.train.state import RunState, resume_ranks, seed_everything
 
