@@ -355,6 +355,14 @@ class RetrievalParams:
     # the control: as many train passages drawn at random (seeded by `seed`), the query ignored; what
     # in-domain text in front gives by itself, beside what the right passage gives
     random: bool = False
+    # by the model's own states instead of BM25: the passage after each of the datastore keys nearest
+    # the model's state at the query's end (the datastore stage builds the store; knn.similarity)
+    dense: bool = False
+
+    def __post_init__(self) -> None:
+        if self.random and self.dense:
+            raise RarelmError("params: retrieval.random = true is not allowed with retrieval.dense = true "
+                              "(the control draws at random, dense finds passages by the model's states)")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,14 +3,16 @@ the memory kNN-LM looks up at decode time (rarelm/knn/, docs/knn.md).
 
     python -m stages.datastore
     dvc exp run -S knn.enabled=true          # builds it, then evaluate mixes it in
+    dvc exp run -S retrieval.enabled=true -S retrieval.dense=true   # builds it, evaluate retrieves by it
 
 Writes data/datastore/ (rarelm/knn/datastore.py: keys.npy, values.npy, meta.json), atomically.
-With knn.enabled false it writes meta.json alone, `{"enabled": false}`, in well under a second:
-DVC needs an output, and the stage stays cheap while kNN-LM is off (the continuous cache alone
-needs no store: it is on with knn.cache_window and knn.cache_weight > 0). It reads knn.enabled,
-knn.similarity (cosine: unit-length keys), knn.max_entries, knn.key_dtype, knn.index and knn.nlist
-(with `ivf`, also a faiss index, keys.ivf), and eval.block_size, eval.batch_size, eval.device,
-eval.threads as evaluate uses them: changing k, nprobe, the weights or the temperatures re-runs evaluate only.
+With knn.enabled and retrieval.dense false it writes meta.json alone, `{"enabled": false}`, in well
+under a second: DVC needs an output, and the stage stays cheap while neither reads a store (the
+continuous cache needs none: it is on with knn.cache_window and knn.cache_weight > 0). It reads
+knn.enabled, retrieval.enabled and retrieval.dense, knn.similarity (cosine: unit-length keys),
+knn.max_entries, knn.key_dtype, knn.index and knn.nlist (with `ivf`, also a faiss index, keys.ivf),
+and eval.block_size, eval.batch_size, eval.device, eval.threads as evaluate uses them: changing k,
+nprobe, the weights or the temperatures re-runs evaluate only.
 """
 
 import time
@@ -37,15 +39,20 @@ def datastore(
     started = time.perf_counter()
     with user_errors("datastore"):
         params = load_params(params_file, hold=True)  # outputs refused if it changes meanwhile
-        if not params.knn.enabled:
+        if not needs_store(params):
             with atomic_dir(out) as tmp:
                 write_json(tmp / "meta.json", {"enabled": False})
-            print("datastore: knn.enabled is false: an empty marker, nothing built")
+            print("datastore: knn.enabled and retrieval.dense are false: an empty marker, nothing built")
             return
         meta = _build(params, model_dir, tokenized, out)
     index = f", IVF index of {meta['nlist']} clusters" if "nlist" in meta else ""
     print(f"datastore: {meta['entries']:,} entries of {meta['hidden']} {meta['key_dtype']} from the train "
           f"split{index}, {time.perf_counter() - started:.1f} s")
+
+
+def needs_store(params) -> bool:
+    """Whether evaluate reads a store: kNN-LM, or retrieval by the model's states."""
+    return params.knn.enabled or (params.retrieval.enabled and params.retrieval.dense)
 
 
 def _build(params, model_dir: Path, tokenized: Path, out: Path) -> dict:

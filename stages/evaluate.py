@@ -87,7 +87,7 @@ def evaluate(
                 general["ppl_general_model"] = general["ppl_general"]
             # kNN-LM + cache mixed into every next-token distribution below (rarelm/knn/hook.py), retrieved
             # train passages before every prompt and window (rarelm/evaluate/retrieval.py); off: nothing
-            retriever = _retriever(params, data, tokenizer, prepared, model)
+            retriever = _retriever(params, data, tokenizer, prepared, model, datastore)
             with _knn(params, model, datastore, data.eot_id), retrieving(retriever):
                 if general and (knn_active(params.knn) or retriever):  # the mixture's own, apart
                     general.update(_general(params, model, tokenizer, data, prior, general_text))
@@ -283,8 +283,9 @@ def _knn(params, model, datastore: Path, eot_id: int):
     return attached(model, store, params.knn, eot_id)
 
 
-def _retriever(params, data, tokenizer, prepared: Path, model):
-    """The BM25 retriever over the train split's passages (retrieval.enabled), or None; one line."""
+def _retriever(params, data, tokenizer, prepared: Path, model, datastore: Path):
+    """The retriever over the train split (retrieval.enabled: BM25, the random control, or by the
+    model's states in the datastore), or None; one line."""
     if not params.retrieval.enabled:
         return None
     import sys
@@ -298,10 +299,17 @@ def _retriever(params, data, tokenizer, prepared: Path, model):
     check_fits(window(params.eval.block_size, limit), len(lead()) + r.passages * r.passage_tokens + 1, limit)
     started = time.perf_counter()
     language = _language(prepared)
+    states = None
+    if r.dense:  # the datastore stage's store of this model: where it was in a state like the query's
+        from rarelm.knn.datastore import Datastore, NearestStates
+
+        store = Datastore.open(datastore, str(model.device), params.knn.nprobe)
+        states = NearestStates(model, store, data.tokens("train"), lead())
     retriever = Retriever.build(data.tokens("train"), tokenizer, language, params.retrieval, data.eot_id,
-                                params.seed)
+                                params.seed, states)
     how = "drawn at random, the query ignored (the control)" if r.random else \
-        f"BM25, {language} words; index built in {time.perf_counter() - started:.1f} s"
+        f"by the model's states: the passage after each nearest of {len(states.store):,} datastore keys" \
+        if r.dense else f"BM25, {language} words; index built in {time.perf_counter() - started:.1f} s"
     print(f"evaluate: retrieving {_retrieval_setting(params.retrieval)} from {len(retriever.passages):,} "
           f"train passages ({how})", file=sys.stderr, flush=True)
     return retriever
@@ -312,7 +320,7 @@ def _retrieval_setting(r) -> str:
     if r.random:
         return f"{r.passages} random passage{'s' if r.passages > 1 else ''} of {r.passage_tokens} tokens"
     return (f"{r.passages} passage{'s' if r.passages > 1 else ''} of {r.passage_tokens} tokens, "
-            f"query {r.query_tokens} tokens")
+            f"query {r.query_tokens} tokens{', by states' if r.dense else ''}")
 
 
 def _load(model_dir: Path, data, device: str, threads: int):

@@ -1199,6 +1199,35 @@ def test_stage_with_retrieval_scores_windows_after_train_passages(workspace, tmp
                       stage="evaluate")
 
 
+def test_stage_retrieves_by_the_models_states_after_the_datastore_stage(workspace, tmp_path):
+    """`-S retrieval.dense=true`: without the datastore stage's store, one error line and nothing
+    written; after it (the stage builds the store for retrieval alone), one line says what is
+    retrieved, prompts are a passage and an end-of-text longer, and the scores move."""
+    ws = tmp_path / "ws"
+    shutil.copytree(workspace, ws)
+    env = {"OMP_NUM_THREADS": "1"}
+    set_params(ws, **{"eval.splits": ["test"], "eval.block_size": 32})
+    assert stage("evaluate", ws, env=env).returncode == 0
+    plain = json.loads((ws / "metrics/eval.json").read_text())
+    before = _rows(ws)
+    shutil.rmtree(ws / "metrics")
+    set_params(ws, **{"retrieval.enabled": True, "retrieval.dense": True, "retrieval.passage_tokens": 8})
+    assert_user_error(stage("evaluate", ws, env=env), "no meta.json; run the datastore stage first", ws,
+                      "metrics/eval.json", stage="evaluate")
+    built = stage("datastore", ws, env=env)
+    assert built.returncode == 0 and built.stdout.startswith("datastore: "), built.stderr
+    entries = json.loads((ws / "data/datastore/meta.json").read_text())["entries"]
+    result = stage("evaluate", ws, env=env)
+    assert result.returncode == 0, result.stderr
+    line = next(x for x in result.stderr.splitlines() if x.startswith("evaluate: retrieving"))
+    assert line.startswith("evaluate: retrieving 1 passage of 8 tokens, query 32 tokens, by states from ")
+    assert line.endswith(f"(by the model's states: the passage after each nearest of {entries:,} datastore "
+                         "keys)")
+    found = json.loads((ws / "metrics/eval.json").read_text())
+    assert found["n_eval_tokens"] == plain["n_eval_tokens"] and found["ppl"] != pytest.approx(plain["ppl"])
+    assert [r["prompt_tokens"] for r in _rows(ws)] == [r["prompt_tokens"] + 9 for r in before]
+
+
 def _rows(ws) -> list[dict]:
     return [json.loads(line) for line in (ws / "metrics/eval_occurrences.jsonl").open()]
 

@@ -13,9 +13,11 @@ import numpy as np
 import pytest
 import torch
 
+from rarelm.errors import RarelmError
 from rarelm.knn.datastore import Datastore, final_hidden
 from rarelm.knn.hook import attached
 from rarelm.knn.interpolate import cache_log_probs, knn_log_probs, mix, vote_log_probs
+from rarelm.params import RetrievalParams
 from tests.conftest import REPO, run
 from tests.test_evaluate import workspace  # noqa: F401  (the tiny evaluate workspace, a fixture)
 from tests.test_generate import TEXTS, argmax_loop
@@ -214,7 +216,6 @@ def test_cosine_knn_votes_are_cos_over_t_whatever_the_states_scale():
     """knn.similarity cosine: a neighbour's vote is exp(cos(q, k) / T), by hand; states 10x longer (a
     wider or differently normed model) vote the same, so a temperature carries across models; squared
     L2 distances do not. A store built for the other similarity is one error line."""
-    from rarelm.errors import RarelmError
     from rarelm.knn.hook import Interpolation
 
     gen = torch.Generator().manual_seed(11)
@@ -359,6 +360,39 @@ def test_datastore_stage(tmp_path, tiny, index):
         assert store.search(queries, 3)[1].tolist() == exact.search(queries, 3)[1].tolist()
 
 
+def test_dense_retrieval_gives_what_followed_the_nearest_states(tmp_path, tiny):
+    """retrieval.dense: the query is the model's state after its last query_tokens tokens; each of the
+    nearest datastore keys gives the passage that followed it, the nearest last, passages a passage
+    apart. Here the query reads window 2's first 5 tokens as that window did, so its state is entry
+    20's key (distance 0) and the nearest passage is tokens 21..28; the other is the next key by a
+    by-hand search whose passage starts at least 8 tokens from 21."""
+    from rarelm.evaluate.retrieval import Retriever
+    from rarelm.knn.datastore import NearestStates, build
+
+    model, tokens = tiny
+    meta = build(model, tokens, block_size=16, batch_size=4, out=tmp_path, key_dtype="float32")
+    (tmp_path / "meta.json").write_text(json.dumps(meta))  # as the stage writes it
+    store = Datastore.open(tmp_path)
+    params = SimpleNamespace(passages=2, passage_tokens=8, query_tokens=5, max_passages=0, random=False,
+                             dense=True)
+    states = NearestStates(model, store, tokens)
+    retriever = Retriever.build(tokens, None, "en", params, eot_id=0, states=states)
+    query = tokens[16:21].tolist()
+    state = final_hidden(model, torch.as_tensor([query], dtype=torch.long))[0, -1].numpy()
+    distances = ((np.asarray(store.keys) - state) ** 2).sum(-1)
+    order = np.argsort(distances, kind="stable")
+    assert order[0] == 20 and distances[20] < 1e-9
+    last = len(tokens) - 8
+    second = next(min(e + 1, last) for e in order[1:] if abs(min(e + 1, last) - 21) >= 8)
+    assert retriever.states.starts([[5, 5, *query]], params, 0) == [[21, second]]  # only the last 5 read
+    prefix = retriever.prefix([5, 5, *query])
+    assert retriever.width == 17 and prefix == [*tokens[second:second + 8], *tokens[21:29], 0]
+    with pytest.raises(RarelmError, match="retrieval.dense needs the datastore stage's store of the model"):
+        Retriever.build(tokens, None, "en", params, eot_id=0)
+    with pytest.raises(RarelmError, match="retrieval.random = true is not allowed with retrieval.dense"):
+        RetrievalParams(random=True, dense=True)
+
+
 def test_closed_set_scoring_sees_the_prompt_history_either_way(tiny):
     """The tree layout and the row-per-prefix layout of candidate scoring give the same sums with the
     cache on: each candidate token sees the prompt's history, not its own earlier tokens."""
@@ -419,7 +453,7 @@ def test_evaluate_stage_mixes_the_datastore_in(workspace, tmp_path):  # noqa: F8
         {"run_id": run_id, "tracking_uri": "sqlite:///mlflow.db", "experiment": "rarelm"}))
     env = {"OMP_NUM_THREADS": "1"}
     set_params(ws, **{"eval.splits": ["val"], "eval.closed_set": False})
-    assert stage("datastore", ws, env=env).stdout.startswith("datastore: knn.enabled is false")
+    assert stage("datastore", ws, env=env).stdout.startswith("datastore: knn.enabled and retrieval.dense are")
     off = stage("evaluate", ws, env=env)
     # off: nothing mixed in, stderr only the seconds each measurement took
     assert off.returncode == 0 and off.stderr.startswith("evaluate: val split: finding terms "), off.stderr
@@ -427,7 +461,7 @@ def test_evaluate_stage_mixes_the_datastore_in(workspace, tmp_path):  # noqa: F8
     plain = json.loads((ws / "metrics/eval.json").read_text())
 
     set_params(ws, **{"knn.cache_window": 16, "knn.cache_weight": 0.2})  # the cache alone: no store
-    assert stage("datastore", ws, env=env).stdout.startswith("datastore: knn.enabled is false")
+    assert stage("datastore", ws, env=env).stdout.startswith("datastore: knn.enabled and retrieval.dense are")
     cached = stage("evaluate", ws, env=env)
     mixing = cached.stderr.splitlines()[0]  # then the seconds each measurement took
     assert mixing == "evaluate: mixing in continuous cache (window 16, lambda 0.2, T 1)"

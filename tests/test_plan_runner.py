@@ -83,20 +83,25 @@ def test_stages_are_shared_where_their_declared_params_agree(tmp_path):
         "configurations": {"base": [], "alpha": ["alpha=0.5"]},
         "decode": {"base-tau": {"of": "base", "set": ["eval.logit_adjust_tau=0.5"]},
                    **{f"base-knn-{t}": {"of": "base", "set": ["knn.enabled=true", f"knn.temperature={t}"]}
-                      for t in (1, 2)}}}))
+                      for t in (1, 2)},
+                   "base-dense": {"of": "base", "set": ["retrieval.enabled=true", "retrieval.dense=true"]}}}))
     tasks, resolved = plan_tasks(Plan.load(plan_path), repo, tmp_path / "work", [])
     by_stage = {}
     for task in tasks.values():
         by_stage.setdefault(task.stage, []).append(task.name)
     assert {s: len(n) for s, n in by_stage.items()} == {
-        "prepare": 1, "tokenize": 1, "rare_terms": 1, "weights": 2, "train": 4, "datastore": 2,
-        "evaluate": 10}
+        "prepare": 1, "tokenize": 1, "rare_terms": 1, "weights": 2, "train": 4, "datastore": 4,
+        "evaluate": 12}
     # kNN-LM variants: one store per trained model (T is evaluate's), built from that model
     store = tasks[tasks["hl-base-knn-1-s1"].after[0]]
     assert store.stage == "datastore" and tasks["hl-base-knn-2-s1"].after == [store.name]
     assert store.after == tasks["hl-base-s1"].after
     assert tasks["hl-base-knn-1-s1"].argv[-2:] == ["--datastore", str(store.root / "out")]
     assert "--datastore" not in tasks["hl-base-s1"].argv
+    # retrieval by the model's states reads a store of its own (no kNN-LM in it), of the same model
+    dense = tasks[tasks["hl-base-dense-s1"].after[0]]
+    assert dense.stage == "datastore" and dense.name != store.name and dense.after == store.after
+    assert tasks["hl-base-dense-s1"].argv[-2:] == ["--datastore", str(dense.root / "out")]
     assert tasks["hl-base-tau-s1"].after == tasks["hl-base-s1"].after  # the same trained model
     assert tasks["hl-base-s1"].after != tasks["hl-base-s2"].after
     assert resolved["hl-alpha-s2"]["alpha"] == 0.5 and resolved["hl-alpha-s2"]["seed"] == 2

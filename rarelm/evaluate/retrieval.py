@@ -9,6 +9,15 @@ package). The query is the text of the last `query_tokens` tokens before the pos
 With `random` (the control) as many passages are drawn at random instead, the query ignored: what
 in-domain text in front does by itself, beside what the right passage does.
 
+With `dense` the passages are found by the model's own states instead of BM25
+(rarelm.knn.datastore.NearestStates):
+the query is the model's final hidden state after the last `query_tokens` tokens (its lead first),
+searched among the datastore's keys (the state after each train token; rarelm/knn/datastore.py,
+built by the datastore stage), and each of the `passages` nearest gives the `passage_tokens` train
+tokens that followed it: what came next where the model was last in a state like this one, the
+term included where one came next (kNN-LM keeps only the next token). Hits closer than a passage
+to a nearer one are skipped, so the passages differ.
+
     retriever = Retriever.build(train_tokens, tokenizer, "en", RetrievalParams(enabled=True), eot_id)
     with retrieving(retriever):
         ...  # score_tokens' windows, term prompts and sampled continuations get their passages
@@ -46,15 +55,18 @@ class Retriever:
     """BM25 over the train split's passages; `prefix(before)` the tokens to put before a prompt."""
 
     def __init__(self, passages: np.ndarray, index, tokenizer, language: str, params, eot_id: int,
-                 seed: int = 0):
+                 seed: int = 0, states=None):
         self.passages, self.index, self.tokenizer = passages, index, tokenizer
         self.language, self.params, self.eot_id = language, params, eot_id
         self.width = params.passages * params.passage_tokens + 1  # passages, then one end-of-text token
         self.rng = np.random.default_rng(seed)  # retrieval.random: the control's draws
+        self.states = states  # retrieval.dense: rarelm.knn.datastore.NearestStates
 
     @classmethod
     def build(cls, train_tokens: np.ndarray, tokenizer, language: str, params, eot_id: int,
-              seed: int = 0) -> Retriever:
+              seed: int = 0, states=None) -> Retriever:
+        """BM25 over the train split's passages, or with `params.random` the control, or with
+        `params.dense` the search by the model's states (`states`: rarelm.knn.datastore.NearestStates)."""
         n = len(train_tokens) // params.passage_tokens
         if params.max_passages:
             n = min(n, params.max_passages)
@@ -66,6 +78,13 @@ class Retriever:
         passages = np.asarray(train_tokens[:n * params.passage_tokens], dtype=np.int64).reshape(n, -1)
         if getattr(params, "random", False):  # the control needs no index
             return cls(passages, None, tokenizer, language, params, eot_id, seed)
+        if getattr(params, "dense", False):
+            if states is None or len(states.store) < params.passages:
+                from rarelm.errors import RarelmError
+
+                raise RarelmError("retrieval.dense needs the datastore stage's store of the model, with at "
+                                  f"least retrieval.passages = {params.passages} entries")
+            return cls(passages, None, tokenizer, language, params, eot_id, seed, states)
         import bm25s  # on use
 
         texts = tokenizer.decode_batch(passages.tolist(), skip_special_tokens=True)
@@ -79,6 +98,11 @@ class Retriever:
         return self.prefixes([before])[0]
 
     def prefixes(self, befores: list) -> list[list[int]]:
+        if self.states is not None:  # retrieval.dense
+            starts = self.states.starts(befores, self.params, self.eot_id)
+            p = self.params.passage_tokens
+            return [[int(t) for s in row[::-1] for t in self.states.tokens[s:s + p]] + [self.eot_id]
+                    for row in starts]
         if self.index is None:  # retrieval.random: distinct passages drawn for each, the query ignored
             n, k = len(self.passages), self.params.passages
             found = [self.rng.choice(n, k, replace=False) for _ in befores]

@@ -25,6 +25,9 @@ unit-length and each query is made unit-length before the search, so the distanc
 
     store = Datastore.open("data/datastore")
     distances, values = store.search(queries, k=8)     # [n, 8] each, nearest first
+
+`NearestStates` searches the same store for in-context retrieval (retrieval.dense): the passages
+that followed the keys nearest the model's state at a query.
 """
 
 from __future__ import annotations
@@ -152,8 +155,8 @@ class Datastore:
             raise RarelmError(f"{folder}: no meta.json; run the datastore stage first "
                               "(dvc repro datastore)") from None
         if not meta.get("enabled"):
-            raise RarelmError(f"{folder}: the datastore was built with knn.enabled false (an empty "
-                              "marker); re-run the datastore stage with knn.enabled true")
+            raise RarelmError(f"{folder}: the datastore was built with knn.enabled and retrieval.dense false "
+                              "(an empty marker); re-run the datastore stage with either true")
         keys = np.load(folder / "keys.npy", mmap_mode="r")
         values = np.load(folder / "values.npy")
         if keys.shape != (meta["entries"], meta["hidden"]) or values.shape != (meta["entries"],):
@@ -177,6 +180,13 @@ class Datastore:
     def search(self, queries: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(squared L2 distances, values) of each query's k nearest keys, [n, min(k, entries)] each,
         nearest first; ties keep the earlier entry. A cosine store: distances 2 - 2 cos, in [0, 4]."""
+        distances, entries = self.nearest(queries, k)
+        return distances, self.values.to(distances.device)[entries.clamp_min(0)]
+
+    def nearest(self, queries: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(squared L2 distances, entry indices) of each query's k nearest keys, as `search`; entry e
+        is the state after train token e (its value: token e + 1). With the IVF index, a neighbour it
+        did not find has distance inf and index -1."""
         queries = queries.float().reshape(-1, queries.shape[-1])
         if self.similarity == "cosine":
             queries = torch.nn.functional.normalize(queries, dim=-1)
@@ -198,17 +208,16 @@ class Datastore:
             order = cand_d.argsort(dim=-1, stable=True)[:, :k]
             best_d, best_i = cand_d.gather(1, order), cand_i.gather(1, order)
         distances = (best_d + (queries * queries).sum(-1, keepdim=True)).clamp_min(0)  # rounding: not < 0
-        return distances, self.values.to(queries.device)[best_i]
+        return distances, best_i
 
     def _search_ivf(self, queries: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The IVF index's k nearest among its `nprobe` nearest clusters; a neighbour it did not find
-        (fewer than k keys in those clusters) has distance inf, so it gets no vote."""
+        (fewer than k keys in those clusters) has distance inf (so it gets no vote) and index -1."""
         self.ivf.nprobe = self.nprobe
         distances, ids = self.ivf.search(queries.detach().cpu().numpy(), k)
         found = torch.as_tensor(ids >= 0)
         distances = torch.where(found, torch.as_tensor(distances), torch.full(found.shape, float("inf")))
-        values = self.values[torch.as_tensor(ids).clamp_min(0)]
-        return distances.to(queries.device), values.to(queries.device)
+        return distances.to(queries.device), torch.as_tensor(ids, dtype=torch.long).to(queries.device)
 
     def _chunk(self, start: int, device) -> torch.Tensor:
         # a copy of the slice: torch warns on a read-only memory map, and float() copies again anyway
@@ -221,3 +230,43 @@ class Datastore:
                                      (self._chunk(s, device) for s in range(0, len(self), CHUNK))]) \
                 if len(self) else torch.zeros(0, device=device)
         return self._norms.to(device)
+
+
+class NearestStates:
+    """In-context retrieval by the model's states (retrieval.dense, rarelm/evaluate/retrieval.py): where
+    in the train split the model was in a state like the query's, and the passage that followed."""
+
+    def __init__(self, model, store: Datastore, tokens: np.ndarray, lead: Sequence[int] = ()):
+        self.model, self.store, self.tokens, self.lead = model, store, np.asarray(tokens), list(lead)
+
+    def queries(self, befores: list, query_tokens: int, eot_id: int):
+        """The model's final hidden state after each query (its last `query_tokens` tokens, the lead
+        before them; end-of-text where there is none), [len(befores), hidden]. Queries are padded on
+        the right, so each state is read at its own last position, before any padding."""
+        rows = [self.lead + ([int(t) for t in b[-query_tokens:]] or [eot_id]) for b in befores]
+        out = []
+        for first in range(0, len(rows), 64):
+            chunk = rows[first:first + 64]
+            longest = max(len(r) for r in chunk)
+            ids = torch.tensor([r + [eot_id] * (longest - len(r)) for r in chunk], device=self.model.device)
+            states = final_hidden(self.model, ids)
+            out.append(states[torch.arange(len(chunk)), torch.tensor([len(r) - 1 for r in chunk])])
+        return torch.cat(out)
+
+    def starts(self, befores: list, params, eot_id: int) -> list[list[int]]:
+        """Per query, the train positions of its `params.passages` passages, the nearest first: each
+        starts at the token after a near key (moved back where it would run past the split's end);
+        a hit less than a passage from a nearer one is skipped while others remain."""
+        p, n = params.passage_tokens, params.passages
+        _, entries = self.store.nearest(self.queries(befores, params.query_tokens, eot_id), 16 * n)
+        last = len(self.tokens) - p
+        out = []
+        for row in entries.tolist():
+            hits = [min(e + 1, last) for e in row if e >= 0]
+            chosen: list[int] = []
+            for s in hits:
+                if len(chosen) < n and all(abs(s - c) >= p for c in chosen):
+                    chosen.append(s)
+            chosen += [s for s in hits if s not in chosen][:n - len(chosen)]  # too few apart: the next
+            out.append(chosen)
+        return out

@@ -10,7 +10,8 @@ the plan's overrides, then the `--set`s; every stage runs as `python -m stages.<
 under `--work`. A stage's work is keyed as DVC's run cache keys it: by the values of the params
 dvc.yaml declares for it, and the key of the stage before it. So experiments that share a corpus share
 one prepare ... weights, and a decode variant (evaluation params only) evaluates the model its
-configuration trained, trained once; a kNN-LM variant (knn.enabled) first runs the datastore stage
+configuration trained, trained once; a kNN-LM variant (knn.enabled) or one retrieving by the model's
+states (retrieval.dense) first runs the datastore stage
 on that model, keyed by the datastore's params, so variants that differ in k, lambda or T share one
 store. The data stages run first; then up to `jobs` trainings and
 evaluations at once, each evaluation as soon as its model is there. A stage whose output
@@ -122,8 +123,9 @@ def plan_tasks(plan: Plan, repo: Path, work: Path, extra: list[str]
     resolved: dict[str, dict] = {}
     for experiment, overrides in plan.batch(names, plan.final_seeds, {}, plan.final_split):
         params = resolved[experiment] = with_overrides(base, [*overrides, *extra])
-        stages = (*DATA_STAGES, "train", "datastore") if params.get("knn", {}).get("enabled") \
-            else (*DATA_STAGES, "train")
+        knn, retrieval = params.get("knn", {}), params.get("retrieval", {})
+        reads_store = knn.get("enabled") or (retrieval.get("enabled") and retrieval.get("dense"))
+        stages = (*DATA_STAGES, "train", "datastore") if reads_store else (*DATA_STAGES, "train")
         key, folders = "", {}
         for stage in stages:
             key = stage_key(params, declared[stage], key)
@@ -282,7 +284,7 @@ def run_plan(plan_path: Path, repo: Path, out: Path, work: Path, jobs: int = 4, 
         if not task.experiments:  # a data stage or a training
             return
         trained = tasks[task.after[0]]
-        if trained.stage == "datastore":  # a kNN-LM variant: the store's model
+        if trained.stage == "datastore":  # kNN-LM or dense retrieval: the store's model
             trained = tasks[trained.after[0]]
         seconds = {t: runner.report.get(t, {}).get("seconds") for t in (trained.name, task.name)}
         for experiment in task.experiments:
