@@ -387,6 +387,11 @@ def test_dense_retrieval_gives_what_followed_the_nearest_states(tmp_path, tiny):
     assert retriever.states.starts([[5, 5, *query]], params, 0) == [[21, second]]  # only the last 5 read
     prefix = retriever.prefix([5, 5, *query])
     assert retriever.width == 17 and prefix == [*tokens[second:second + 8], *tokens[21:29], 0]
+    # queries of different lengths padded together, 70 of them over two forwards: each state is the
+    # one its query gives alone (an empty one reads the end-of-text token)
+    many = [tokens[i:i + 1 + i % 5].tolist() for i in range(70)] + [[]]
+    alone = torch.cat([final_hidden(model, torch.as_tensor([q or [0]]))[:, -1] for q in many])
+    assert torch.allclose(states.queries(many, 5, 0), alone, atol=1e-5)
     with pytest.raises(RarelmError, match="retrieval.dense needs the datastore stage's store of the model"):
         Retriever.build(tokens, None, "en", params, eot_id=0)
     with pytest.raises(RarelmError, match="retrieval.random = true is not allowed with retrieval.dense"):

@@ -244,14 +244,18 @@ class NearestStates:
         before them; end-of-text where there is none), [len(befores), hidden]. Queries are padded on
         the right, so each state is read at its own last position, before any padding."""
         rows = [self.lead + ([int(t) for t in b[-query_tokens:]] or [eot_id]) for b in befores]
+        # the forward makes logits at every position too: rows per forward so that they stay near 1 GB
+        # (Gemma 3's 262,144-token vocabulary: 30 queries of 34 tokens a forward)
+        vocab = int(self.model.get_output_embeddings().weight.shape[0])
+        per = max(1, min(64, 2**28 // (vocab * max(len(r) for r in rows)))) if rows else 1
         out = []
-        for first in range(0, len(rows), 64):
-            chunk = rows[first:first + 64]
+        for first in range(0, len(rows), per):
+            chunk = rows[first:first + per]
             longest = max(len(r) for r in chunk)
             ids = torch.tensor([r + [eot_id] * (longest - len(r)) for r in chunk], device=self.model.device)
             states = final_hidden(self.model, ids)
             out.append(states[torch.arange(len(chunk)), torch.tensor([len(r) - 1 for r in chunk])])
-        return torch.cat(out)
+        return torch.cat(out) if out else torch.zeros((0, self.store.hidden), device=self.model.device)
 
     def starts(self, befores: list, params, eot_id: int) -> list[list[int]]:
         """Per query, the train positions of its `params.passages` passages, the nearest first: each
