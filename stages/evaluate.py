@@ -77,6 +77,7 @@ def evaluate(
         tokenizer = load_tokenizer(data.tokenizer_dir, data.vocab_size)
         model = _load(model_dir, data, params.eval.device, params.eval.threads)
         lead = _lead(tokenizer)  # <bos> before every window and prompt where the model reads one first
+        params = _with_room(params, model, len(lead))  # eval.block_size 0 with retrieval: what fits
         general_text = _general_text(params, prepared)  # eval.general_text's file, or None
 
         general = {}
@@ -281,6 +282,25 @@ def _knn(params, model, datastore: Path, eot_id: int):
     store = Datastore.open(datastore, str(model.device), knn.nprobe) if uses_store(knn) else None
     print(f"evaluate: mixing in {describe(params.knn, store)}", file=sys.stderr, flush=True)
     return attached(model, store, params.knn, eot_id)
+
+
+def _with_room(params, model, lead_tokens: int):
+    """`params` with eval.block_size 0 resolved where retrieval is on: the model's context less the
+    lead and the passages before every window, the same window for every scoring of the evaluation
+    (the model alone on general text too); else `params` as they are (0 is resolved per scoring)."""
+    import dataclasses
+
+    from rarelm.evaluate.decoding import context_length
+
+    r, limit = params.retrieval, context_length(model)
+    if params.eval.block_size or not r.enabled or not limit:
+        return params
+    width = lead_tokens + r.passages * r.passage_tokens + 1
+    if width >= limit:
+        raise RarelmError(f"the {width} tokens before every window (lead and retrieved passages) leave no "
+                          f"room in the model's context of {limit}: lower retrieval.passage_tokens or "
+                          "retrieval.passages")
+    return dataclasses.replace(params, eval=dataclasses.replace(params.eval, block_size=limit - width))
 
 
 def _retriever(params, data, tokenizer, prepared: Path, model, datastore: Path):

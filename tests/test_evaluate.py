@@ -1193,10 +1193,17 @@ def test_stage_with_retrieval_scores_windows_after_train_passages(workspace, tmp
         [r["prompt_tokens"] + 9 for r in _rows(tmp_path / "ws-False")]
     ws = tmp_path / "ws-True"
     shutil.rmtree(ws / "metrics")
-    set_params(ws, **{"eval.block_size": 0})  # the model's whole context of 64, and 9 tokens more
+    set_params(ws, **{"eval.block_size": 64})  # the model's whole context of 64, and 9 tokens more
     assert_user_error(stage("evaluate", ws), "eval.block_size 64 + the 9 tokens before it (lead and "
                       "retrieved passages) exceed the model's context of 64", ws, "metrics/eval.json",
                       stage="evaluate")
+    set_params(ws, **{"eval.block_size": 0, "retrieval.passage_tokens": 63})  # 0: the context less 64
+    assert_user_error(stage("evaluate", ws), "the 64 tokens before every window (lead and retrieved "
+                      "passages) leave no room in the model's context of 64", ws, "metrics/eval.json",
+                      stage="evaluate")
+    set_params(ws, **{"retrieval.passage_tokens": 8})  # 0: windows of 55 targets after the 9 tokens
+    assert stage("evaluate", ws).returncode == 0
+    assert json.loads((ws / "metrics/eval.json").read_text())["n_eval_tokens"] == plain["n_eval_tokens"]
 
 
 def test_stage_retrieves_by_the_models_states_after_the_datastore_stage(workspace, tmp_path):
