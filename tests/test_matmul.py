@@ -116,9 +116,10 @@ def test_weights_after_n_steps_equal_mkl_s_and_two_onednn_runs_are_bit_identical
     mkl, onednn, again = _train("mkl"), _train("onednn"), _train("onednn")
     moved = _distance(mkl, start)
     assert moved > 1e-3
-    # measured 8.4e-6 of the distance moved here; 4.5e-5 at the demo's shape (4 x 128, vocabulary
-    # 1,712, 16 x 128 tokens, lr 3e-3, 5 steps), its losses equal to 8 digits
-    assert 0 < _distance(onednn, mkl) < 1e-4 * moved
+    # measured 8.4e-6 of the distance moved here on an AMD EPYC; 4.5e-5 at the demo's shape (4 x 128,
+    # vocabulary 1,712, 16 x 128 tokens, lr 3e-3, 5 steps), its losses equal to 8 digits; on an
+    # Intel Xeon (AMX) the two libraries' products agree bit for bit (0)
+    assert _distance(onednn, mkl) < 1e-4 * moved
     assert all(torch.equal(onednn[k], again[k]) for k in onednn)
 
 
