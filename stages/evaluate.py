@@ -291,11 +291,12 @@ def _with_room(params, model, lead_tokens: int):
     import dataclasses
 
     from rarelm.evaluate.decoding import context_length
+    from rarelm.evaluate.retrieval import passages_width
 
     r, limit = params.retrieval, context_length(model)
     if params.eval.block_size or not r.enabled or not limit:
         return params
-    width = lead_tokens + r.passages * r.passage_tokens + 1
+    width = lead_tokens + passages_width(r)
     if width >= limit:
         raise RarelmError(f"the {width} tokens before every window (lead and retrieved passages) leave no "
                           f"room in the model's context of {limit}: lower retrieval.passage_tokens or "
@@ -313,10 +314,10 @@ def _retriever(params, data, tokenizer, prepared: Path, model, datastore: Path):
 
     from rarelm.evaluate.decoding import context_length
     from rarelm.evaluate.prefix import lead, window
-    from rarelm.evaluate.retrieval import Retriever, check_fits
+    from rarelm.evaluate.retrieval import Retriever, check_fits, passages_width
 
     r, limit = params.retrieval, context_length(model)
-    check_fits(window(params.eval.block_size, limit), len(lead()) + r.passages * r.passage_tokens + 1, limit)
+    check_fits(window(params.eval.block_size, limit), len(lead()) + passages_width(r), limit)
     started = time.perf_counter()
     language = _language(prepared)
     states = None

@@ -58,7 +58,7 @@ class Retriever:
                  seed: int = 0, states=None):
         self.passages, self.index, self.tokenizer = passages, index, tokenizer
         self.language, self.params, self.eot_id = language, params, eot_id
-        self.width = params.passages * params.passage_tokens + 1  # passages, then one end-of-text token
+        self.width = passages_width(params)
         self.rng = np.random.default_rng(seed)  # retrieval.random: the control's draws
         self.states = states  # retrieval.dense: rarelm.knn.datastore.NearestStates
 
@@ -114,6 +114,16 @@ class Retriever:
                    for b in befores]
         found, _ = self.index.retrieve(queries, k=self.params.passages, show_progress=False)
         return [[int(t) for i in row[::-1] for t in self.passages[i]] + [self.eot_id] for row in found]
+
+
+def passages_width(params) -> int:
+    """Tokens retrieval puts before every prompt and window: the passages, then one end-of-text.
+
+    >>> from types import SimpleNamespace
+    >>> passages_width(SimpleNamespace(passages=2, passage_tokens=31))
+    63
+    """
+    return params.passages * params.passage_tokens + 1
 
 
 def check_fits(block_size: int, width: int, limit: int | None) -> None:
