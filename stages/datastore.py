@@ -23,6 +23,7 @@ import typer
 from rarelm import paths
 from rarelm.errors import RarelmError, user_errors
 from rarelm.files import atomic_dir, write_json
+from rarelm.knn import needs_store
 from rarelm.params import load_params
 
 app = typer.Typer(add_completion=False, help=__doc__)
@@ -48,11 +49,6 @@ def datastore(
     index = f", IVF index of {meta['nlist']} clusters" if "nlist" in meta else ""
     print(f"datastore: {meta['entries']:,} entries of {meta['hidden']} {meta['key_dtype']} from the train "
           f"split{index}, {time.perf_counter() - started:.1f} s")
-
-
-def needs_store(params) -> bool:
-    """Whether evaluate reads a store: kNN-LM, or retrieval by the model's states."""
-    return params.knn.enabled or (params.retrieval.enabled and params.retrieval.dense)
 
 
 def _build(params, model_dir: Path, tokenized: Path, out: Path) -> dict:

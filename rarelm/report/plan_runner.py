@@ -45,7 +45,8 @@ import yaml
 
 from rarelm.errors import RarelmError
 from rarelm.files import atomic_dir, read_json, write_json
-from rarelm.params import read_yaml
+from rarelm.knn import needs_store
+from rarelm.params import Params, read_yaml
 from rarelm.paths import EVAL_METRICS, EVAL_OCCURRENCES, PARAMS, SUMMARY_METRICS
 from rarelm.report.headline_plan import Plan
 from rarelm.report.records import COMMIT, RECORDS, RUN_PLAN, ZIPPED, recorded
@@ -123,9 +124,8 @@ def plan_tasks(plan: Plan, repo: Path, work: Path, extra: list[str]
     resolved: dict[str, dict] = {}
     for experiment, overrides in plan.batch(names, plan.final_seeds, {}, plan.final_split):
         params = resolved[experiment] = with_overrides(base, [*overrides, *extra])
-        knn, retrieval = params.get("knn", {}), params.get("retrieval", {})
-        reads_store = knn.get("enabled") or (retrieval.get("enabled") and retrieval.get("dense"))
-        stages = (*DATA_STAGES, "train", "datastore") if reads_store else (*DATA_STAGES, "train")
+        stages = (*DATA_STAGES, "train", "datastore") if needs_store(Params.from_dict(params)) \
+            else (*DATA_STAGES, "train")
         key, folders = "", {}
         for stage in stages:
             key = stage_key(params, declared[stage], key)
