@@ -16,7 +16,9 @@
 #   bash bench/gpu_lease.sh stash K       # call K (carry .lease/cK), at once after call K-1: stash it
 #                                         # (K=1: as check without the checks, ~10 s)
 #   bash bench/gpu_lease.sh plan          # call N (carry .lease/cN), at once after call N-1: join the
-#                                         # GGUF's parts (sha256 checked), convert, rarelm run-plan
+#                                         # GGUF's parts (sha256 checked), convert, rarelm run-plan,
+#                                         # stopped CALL_S (570) s after the call began; `plan` again
+#                                         # (carrying nothing) goes on where it stopped
 #   bash bench/gpu_lease.sh shape         # one call alone (carry .lease/c1 and .lease/tok): the model's
 #                                         # shape with random weights through pack's timing.yaml (as it
 #                                         # is, fine-tune and term loss at 100 steps): timings only
@@ -135,32 +137,41 @@ stash)
     ;;
 plan)
     [ -f "$P/parts" ] || { log "nothing stashed: the machine went cold; start again at call 1"; exit 3; }
-    cp .lease/c*/gguf.* "$P"/
+    cp .lease/c*/gguf.* "$P"/ 2>/dev/null || true  # a repeated plan call carries nothing
     N=$(cat "$P/parts")
-    for k in $(seq 0 $(( N - 1 ))); do
-        [ -f "$P/gguf.$(printf %02d "$k")" ] || { log "gguf.$(printf %02d "$k") (call $(( k + 1 )) carried it) missing: the machine went cold; start again at call 1"; exit 3; }
-    done
     cd "$P/proj"
     export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
     export TOKENIZERS_PARALLELISM=false
-    mkdir -p /tmp/gguf .lease/work
-    cat "$P"/gguf.* > "/tmp/gguf/$GGUF_NAME"
-    cp -r "$P/notices/." /tmp/gguf/   # the licence files convert writes beside the weights
-    echo "$GGUF_SHA256  /tmp/gguf/$GGUF_NAME" | sha256sum -c - >> "$OUT/log.txt"
-    python3 -m rarelm.pretrained convert --params "$MODEL/params.yaml" --gguf-dir /tmp/gguf --out "$MODEL/model" \
-        2>&1 | tail -n 1 | tee -a "$OUT/log.txt"
-    tar xzf "$P/data.tgz" -C .lease/work
-    log "converted; data stages unpacked"
+    if [ -f "$MODEL/model/config.json" ]; then
+        log "the model and the data stages are here from an earlier plan call: run-plan goes on where it stopped"
+    else
+        for k in $(seq 0 $(( N - 1 ))); do
+            [ -f "$P/gguf.$(printf %02d "$k")" ] || { log "gguf.$(printf %02d "$k") (call $(( k + 1 )) carried it) missing: the machine went cold; start again at call 1"; exit 3; }
+        done
+        mkdir -p /tmp/gguf .lease/work
+        cat "$P"/gguf.* > "/tmp/gguf/$GGUF_NAME"
+        cp -r "$P/notices/." /tmp/gguf/   # the licence files convert writes beside the weights
+        echo "$GGUF_SHA256  /tmp/gguf/$GGUF_NAME" | sha256sum -c - >> "$OUT/log.txt"
+        python3 -m rarelm.pretrained convert --params "$MODEL/params.yaml" --gguf-dir /tmp/gguf --out "$MODEL/model" \
+            2>&1 | tail -n 1 | tee -a "$OUT/log.txt"
+        tar xzf "$P/data.tgz" -C .lease/work
+        log "converted; data stages unpacked"
+    fi
     ( while sleep 30; do [ -d /tmp/sm/runs ] && tar czf "$OUT/records.tgz.part" -C /tmp/sm runs runner.json 2>/dev/null \
         && mv "$OUT/records.tgz.part" "$OUT/records.tgz"; nvidia-smi --query-gpu=utilization.gpu,memory.used \
         --format=csv,noheader >> "$OUT/log.txt" 2>/dev/null || true; done ) &
     WATCH=$!
-    python3 -m stages.run_plan --plan "$PLAN" --out /tmp/sm --work .lease/work --jobs "$JOBS" $SETS \
-        --commit "$(cat "$P/commit")" 2>&1 | tee -a "$OUT/log.txt" || log "run-plan rc=$?"
+    # stopped (SIGTERM: its stage processes too) CALL_S seconds after this call began, so the records
+    # come back before the machine's limit; `plan` again in the next call goes on from there
+    LEFT=$(( ${CALL_S:-570} - $(date +%s) + T0 ))
+    [ "$LEFT" -gt 10 ] || LEFT=1  # timeout 0 would mean no limit
+    timeout "$LEFT" python3 -m stages.run_plan --plan "$PLAN" --out /tmp/sm \
+        --work .lease/work --jobs "$JOBS" $SETS --commit "$(cat "$P/commit")" 2>&1 | tee -a "$OUT/log.txt" \
+        || log "run-plan rc=$? (124: stopped at CALL_S; run plan again to go on)"
     kill $WATCH 2>/dev/null || true
-    tar czf "$OUT/records.tgz" -C /tmp/sm runs runner.json headline.json 2>/dev/null || tar czf "$OUT/records.tgz" -C /tmp/sm runs
+    [ ! -d /tmp/sm/runs ] || tar czf "$OUT/records.tgz" -C /tmp/sm $(cd /tmp/sm && ls -d runs runner.json headline.json 2>/dev/null)
     tar czf "$OUT/logs.tgz" -C .lease/work logs $(cd .lease/work && ls -d train-*/train.csv train-*/train.json 2>/dev/null)
-    log "call $N done"
+    log "plan call done"
     ;;
 shape)
     stash 1
