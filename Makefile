@@ -86,49 +86,49 @@ report: $(VENV)/.installed  ## compare the DVC experiments of HEAD with the comm
 
 # headline.yaml's configurations as queued DVC experiments in three rounds (screen on one seed on
 # val, combine the best two, confirm the best on test with fresh seeds), compared with paired
-# term x seed bootstrap intervals: docs/headline/ and the tables on docs/results.md. The previous plan took
+# term x seed bootstrap intervals: records/headline/ and the tables on docs/results.md. The previous plan took
 # about 90 minutes on 2 CPU cores; this one runs three more experiments and scores val too (not timed);
 # interrupted, it re-uses the experiments already finished.
-headline: $(VENV)/.installed  ## every rare-term remedy vs the baseline -> docs/headline, docs/results.md
+headline: $(VENV)/.installed  ## every rare-term remedy vs the baseline -> records/headline, docs/results.md
 	rarelm headline
 
 # docs/realtext.md: on each real corpus, the committed base model as it is against its plain
 # fine-tune, 3 seeds each (realtext/<corpus>.yaml: fixed comparisons through the headline
-# machinery) -> docs/realtext/<corpus>/ and docs/results.md's tables. Interrupted, it re-uses the
+# machinery) -> records/realtext/<corpus>/ and docs/results.md's tables. Interrupted, it re-uses the
 # experiments already finished; docs/results.md gives the time each took.
-realtext: $(VENV)/.installed  ## the base model vs its plain fine-tune on the real corpora -> docs/realtext, docs/results.md
-	rarelm headline --plan realtext/foldoc_en.yaml --out docs/realtext/foldoc_en
-	rarelm headline --plan realtext/manpages_zh.yaml --out docs/realtext/manpages_zh
+realtext: $(VENV)/.installed  ## the base model vs its plain fine-tune on the real corpora -> records/realtext, docs/results.md
+	rarelm headline --plan realtext/foldoc_en.yaml --out records/realtext/foldoc_en
+	rarelm headline --plan realtext/manpages_zh.yaml --out records/realtext/manpages_zh
 
 # Issue 22: every remedy against the plain fine-tune of the base model on each real corpus, in the
 # headline's three rounds (realtext/headline_<corpus>.yaml: screen on val with seed 1337, combine,
 # confirm the best two on test with seeds 1-3; the guard and the ranking are fixed in the plan)
-# -> docs/realtext/headline_<corpus>/ and docs/results.md's tables. Hours per corpus (the plans estimate
+# -> records/realtext/headline_<corpus>/ and docs/results.md's tables. Hours per corpus (the plans estimate
 # it): `make headline-realtext REALTEXT=foldoc_en` runs one. Interrupted, it re-uses what finished.
 REALTEXT ?= foldoc_en manpages_zh
-headline-realtext: $(VENV)/.installed  ## every remedy vs the plain fine-tune on the real corpora -> docs/realtext, docs/results.md
+headline-realtext: $(VENV)/.installed  ## every remedy vs the plain fine-tune on the real corpora -> records/realtext, docs/results.md
 	for corpus in $(REALTEXT); do \
-		rarelm headline --plan realtext/headline_$$corpus.yaml --out docs/realtext/headline_$$corpus || exit 1; \
+		rarelm headline --plan realtext/headline_$$corpus.yaml --out records/realtext/headline_$$corpus || exit 1; \
 	done
 
 # The strong remedies (kNN-LM + cache, terms as tokens, general-text replay), their combinations
 # with the term loss and the earlier finalist against the plain fine-tune at its best, in the
 # headline's three rounds (realtext/remedies_<corpus>.yaml: the guard, including general-text
-# perplexity, and the ranking fixed in the plan) -> docs/realtext/remedies_<corpus>/ and
+# perplexity, and the ranking fixed in the plan) -> records/realtext/remedies_<corpus>/ and
 # docs/results.md's tables. Hours per corpus: `make remedies-realtext REALTEXT=manpages_zh` runs one.
-remedies-realtext: $(VENV)/.installed  ## kNN-LM, terms as tokens, replay vs the best plain fine-tune -> docs/realtext, docs/results.md
+remedies-realtext: $(VENV)/.installed  ## kNN-LM, terms as tokens, replay vs the best plain fine-tune -> records/realtext, docs/results.md
 	for corpus in $(REALTEXT); do \
-		rarelm headline --plan realtext/remedies_$$corpus.yaml --out docs/realtext/remedies_$$corpus || exit 1; \
+		rarelm headline --plan realtext/remedies_$$corpus.yaml --out records/realtext/remedies_$$corpus || exit 1; \
 	done
 
 # Issue 22's learning curves (fixed comparisons, realtext/curve_<corpus>.yaml): the plain fine-tune
 # and two remedies at 300, 600 and 1200 steps on foldoc_en; the plain fine-tune and the term loss at
-# 300 and 570 steps, seeds 1-3, on manpages_zh -> docs/realtext/curve_<corpus>/, docs/results.md.
+# 300 and 570 steps, seeds 1-3, on manpages_zh -> records/realtext/curve_<corpus>/, docs/results.md.
 # `make curve-realtext CURVE=manpages_zh` runs one.
 CURVE ?= foldoc_en manpages_zh
-curve-realtext: $(VENV)/.installed  ## plain fine-tune vs remedies at several budgets on the real corpora -> docs/realtext, docs/results.md
+curve-realtext: $(VENV)/.installed  ## plain fine-tune vs remedies at several budgets on the real corpora -> records/realtext, docs/results.md
 	for corpus in $(CURVE); do \
-		rarelm headline --plan realtext/curve_$$corpus.yaml --out docs/realtext/curve_$$corpus || exit 1; \
+		rarelm headline --plan realtext/curve_$$corpus.yaml --out records/realtext/curve_$$corpus || exit 1; \
 	done
 
 # The real-text corpora (data/raw/foldoc_en, manpages_zh; committed) and the base corpora, rebuilt

@@ -4,7 +4,7 @@
 # /tmp between calls only while warm (~30 s). A model's GGUF therefore travels in parts: SmolLM2's
 # 98 MB in two calls, Gemma 3's 253 MB in five (MODEL=gemma3).
 #
-#   bash bench/gpu_lease.sh slim          # here, first: docs/ and base/ out of git's index and ignored
+#   bash bench/gpu_lease.sh slim          # here, first: records/ and base/ out of git's index and ignored
 #                                         # (files untouched), so the work tree that travels is ~8 MB;
 #                                         # `unslim` puts them back when the lease is over
 #   bash bench/gpu_lease.sh pack          # here: .lease/c1 .. .lease/cN (git-ignored): this commit's code,
@@ -30,14 +30,14 @@
 # on every experiment; default: tracking off). The plan call writes $OUT/records.tgz (the plan's
 # records, rarelm/report/records.py's layout, refreshed every 30 s so a call stopped at its limit
 # still brings back what finished), $OUT/logs.tgz and $OUT/log.txt. Back here: tar xzf records.tgz
-# -C docs/realtext/<plan's folder>, then rarelm headline --plan PLAN --out docs/realtext/<folder>.
+# -C records/realtext/<plan's folder>, then rarelm headline --plan PLAN --out records/realtext/<folder>.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODE=${1:?usage: bash bench/gpu_lease.sh slim|unslim|pack|check|stash K|plan|shape}
 MODEL=${MODEL:-smollm2}
 case $MODEL in
 smollm2) GGUF_NAME=SmolLM2-135M-Instruct.Q4_1.gguf JOBS=${JOBS:-9} PLAN=${PLAN:-smollm2/foldoc_en.yaml}
-         PART1=${PART1:-39000000} PART=${PART:-59400000}
+         PART1=${PART1:-41000000} PART=${PART:-59400000}
          GGUF_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53 ;;
 gemma3)  GGUF_NAME=gemma-3-270m-q4_k_m.gguf JOBS=${JOBS:-6} PLAN=${PLAN:-gemma3/manpages_zh.yaml}
          PART1=${PART1:-32000000} PART=${PART:-56000000}
@@ -64,16 +64,16 @@ case $MODE in
 slim)
     EXCLUDE=$(git rev-parse --git-path info/exclude)
     grep -qF "$SLIM_MARK" "$EXCLUDE" 2>/dev/null && { echo "gpu_lease: already slim" >&2; exit 2; }
-    git diff --quiet HEAD -- docs base || { echo "gpu_lease: docs/ or base/ has uncommitted changes: commit them first" >&2; exit 2; }
-    git rm -r -q --cached docs base
-    printf '%s\n/docs/\n/base/\n' "$SLIM_MARK" >> "$EXCLUDE"
-    git ls-files -z | du --files0-from=- -cb | tail -n 1 | sed 's/total/bytes tracked now (docs\/ and base\/ out of the index: bash bench\/gpu_lease.sh unslim puts them back)/'
+    git diff --quiet HEAD -- records base || { echo "gpu_lease: records/ or base/ has uncommitted changes: commit them first" >&2; exit 2; }
+    git rm -r -q --cached records base
+    printf '%s\n/records/\n/base/\n' "$SLIM_MARK" >> "$EXCLUDE"
+    git ls-files -z | du --files0-from=- -cb | tail -n 1 | sed 's/total/bytes tracked now (records\/ and base\/ out of the index: bash bench\/gpu_lease.sh unslim puts them back)/'
     ;;
 unslim)
     EXCLUDE=$(git rev-parse --git-path info/exclude)
-    git reset -q -- docs base
+    git reset -q -- records base
     sed -i "\\|^$SLIM_MARK\$|,+2d" "$EXCLUDE"
-    git status --short -- docs base | head -n 5
+    git status --short -- records base | head -n 5
     ;;
 pack)
     PYTHON=${PYTHON:-python}

@@ -8,7 +8,7 @@ Queues one DVC experiment per (steps, seed) (`dvc exp run --queue -n lc-<lang>-<
 -S train.max_steps=<steps> -S seed=<seed>`, plus the Chinese demo's corpus params for zh),
 runs the queue with one worker (`dvc queue start -j 1`; the experiments share 2 cores), waits,
 then reads every experiment's metrics from its git commit (refs/exps/...) and writes
-docs/curves/learning_curve_<lang>.csv (one row per experiment and band) and .md (a table per
+records/curves/learning_curve_<lang>.csv (one row per experiment and band) and .md (a table per
 seed: exact match per band, overall, first mentions, closed-set choice, em50, tokens/s).
 Needs an activated environment (dvc's stages run `python`).
 """
@@ -136,7 +136,7 @@ def main() -> None:
     args = parser.parse_args()
     if not args.collect:
         queue(args.lang, args.steps, args.seeds)
-    collect(args.lang, args.out or ROOT / "docs" / "curves" / f"learning_curve_{args.lang}")
+    collect(args.lang, args.out or ROOT / "records" / "curves" / f"learning_curve_{args.lang}")
 
 
 if __name__ == "__main__":

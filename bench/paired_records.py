@@ -2,7 +2,7 @@
 it, on all occurrences, first mentions and repeats (the headline compares every configuration with the
 plan's first one only; a control is read against the method it controls with this).
 
-    .venv/bin/python -P bench/paired_records.py --out docs/realtext/smollm2_retrieval_foldoc_en_val \
+    .venv/bin/python -P bench/paired_records.py --out records/realtext/smollm2_retrieval_foldoc_en_val \
         --baseline sr-foldoc_en-retrieval-2x64-random-s1337 --run sr-foldoc_en-retrieval-2x64-s1337 \
         --split val
 

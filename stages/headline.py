@@ -1,6 +1,6 @@
 """`rarelm headline` (`make headline`): every rare-term remedy against the baseline, as DVC experiments.
 
-    rarelm headline                                   # headline.yaml -> docs/headline/ + docs/results.md
+    rarelm headline                                   # headline.yaml -> records/headline/ + docs/results.md
     rarelm headline --plan my_plan.yaml --no-page     # another plan; leave the results page alone
     rarelm headline --register                        # + the winner as a registered model version
     rarelm headline --plan my_plan.yaml --so-far      # the screening round so far (while it runs)
@@ -26,7 +26,7 @@ app = typer.Typer(add_completion=False, help=__doc__)
 @app.command()
 def headline(
     plan: Path = typer.Option(Path("headline.yaml"), "--plan", help="configurations and seeds"),
-    out: Path = typer.Option(Path("docs/headline"), "--out", help="reports and the figure go here"),
+    out: Path = typer.Option(Path("records/headline"), "--out", help="reports and the figure go here"),
     page: Path = typer.Option(Path("docs/results.md"), "--page",
                               help="the docs page whose <!-- <section>:start/end --> markers hold tables"),
     no_page: bool = typer.Option(False, "--no-page", help="leave the results page alone"),

@@ -1,9 +1,9 @@
 """`rarelm run-plan`: a fixed headline plan's experiments as concurrent stage processes, without DVC.
 
-    rarelm run-plan --plan smollm2/foldoc_en.yaml --out docs/realtext/smollm2_foldoc_en --jobs 9 \\
+    rarelm run-plan --plan smollm2/foldoc_en.yaml --out records/realtext/smollm2_foldoc_en --jobs 9 \\
         --set tracking.required=false           # on a GPU machine without mlflow
     rarelm run-plan --plan ... --only data     # the data stages alone (to carry them to a GPU machine)
-    rarelm headline --plan smollm2/foldoc_en.yaml --out docs/realtext/smollm2_foldoc_en   # then the tables
+    rarelm headline --plan smollm2/foldoc_en.yaml --out records/realtext/smollm2_foldoc_en   # then the tables
 
 Runs every configuration and decode variant x final seed of the plan through the real stages
 (`python -m stages.<name>`) under `--work`, sharing the data stages and trained models where their

@@ -1,7 +1,7 @@
 """The headline experiment: every rare-term remedy against the baseline, as DVC experiments.
 
     make headline                      # = rarelm headline: queue, run, compare, write docs/results.md
-    rarelm headline --plan headline.yaml --out docs/headline
+    rarelm headline --plan headline.yaml --out records/headline
 
 The plan (headline.yaml) lists configurations as `dvc exp run -S` overrides on top of
 `common`, and `decode` variants that change only `evaluate`'s params of a trained
@@ -33,7 +33,7 @@ interrupted command picks up where it stopped, in this clone or in another one w
 Then two comparisons (`rarelm.report.compare.compare`): the screening round (screening seeds, val,
 every configuration) and the final one (final seeds, test, baseline and finalists), written to
 `<out>/screen/` and `<out>/final/` (index.html, report.md, report.json; `<out>` is
-docs/headline by default, kept in git), the term NLL per character and exact match by train
+records/headline by default, kept in git), the term NLL per character and exact match by train
 count to `<out>/term_nll_by_train_count.svg` and `<out>/exact_match_by_train_count.svg`
 (headline_outputs.FIGURES), and both tables with the rounds' durations into the results page
 (docs/results.md) between `<!-- headline:start -->` and `<!-- headline:end -->`

@@ -1,7 +1,7 @@
 """A fixed headline plan without DVC: its experiments as concurrent processes of the real stages.
 
-    rarelm run-plan --plan smollm2/foldoc_en.yaml --out docs/realtext/smollm2_foldoc_en --jobs 9
-    rarelm headline --plan smollm2/foldoc_en.yaml --out docs/realtext/smollm2_foldoc_en   # the tables
+    rarelm run-plan --plan smollm2/foldoc_en.yaml --out records/realtext/smollm2_foldoc_en --jobs 9
+    rarelm headline --plan smollm2/foldoc_en.yaml --out records/realtext/smollm2_foldoc_en   # the tables
 
 For a machine where DVC cannot run the plan: a GPU lent for minutes, with torch but no dvc or mlflow
 (`--set tracking.required=false`). Each experiment of the plan's final round (every configuration and
