@@ -136,6 +136,7 @@ stash)
     stash "$K"
     ;;
 plan)
+    [ ! -f .lease/c1/parts ] || stash 1  # a GGUF small enough for call 1 alone: one call
     [ -f "$P/parts" ] || { log "nothing stashed: the machine went cold; start again at call 1"; exit 3; }
     cp .lease/c*/gguf.* "$P"/ 2>/dev/null || true  # a repeated plan call carries nothing
     N=$(cat "$P/parts")
