@@ -124,23 +124,33 @@ def plan_tasks(plan: Plan, repo: Path, work: Path, extra: list[str]
     resolved: dict[str, dict] = {}
     for experiment, overrides in plan.batch(names, plan.final_seeds, {}, plan.final_split):
         params = resolved[experiment] = with_overrides(base, [*overrides, *extra])
-        stages = (*DATA_STAGES, "train", "datastore") if needs_store(Params.from_dict(params)) \
-            else (*DATA_STAGES, "train")
-        key, folders = "", {}
-        for stage in stages:
-            key = stage_key(params, declared[stage], key)
-            folders[stage] = work / f"{stage}-{key}"
+        folders = stage_folders(params, declared, work)
         prev: list[str] = []
         for stage, folder in folders.items():
             if folder.name not in tasks:
-                tasks[folder.name] = Task(folder.name, stage, folder, _argv(stage, folder, folders), prev)
+                argv = stage_argv(stage, folder, folders)
+                tasks[folder.name] = Task(folder.name, stage, folder, argv, prev)
                 _write_params(folder, params)
             prev = [folder.name]
         root = work / "experiments" / experiment
-        tasks[experiment] = Task(experiment, "evaluate", root, _argv("evaluate", root, folders),
+        tasks[experiment] = Task(experiment, "evaluate", root, stage_argv("evaluate", root, folders),
                                  after=prev, experiments=[experiment])
         _write_params(root, params)
     return tasks, resolved
+
+
+def stage_folders(params: dict, declared: dict[str, list[str]], work: Path) -> dict[str, Path]:
+    """The work folder of every stage before evaluate that an experiment with these params needs,
+    `<stage>-<key>`: each key chains the stage's declared params to the keys before it, so
+    experiments that agree up to a stage share its folder (the datastore only where evaluate reads
+    a store)."""
+    stages = (*DATA_STAGES, "train", "datastore") if needs_store(Params.from_dict(params)) \
+        else (*DATA_STAGES, "train")
+    key, folders = "", {}
+    for stage in stages:
+        key = stage_key(params, declared[stage], key)
+        folders[stage] = work / f"{stage}-{key}"
+    return folders
 
 
 def _write_params(root: Path, params: dict) -> None:
@@ -148,7 +158,7 @@ def _write_params(root: Path, params: dict) -> None:
     (root / PARAMS).write_text(yaml.safe_dump(params, sort_keys=False, allow_unicode=True), encoding="utf-8")
 
 
-def _argv(stage: str, root: Path, at: dict[str, Path]) -> list[str]:
+def stage_argv(stage: str, root: Path, at: dict[str, Path]) -> list[str]:
     """`python -m stages.<stage>` with every path under the work folder."""
     out = {s: at[s] / "out" for s in DATA_STAGES}
     paths = {
