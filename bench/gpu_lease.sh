@@ -4,8 +4,9 @@
 # /tmp between calls only while warm (~30 s). A model's GGUF therefore travels in parts: SmolLM2's
 # 98 MB in two calls, Gemma 3's 253 MB in five (MODEL=gemma3).
 #
-#   bash bench/gpu_lease.sh slim          # here, first: records/ and base/ out of git's index and ignored
-#                                         # (files untouched), so the work tree that travels is ~8 MB;
+#   bash bench/gpu_lease.sh slim          # here, first: records/, base/, data/, tests/ and docs/ out of
+#                                         # git's index and ignored (files untouched), so the work tree
+#                                         # that travels is 2.7 MB;
 #                                         # `unslim` puts them back when the lease is over
 #   bash bench/gpu_lease.sh pack          # here: .lease/c1 .. .lease/cN (git-ignored): this commit's code,
 #                                         # wheels, the plan's data stages (rarelm run-plan --only data)
@@ -59,21 +60,23 @@ stash() {
     log "call $1: $(ls "$P" | grep -c '^gguf\.') of $(cat "$P/parts" 2>/dev/null || echo '?') GGUF parts stashed"
 }
 SLIM_MARK="# bench/gpu_lease.sh slim"
+SLIM="records base data tests docs"  # what the calls do not need: the code there is call 1's proj.tgz
 
 case $MODE in
 slim)
     EXCLUDE=$(git rev-parse --git-path info/exclude)
     grep -qF "$SLIM_MARK" "$EXCLUDE" 2>/dev/null && { echo "gpu_lease: already slim" >&2; exit 2; }
-    git diff --quiet HEAD -- records base || { echo "gpu_lease: records/ or base/ has uncommitted changes: commit them first" >&2; exit 2; }
-    git rm -r -q --cached records base
-    printf '%s\n/records/\n/base/\n' "$SLIM_MARK" >> "$EXCLUDE"
-    git ls-files -z | du --files0-from=- -cb | tail -n 1 | sed 's/total/bytes tracked now (records\/ and base\/ out of the index: bash bench\/gpu_lease.sh unslim puts them back)/'
+    git diff --quiet HEAD -- $SLIM || { echo "gpu_lease: $SLIM: uncommitted changes; commit them first" >&2; exit 2; }
+    git rm -r -q --cached --ignore-unmatch $SLIM
+    { echo "$SLIM_MARK"; for d in $SLIM; do echo "/$d/"; done; } >> "$EXCLUDE"
+    echo "$(git ls-files -z | du --files0-from=- -cb | tail -n 1 | cut -f1) bytes tracked now ($SLIM out of" \
+        "the index; bash bench/gpu_lease.sh unslim puts them back)"
     ;;
 unslim)
     EXCLUDE=$(git rev-parse --git-path info/exclude)
-    git reset -q -- records base
-    sed -i "\\|^$SLIM_MARK\$|,+2d" "$EXCLUDE"
-    git status --short -- records base | head -n 5
+    git reset -q -- $SLIM
+    sed -i "\\|^$SLIM_MARK\$|,+$(wc -w <<< "$SLIM")d" "$EXCLUDE"
+    git status --short -- $SLIM | head -n 5
     ;;
 pack)
     PYTHON=${PYTHON:-python}
