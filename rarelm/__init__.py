@@ -18,8 +18,9 @@ The package mirrors the pipeline (dvc.yaml; each stage is a thin script in stage
     tracking/     MLflow: the store, runs, metrics, the model's export, registry and serving
 
 What every stage reads: artifacts/ (the tokenized data, buckets and counts, terms, the term
-index, the weights). What everything shares, at this level: params.py (params.yaml, validated),
-paths.py (the DAG's paths), errors.py, files.py (atomic writes, CSV, sha256), fmt.py, git.py,
-hub.py (pretrained models from a folder or the local Hugging Face cache), check.py (the check
-stage: whatever a stage would refuse about params.yaml, refused before any stage runs).
+index, the weights). What everything shares, at this level: params/ (params.yaml, validated: its
+sections in sections.py, the reading and checks in checks.py), paths.py (the DAG's paths),
+errors.py, files.py (atomic writes, CSV, sha256), fmt.py, git.py, hub.py (pretrained models
+from a folder or the local Hugging Face cache), check.py (the check stage: whatever a stage would
+refuse about params.yaml, refused before any stage runs).
 """

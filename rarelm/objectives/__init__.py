@@ -41,7 +41,7 @@ are made only for a remedy that needs them, `Remedy.needs_logits`),
 Adding a remedy is four things, nowhere else:
 1. one module here with one class behind the protocol of `remedy.py` (`from_params`
    returns None where its params turn it off; only the hooks it needs);
-2. its params in `LossParams` (rarelm/params.py) and params.yaml;
+2. its params in `LossParams` (rarelm/params/sections.py) and params.yaml;
 3. one registration line: its class in `REMEDIES` (objective.py);
 4. one test in tests/test_objectives.py, against a value computed by hand.
 """
