@@ -13,15 +13,11 @@ user-facing metrics on a real-text split").
 
 from __future__ import annotations
 
-import sys
+import argparse
+import functools
+import json
+import time
 from pathlib import Path
-
-sys.path[0] = str(Path(__file__).resolve().parents[1])  # bench/tokenize.py would shadow tokenize
-
-import argparse  # noqa: E402
-import functools  # noqa: E402
-import json  # noqa: E402
-import time  # noqa: E402
 
 
 def main() -> None:

@@ -15,16 +15,10 @@ tokenizer.name_or_path=base/model):
 
 from __future__ import annotations
 
-import sys
+import argparse
+import json
+import time
 from pathlib import Path
-
-# Run as a file, this folder is sys.path[0], and bench/tokenize.py would shadow the
-# standard library's tokenize module: the repo root goes there instead.
-sys.path[0] = str(Path(__file__).resolve().parents[1])
-
-import argparse  # noqa: E402
-import json  # noqa: E402
-import time  # noqa: E402
 
 
 def main() -> None:

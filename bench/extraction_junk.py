@@ -23,11 +23,6 @@ glossary, as `metrics["extraction"]` of the stage, and the seconds
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path[0] = str(Path(__file__).resolve().parents[1])
-
 import argparse
 import dataclasses
 import gzip
@@ -36,6 +31,7 @@ import re
 import subprocess
 import tempfile
 import time
+from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 MIN_PARAGRAPH = 40

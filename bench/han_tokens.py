@@ -25,10 +25,7 @@ import collections
 import gzip
 import json
 import re
-import sys
 from pathlib import Path
-
-sys.path[0] = str(Path(__file__).resolve().parents[1])  # bench/tokenize.py would shadow tokenize
 
 HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff]+")
 

@@ -23,22 +23,18 @@ serves a held-out split; the IVF recall is then measured on that text's own hidd
 
 from __future__ import annotations
 
-import sys
+import argparse
+import gzip
+import json
+import os
+import platform
+import tempfile
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
-sys.path[0] = str(Path(__file__).resolve().parents[1])  # bench/tokenize.py would shadow tokenize
-
-import argparse  # noqa: E402
-import gzip  # noqa: E402
-import json  # noqa: E402
-import os  # noqa: E402
-import platform  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from types import SimpleNamespace  # noqa: E402
-
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import torch
 
 
 def synthetic(folder: Path, entries: int, hidden: int, queries: int, k: int) -> dict:

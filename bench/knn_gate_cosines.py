@@ -1,12 +1,11 @@
 """How close a model's states come to a kNN-LM datastore: the nearest key's cosine (knn.gate_cosine's
 input) on in-domain text against general text, as quantiles; where to put the gate's c0.
 
-    .venv/bin/python -P bench/knn_gate_cosines.py --model smollm2/model --store <datastore folder>/out \
+    .venv/bin/python bench/knn_gate_cosines.py --model smollm2/model --store <datastore folder>/out \
         --tokenized <tokenize folder>/out --split val --general data/general/en.txt --tokens 4096
 
 Reads: the model folder, the datastore stage's folder (similarity cosine), the tokenize stage's
 folder; prints one line per text. Choosing c0 from these quantiles uses no outcome of any run.
-(-P: bench/tokenize.py would shadow the standard library's tokenize.)
 """
 
 from __future__ import annotations

@@ -10,20 +10,16 @@ with the plain model, the cache alone, kNN alone and both, over a small grid of 
 
 from __future__ import annotations
 
-import sys
+import argparse
+import json
+import os
+import tempfile
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
-sys.path[0] = str(Path(__file__).resolve().parents[1])  # bench/tokenize.py would shadow tokenize
-
-import argparse  # noqa: E402
-import json  # noqa: E402
-import os  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from types import SimpleNamespace  # noqa: E402
-
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import torch
 
 
 def main() -> None:

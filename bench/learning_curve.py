@@ -63,7 +63,6 @@ def queue(lang: str, steps: list[int], seeds: list[int]) -> None:
 def experiments() -> dict[str, dict]:
     """name -> {"eval": ..., "train": ...} for every finished DVC experiment, whatever its baseline
     commit (`dvc exp show` lists only HEAD's; the experiments live under git's refs/exps/)."""
-    sys.path.insert(0, str(ROOT))
     from rarelm.report.git_runs import experiment_refs
 
     found = {}

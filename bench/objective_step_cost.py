@@ -18,18 +18,12 @@ compute-matched `finetune-longer` of realtext/headline_*.yaml takes its step cou
 KL's ratio.
 """
 
-import sys
-from pathlib import Path
+import argparse
+import statistics
+import time
 
-# Run as a file, this folder is sys.path[0], and bench/tokenize.py would shadow the standard library's
-sys.path[0] = str(Path(__file__).resolve().parents[1])
-
-import argparse  # noqa: E402
-import statistics  # noqa: E402
-import time  # noqa: E402
-
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import torch
 
 
 def main() -> None:

@@ -19,10 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-from pathlib import Path
-
-sys.path[0] = str(Path(__file__).resolve().parents[1])  # bench/tokenize.py would shadow tokenize
 
 SHAPES = {  # name: GPT-2 sizes, vocabulary and micro-batch (rows x block)
     "demo": {"n_layer": 4, "n_head": 4, "n_embd": 128, "vocab": 1712, "rows": 16, "block": 128},

@@ -16,31 +16,15 @@ one JSON line last.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
-import sys
-import time
-from pathlib import Path
 
-# Run from the repo root's view: bench/ itself must not be on the path, since a
-# bench/<name>.py could shadow a stdlib module of the same name (e.g. tokenize).
-sys.path[0] = str(Path(__file__).resolve().parents[1])
+import harness
+import numpy as np
+import torch
+from torch.utils.data import WeightedRandomSampler
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from torch.utils.data import WeightedRandomSampler  # noqa: E402
-
-from rarelm.train.sampler import WeightedDistributedSampler  # noqa: E402
-
-
-def best_of(repeat: int, fn) -> float:
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
+from rarelm.train.sampler import WeightedDistributedSampler
 
 
 def main() -> None:
@@ -58,20 +42,20 @@ def main() -> None:
         ours = WeightedDistributedSampler(weights, seed=0, block_size=args.block_size)
         ours.set_epoch(1)  # an epoch with shifted windows: the blend is part of the cost
         row = {"n": n,
-               "ours_list_s": best_of(repeat, lambda s=ours: list(s)),
-               "ours_starts_s": best_of(repeat, ours.starts)}
+               "ours_list_s": harness.best_of(repeat, lambda s=ours: list(s)),
+               "ours_starts_s": harness.best_of(repeat, ours.starts)}
         try:
             theirs = WeightedRandomSampler(torch.from_numpy(weights), num_samples=n)
-            row["torch_list_s"] = best_of(repeat, lambda s=theirs: list(s))
+            row["torch_list_s"] = harness.best_of(repeat, lambda s=theirs: list(s))
             row["speedup"] = row["torch_list_s"] / row["ours_list_s"]
         except RuntimeError as exc:
             row["torch_error"] = " ".join(str(exc).split())[:120]
         rows.append(row)
         print(" ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
               flush=True)
-    print(json.dumps({"bench": "sampler", "machine": f"{platform.machine()} {os.cpu_count()} CPUs",
-                      "torch_threads": torch.get_num_threads(), "block_size": args.block_size,
-                      "results": rows}))
+    harness.print_json({"bench": "sampler", "machine": f"{platform.machine()} {os.cpu_count()} CPUs",
+                        "torch_threads": torch.get_num_threads(), "block_size": args.block_size,
+                        "results": rows})
 
 
 if __name__ == "__main__":

@@ -38,8 +38,6 @@ import sys
 import time
 from pathlib import Path
 
-sys.path[0] = str(Path(__file__).resolve().parents[1])  # bench/tokenize.py would shadow tokenize
-
 import torch
 import torch.nn.functional as F
 

@@ -1,8 +1,6 @@
 """How many test terms the train split knows only from the same source document (a man page).
 
-    python -m bench.split_leak RUN [RUN ...] --corpus data/raw/manpages_zh.jsonl.gz --group-field page
-
-(as a module: run as a file, bench/tokenize.py would shadow the standard library's tokenize)
+    python bench/split_leak.py RUN [RUN ...] --corpus data/raw/manpages_zh.jsonl.gz --group-field page
 
 A RUN is a folder with the prepare and rare_terms stages' outputs of one configuration
 (RUN/prepared/{train,test}.jsonl, RUN/rare/terms.jsonl), e.g. made with `python -m stages.prepare

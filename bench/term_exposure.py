@@ -11,13 +11,9 @@ relative to uniform sampling (1.00 = unchanged; `le8` = terms seen <= 8 times).
 
 from __future__ import annotations
 
-import sys
+import argparse
+import dataclasses
 from pathlib import Path
-
-sys.path[0] = str(Path(__file__).resolve().parents[1])  # bench/tokenize.py would shadow tokenize
-
-import argparse  # noqa: E402
-import dataclasses  # noqa: E402
 
 SETTINGS = [  # (score, alpha, term_beta, term_floor)
     ("frequency", 0.7, None, None),

@@ -19,16 +19,12 @@ over 2,000 characters is 0.72 nats per character.
 
 from __future__ import annotations
 
-import sys
+import argparse
+import dataclasses
+import json
+import tempfile
+import time
 from pathlib import Path
-
-sys.path[0] = str(Path(__file__).resolve().parents[1])  # bench/tokenize.py would shadow tokenize
-
-import argparse  # noqa: E402
-import dataclasses  # noqa: E402
-import json  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:

@@ -12,14 +12,10 @@ timed: the forward alone with and without the KV cache it no longer builds (`use
 
 from __future__ import annotations
 
-import sys
+import argparse
 from pathlib import Path
 
-sys.path[0] = str(Path(__file__).resolve().parents[1])  # bench/tokenize.py would shadow tokenize
-
-import argparse  # noqa: E402
-import json  # noqa: E402
-import time  # noqa: E402
+import harness
 
 
 def main() -> None:
@@ -48,18 +44,15 @@ def main() -> None:
 
     def score(rows: int) -> tuple[float, dict]:
         token_scoring.ROWS = rows
-        t0 = time.perf_counter()
-        stats = token_scoring.score_tokens(model, tokens, buckets, block, 32, term_mask=terms,
-                                           start_mask=starts)
-        return time.perf_counter() - t0, stats.metrics()
+        seconds, stats = harness.timed(lambda: token_scoring.score_tokens(
+            model, tokens, buckets, block, 32, term_mask=terms, start_mask=starts))
+        return seconds, stats.metrics()
 
     windows = torch.as_tensor(tokens[:32 * block].astype(np.int64)).reshape(32, block)
 
     def forward(use_cache: bool) -> float:
-        t0 = time.perf_counter()
         with torch.no_grad():
-            model(input_ids=windows, use_cache=use_cache)
-        return time.perf_counter() - t0
+            return harness.timed(lambda: model(input_ids=windows, use_cache=use_cache))[0]
 
     times: dict[str, list[float]] = {}
     results = {}
@@ -70,10 +63,10 @@ def main() -> None:
         for use_cache in (True, False):
             times.setdefault(f"forward, use_cache={use_cache}", []).append(forward(use_cache))
     best = {label: min(values) for label, values in times.items()}
-    print(json.dumps({"model": str(args.model), "tokens": args.tokens, "threads": args.threads,
-                      "vocab": vocab, "best_s": best, "all_s": times,
-                      "speedup": best["whole batch"] / best["chunks of 128 rows"],
-                      "same_metrics": results["whole batch"] == results["chunks of 128 rows"]}))
+    harness.print_json({"model": str(args.model), "tokens": args.tokens, "threads": args.threads,
+                        "vocab": vocab, "best_s": best, "all_s": times,
+                        "speedup": best["whole batch"] / best["chunks of 128 rows"],
+                        "same_metrics": results["whole batch"] == results["chunks of 128 rows"]})
 
 
 if __name__ == "__main__":

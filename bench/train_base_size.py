@@ -6,7 +6,7 @@ Trainer, model FLOPs utilisation against a matmul peak measured here, and a prof
 
 The data: the demo's prepared text (`--prepared`, from `dvc repro prepare`) tokenized here by
 the tokenize stage's own code with the base model's tokenizer (base/model: 8,192 tokens), then
-rare_terms and weights by their stages' code (bench/train_throughput.make_inputs). Shapes:
+rare_terms and weights by their stages' code (bench/train_runs.make_inputs). Shapes:
 
 * `base`        the committed base model itself (base/model: GPT-2 style, 6 layers x 128, 4 heads,
                 vocab 8,192, 2.25M parameters) fine-tuned as `model.name_or_path` at block 128,
@@ -28,11 +28,11 @@ Runs are interleaved (ours, Trainer, per precision, per shape, per repeat; `--pr
 bf16` times both precisions in one run, `--precisions fp32` alone on a CPU with native bf16 is
 the AVX2-only case), each run's 1-minute load average printed beside it; each figure is the best
 of its repeats, and each repeat's ours / Trainer pair (run one after the other) is in
-"per_repeat", tokens/s counted after `--warmup` steps (bench/train_throughput.run_ours /
-run_trainer). Ours computes the loss chunked over tokens from the hidden states
-(rarelm/train/output.py) and in fp32 runs its products by oneDNN where rarelm/train/matmul.py
-measured that faster on this CPU; `--sides ... ours_full_logits` adds our loop on the full logits,
-`ours_mkl` our loop with its fp32 products by MKL (torch's own route).
+"per_repeat", tokens/s counted after `--warmup` steps (bench/train_runs.run_side). Ours computes the
+loss chunked over tokens from the hidden states (rarelm/train/output.py) and in fp32 runs its
+products by oneDNN where rarelm/train/matmul.py measured that faster on this CPU; `--sides ...
+ours_full_logits` adds our loop on the full logits, `ours_mkl` our loop with its fp32 products by
+MKL (torch's own route).
 
 MFU = (6 N + 12 L d T) x tokens/s / peak, with N the parameters that take part in matmuls
 (all but the position embeddings; the tied output layer once), L layers, d width, T block
@@ -50,35 +50,24 @@ with the most self CPU time. The last line is one JSON object: per shape and pre
 
 from __future__ import annotations
 
-import sys
+import argparse
+import dataclasses
+import os
+import tempfile
+import time
 from pathlib import Path
 
-sys.path[0] = str(Path(__file__).resolve().parents[1])  # the repo root (see train_throughput.py)
-
-import argparse  # noqa: E402
-import contextlib  # noqa: E402
-import dataclasses  # noqa: E402
-import json  # noqa: E402
-import os  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-
-from bench.train_throughput import (  # noqa: E402
+import harness
+from train_runs import (
+    SHAPES,
+    SIDES,
     cpu_description,
-    full_logits,
     make_inputs,
     matmul_answer,
-    matmul_backend,
-    run_ours,
-    run_trainer,
+    run_side,
+    shape_params,
+    tokenize_with_base,
 )
-
-BASE = Path(__file__).resolve().parents[1] / "base" / "model"
-SHAPES = {  # model params and micro-batch per shape
-    "base": {"model": {"name_or_path": str(BASE), "block_size": 128}, "batch_size": 16},
-    "gpt2-small": {"model": {"name_or_path": "", "n_layer": 12, "n_head": 12, "n_embd": 768,
-                             "block_size": 128}, "batch_size": 1},
-}
 
 
 def matmul_peak(dtype, reps: int, n: int = 1024) -> float:
@@ -115,14 +104,6 @@ def flops_per_token(model, block_size: int) -> int:
     return 6 * n + 12 * c.n_layer * c.n_embd * block_size
 
 
-def shape_params(plain, shape: dict, steps: int, warmup: int):
-    """`plain` (bench/train_throughput's one-process params) at `shape`'s sizes."""
-    model = dataclasses.replace(plain.model, **shape["model"])
-    train = dataclasses.replace(plain.train, batch_size=shape["batch_size"], max_steps=steps,
-                                log_every=warmup, warmup_steps=min(plain.train.warmup_steps, steps))
-    return dataclasses.replace(plain, model=model, train=train)
-
-
 def shape_summary(params, runs: dict[str, list[float]], tokenized: Path, peak: float) -> dict:
     """One shape's figures: the best run of each side, their ratio and MFU against `peak`."""
     from rarelm.artifacts.tokenized import TokenizedData
@@ -146,18 +127,6 @@ def shape_summary(params, runs: dict[str, list[float]], tokenized: Path, peak: f
     if params.train.precision == "fp32":  # under autocast nothing is routed
         figures["matmul"] = matmul_answer(params, tokenized)
     return figures
-
-
-def tokenize_with_base(prepared: Path, out: Path) -> Path:
-    """The prepared splits encoded with base/model's tokenizer, as the tokenize stage does."""
-    from rarelm.files import write_json
-    from rarelm.params import TokenizerParams
-    from rarelm.tokenize import tokenization
-
-    out.mkdir(parents=True, exist_ok=True)
-    meta = tokenization.tokenize(TokenizerParams(name_or_path=str(BASE)), prepared, out)
-    write_json(out / "meta.json", meta)
-    return out
 
 
 def profile_step(params, tokenized: Path, rare: Path, weights: Path, work: Path) -> str:
@@ -207,18 +176,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--precisions", nargs="+", choices=["fp32", "bf16"],
                         help="both loops' precisions, each timed in every repeat (default: "
                         "train.precision, auto by hardware)")
-    parser.add_argument("--sides", nargs="+", choices=["ours", "trainer", "ours_full_logits", "ours_mkl"],
+    parser.add_argument("--sides", nargs="+", choices=SIDES,
                         default=["ours", "trainer"], help="the loops to time, in this order")
     return parser.parse_args()
-
-
-def time_side(side: str, params, tokenized: Path, rare, weights, work: Path, args) -> float:
-    """tokens/s of one loop (`side`) on one configuration."""
-    if side == "trainer":
-        return run_trainer(params, tokenized, work, args.warmup, args.trainer_attention)
-    with full_logits() if side == "ours_full_logits" else contextlib.nullcontext(), \
-            matmul_backend("mkl" if side == "ours_mkl" else None):
-        return run_ours(params, tokenized, rare, weights, work, args.warmup)
 
 
 def main() -> None:
@@ -260,7 +220,8 @@ def main() -> None:
             for key, params in configs.items():
                 for side in args.sides:
                     work = tmp / f"{key.replace('/', '-')}-{side}-{repeat}"
-                    figure = time_side(side, params, tokenized, rare, weights, work, args)
+                    figure = run_side(side, params, tokenized, rare, weights, work, args.warmup,
+                                      args.trainer_attention)
                     results[key][side].append(figure)
                     loads.append(os.getloadavg()[0])
                     print(f"{key} {side} #{repeat + 1}: {figure:,.1f} tokens/s (load {loads[-1]:.2f})",
@@ -284,7 +245,7 @@ def main() -> None:
                    cpu_flags=flags, threads=torch.get_num_threads(), warmup=args.warmup,
                    trainer_attention=args.trainer_attention,
                    repeats=args.repeats, torch=torch.__version__)
-    print(json.dumps(summary))
+    harness.print_json(summary)
 
 
 if __name__ == "__main__":

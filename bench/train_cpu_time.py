@@ -3,15 +3,16 @@
     OMP_NUM_THREADS=1 RARELM_CPU_BF16=0 python bench/train_cpu_time.py [--shape demo|base] \
         [--arms ours trainer ours_mkl] [--steps 30] [--warmup 8] [--repeats 2]
 
-Each arm trains as bench/train_throughput.py runs it (`run_ours`: rarelm.train.loop.train, one
-process; `run_trainer`: the Trainer as its users run it; `ours_mkl`: our loop with its fp32
-products by MKL, `RARELM_MATMUL=mkl`), on the demo's data (`--tokenized`, `--prepared`) or at
-the base's shape (base/model, the prepared text tokenized with its tokenizer into `--work`). A
-clock reads `time.process_time()` after every optimizer step (our loop's `train_step`, the
-Trainer's `on_step_end`); each figure is the median over the steps after `--warmup` of the CPU
-time between two steps, which other load on a shared machine inflates far less than wall time
-(a process waiting for a core spends no CPU time). The wall-clock median is printed beside it.
-With more than one thread, CPU time adds up every thread's (spinning included): use one thread.
+Each arm trains as bench/train_throughput.py runs it (bench/train_runs.run_side: `ours`,
+rarelm.train.loop.train, one process; `trainer`, the Trainer as its users run it; `ours_mkl`, our
+loop with its fp32 products by MKL, `RARELM_MATMUL=mkl`), on the demo's data (`--tokenized`,
+`--prepared`) or at the base's shape (base/model, the prepared text tokenized with its tokenizer
+into `--work`). A clock reads `time.process_time()` after every optimizer step (our loop's
+`train_step`, the Trainer's `on_step_end`); each figure is the median over the steps after
+`--warmup` of the CPU time between two steps, which other load on a shared machine inflates far less
+than wall time (a process waiting for a core spends no CPU time). The wall-clock median is printed
+beside it. With more than one thread, CPU time adds up every thread's (spinning included): use one
+thread.
 
 Worked example of a line: `ours demo fp32: 137.6 ms CPU a step (22 steps), 14,885 tokens per
 CPU-second; wall 180.8 ms a step (load 3.84)`.
@@ -19,18 +20,15 @@ CPU-second; wall 180.8 ms a step (load 3.84)`.
 
 from __future__ import annotations
 
-import sys
+import argparse
+import dataclasses
+import os
+import tempfile
+import time
 from pathlib import Path
 
-sys.path[0] = str(Path(__file__).resolve().parents[1])  # the repo root (see train_throughput.py)
-
-import argparse  # noqa: E402
-import dataclasses  # noqa: E402
-import os  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-
-import numpy as np  # noqa: E402
+import numpy as np
+from train_runs import SHAPES, make_inputs, run_side, shape_params, tokenize_with_base
 
 
 def _args() -> argparse.Namespace:
@@ -53,8 +51,6 @@ def main() -> None:
     args = _args()
     import transformers
 
-    from bench.train_base_size import SHAPES, shape_params, tokenize_with_base
-    from bench.train_throughput import make_inputs, matmul_backend, run_ours, run_trainer
     from rarelm.params import load_params
     from rarelm.train import loop
 
@@ -108,11 +104,7 @@ def main() -> None:
                 cpu.clear()
                 wall.clear()
                 work = tmp / f"{arm}-{repeat}"
-                if arm == "trainer":
-                    run_trainer(params, tokenized, work, args.warmup)
-                else:
-                    with matmul_backend("mkl" if arm == "ours_mkl" else None):
-                        run_ours(params, tokenized, rare, weights, work, args.warmup)
+                run_side(arm, params, tokenized, rare, weights, work, args.warmup)
                 per_step = np.diff(cpu[args.warmup - 1:])
                 per_wall = np.diff(wall[args.warmup - 1:])
                 print(f"{arm} {args.shape} {args.precision}: {np.median(per_step) * 1e3:.1f} ms CPU a "

@@ -26,23 +26,20 @@ repeats. The last line is one JSON object with every run and the ratios
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
-sys.path[0] = str(Path(__file__).resolve().parents[1])  # the repo root, as in the other benches
-
-import argparse  # noqa: E402
-import json  # noqa: E402
-import os  # noqa: E402
-import platform  # noqa: E402
-import shutil  # noqa: E402
-import statistics  # noqa: E402
-import subprocess  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-
-import psutil  # noqa: E402
-import yaml  # noqa: E402
+import psutil
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 

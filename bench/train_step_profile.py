@@ -21,28 +21,22 @@ The last line is one JSON object: {"ours_tokens_per_s", "trainer_tokens_per_s", 
 
 from __future__ import annotations
 
-import sys
+import argparse
+import shutil
+import tempfile
+import time
+import warnings
 from pathlib import Path
 
-# Run as a file, this folder is sys.path[0], and bench/tokenize.py would shadow the
-# standard library's tokenize module: the repo root goes there instead.
-sys.path[0] = str(Path(__file__).resolve().parents[1])
+import harness
+import torch
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import shutil  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-import warnings  # noqa: E402
-
-import torch  # noqa: E402
-
-from rarelm.params import load_params  # noqa: E402
-from rarelm.train import setup  # noqa: E402
-from rarelm.train.inputs import Paths  # noqa: E402
-from rarelm.train.meter import Meter  # noqa: E402
-from rarelm.train.optim import lr_at, set_lr  # noqa: E402
-from rarelm.train.step import train_step  # noqa: E402
+from rarelm.params import load_params
+from rarelm.train import setup
+from rarelm.train.inputs import Paths
+from rarelm.train.meter import Meter
+from rarelm.train.optim import lr_at, set_lr
+from rarelm.train.step import train_step
 
 
 def _sync(device) -> None:
@@ -113,7 +107,7 @@ def _profile(device, step, active: int, out: Path) -> tuple[str, list[str]]:
 
 def trainer(params, paths: Paths, steps: int, warmup: int, device) -> float:
     """transformers.Trainer's tokens/s on the same model config, windows, batch and precision."""
-    from transformers import Trainer, TrainerCallback, TrainingArguments
+    from transformers import Trainer, TrainingArguments
 
     from rarelm.artifacts.tokenized import Samples, TokenizedData
     from rarelm.train.model import build_model
@@ -130,20 +124,9 @@ def trainer(params, paths: Paths, steps: int, warmup: int, device) -> float:
             ids = torch.from_numpy(samples.tokens[i * block:i * block + block].astype("int64"))
             return {"input_ids": ids, "labels": ids}
 
-    class Clock(TrainerCallback):
-        def __init__(self):
-            self.t0, self.steps = None, 0
-
-        def on_step_end(self, args, state, control, **kwargs):
-            if state.global_step == warmup:
-                _sync(device)
-                self.t0 = time.perf_counter()
-            elif state.global_step > warmup:
-                self.steps += 1
-
     torch.use_deterministic_algorithms(False)  # the Trainer's default
     model = build_model(params.model, data)
-    clock = Clock()
+    clock = harness.trainer_clock(warmup, lambda: _sync(device))
     args = TrainingArguments(
         output_dir=str(paths.cache / "trainer"), use_cpu=device.type == "cpu", max_steps=steps,
         per_device_train_batch_size=tp.batch_size, gradient_accumulation_steps=tp.grad_accum,
@@ -153,8 +136,7 @@ def trainer(params, paths: Paths, steps: int, warmup: int, device) -> float:
         dataloader_num_workers=2 if device.type == "cuda" else 0, dataloader_pin_memory=device.type == "cuda",
         report_to=[], save_strategy="no", eval_strategy="no", logging_strategy="no", disable_tqdm=True)
     Trainer(model=model, args=args, train_dataset=Windows(), callbacks=[clock]).train()
-    _sync(device)
-    return clock.steps * tp.batch_size * tp.grad_accum * block / (time.perf_counter() - clock.t0)
+    return clock.tokens_per_s(tp.batch_size * tp.grad_accum * block)
 
 
 def main() -> None:
@@ -185,7 +167,7 @@ def main() -> None:
                   torch=torch.__version__, batch=params.train.batch_size, block=params.model.block_size,
                   precision=params.train.precision)
     shutil.rmtree(work, ignore_errors=True)
-    print(json.dumps(result))
+    harness.print_json(result)
 
 
 if __name__ == "__main__":

@@ -55,108 +55,18 @@ over best}, "ours_over_trainer_per_repeat": {precision: [each repeat's pair]},
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import math
+import os
 import sys
+import tempfile
+import time
 from pathlib import Path
 
-# Run as a file, this folder is sys.path[0], and bench/tokenize.py would shadow the
-# standard library's tokenize module: the repo root goes there instead.
-sys.path[0] = str(Path(__file__).resolve().parents[1])
-
-import argparse  # noqa: E402
-import contextlib  # noqa: E402
-import csv  # noqa: E402
-import dataclasses  # noqa: E402
-import json  # noqa: E402
-import math  # noqa: E402
-import os  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-
-import numpy as np  # noqa: E402
-
-
-def make_inputs(tokenized: Path, prepared: Path, out: Path, params, name: str) -> tuple[Path, Path]:
-    """data/rare and data/weights for `params`, made by the rare_terms and weights stages' code."""
-    from rarelm.rare_terms import stage
-    from rarelm.weights.stage import compute
-
-    rare_dir, weights_dir = out / "rare", out / f"weights-{name}"
-    if not (rare_dir / "terms.jsonl").exists():
-        rare_dir.mkdir(parents=True, exist_ok=True)
-        stage.rare_terms(params.rare, "", prepared, tokenized, rare_dir)
-    weights_dir.mkdir(parents=True, exist_ok=True)
-    w, scores, _, _ = compute(params, tokenized, rare_dir)
-    np.save(weights_dir / "weights.npy", w)
-    np.save(weights_dir / "scores.npy", scores)
-    return rare_dir, weights_dir
-
-
-def run_ours(params, tokenized: Path, rare_dir: Path, weights_dir: Path, work: Path,
-             warmup: int) -> float:
-    from rarelm.train.inputs import Paths
-    from rarelm.train.loop import train
-
-    paths = Paths(tokenized=tokenized, rare=rare_dir, weights=weights_dir,
-                  model=work / "model", metrics=work / "train.json", plots=work / "train.csv",
-                  metrics_dir=work / "none", cache=work / "cache")
-    train(params, paths, progress=False)
-    rows = [r for r in csv.DictReader(paths.plots.open()) if r["tokens_per_s"]]
-    measured = [float(r["tokens_per_s"]) for r in rows if int(r["step"]) > warmup]
-    return float(np.mean(measured))
-
-
-def run_trainer(params, tokenized: Path, work: Path, warmup: int, attention: str = "sdpa") -> float:
-    """Tokens/s of transformers' Trainer on the same model and windows; `attention` "sdpa" is what
-    a Trainer user's model runs (transformers' default), "ours" rarelm.train.model.ATTENTION."""
-    import torch
-    from transformers import Trainer, TrainerCallback, TrainingArguments
-
-    from rarelm.artifacts.tokenized import Samples, TokenizedData
-    from rarelm.train.model import build_model
-    from rarelm.train.precision import pick_precision
-    from rarelm.train.state import seed_everything
-
-    data = TokenizedData.open(tokenized)
-    samples = Samples(data.tokens("train"), params.model.block_size)
-
-    class Windows(torch.utils.data.Dataset):
-        def __len__(self):
-            return len(samples)
-
-        def __getitem__(self, i):
-            ids = torch.from_numpy(samples[i][:-1].astype(np.int64))  # block_size tokens, like ours
-            return {"input_ids": ids, "labels": ids}
-
-    class Clock(TrainerCallback):
-        def __init__(self):
-            self.t0, self.steps = None, 0
-
-        def on_step_end(self, args, state, control, **kwargs):
-            if state.global_step == warmup:
-                self.t0 = time.perf_counter()
-            elif state.global_step > warmup:
-                self.steps += 1
-
-    tp = params.train
-    amp_dtype, _ = pick_precision(tp.precision, torch.device("cpu"))
-    # The Trainer's own default (full_determinism=False); our loop turned it on in this process.
-    torch.use_deterministic_algorithms(False)
-    seed_everything(params.seed)
-    model = build_model(params.model, data)
-    if attention == "sdpa":
-        model.set_attn_implementation("sdpa")
-    clock = Clock()
-    args = TrainingArguments(
-        output_dir=str(work / "trainer"), use_cpu=True, max_steps=tp.max_steps,
-        per_device_train_batch_size=tp.batch_size, gradient_accumulation_steps=tp.grad_accum,
-        learning_rate=tp.lr, weight_decay=tp.weight_decay, adam_beta1=0.9, adam_beta2=0.95,
-        warmup_steps=tp.warmup_steps, lr_scheduler_type="cosine", max_grad_norm=tp.grad_clip,
-        bf16=amp_dtype == torch.bfloat16, seed=params.seed,  # its default optimizer: fused AdamW
-        dataloader_num_workers=0, report_to=[], save_strategy="no", eval_strategy="no",
-        logging_strategy="no", disable_tqdm=True)
-    Trainer(model=model, args=args, train_dataset=Windows(), callbacks=[clock]).train()
-    elapsed = time.perf_counter() - clock.t0
-    return clock.steps * tp.batch_size * tp.grad_accum * params.model.block_size / elapsed
+import harness
+import numpy as np
+from train_runs import SIDES, cpu_description, make_inputs, matmul_answer, run_ours, run_side, run_trainer
 
 
 def loss_cost(params, tokenized: Path, rare_dir: Path, reps: int = 40) -> dict[str, float]:
@@ -237,22 +147,6 @@ def loss_cost(params, tokenized: Path, rare_dir: Path, reps: int = 40) -> dict[s
     return {name: float(np.median(t)) for name, t in times.items()}
 
 
-def cpu_description() -> tuple[str, list[str]]:
-    """The CPU's model name and which of its flags matter for bf16 (from /proc/cpuinfo)."""
-    model, flags = "unknown", set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name" and model == "unknown":
-                model = value.strip()
-            elif key.strip() == "flags" and not flags:
-                flags = set(value.split())
-    except OSError:
-        pass
-    wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
-    return model, [f for f in wanted if f in flags]
-
-
 def step_cost(params, tokenized: Path, precisions: list[str], reps: int) -> dict[str, float]:
     """Median seconds of one training step (forward under autocast, fp32 loss, backward,
     clipping, fused AdamW) per precision, the precisions alternating step by step."""
@@ -294,53 +188,6 @@ def step_cost(params, tokenized: Path, precisions: list[str], reps: int) -> dict
     return {p: float(np.median(t)) for p, t in times.items()}
 
 
-@contextlib.contextmanager
-def full_logits():
-    """Our loop as before the chunked loss: the full [B, T, V] logits and F.cross_entropy
-    (rarelm.train.output's fallback path), for an arm that shows what the chunked loss gains."""
-    from rarelm.train import setup
-    from rarelm.train.output import OutputLayer
-
-    chunked = setup.output_layer
-    setup.output_layer = lambda model, chunked, mm=None: OutputLayer()
-    try:
-        yield
-    finally:
-        setup.output_layer = chunked
-
-
-@contextlib.contextmanager
-def matmul_backend(name: str | None):
-    """Our loop with its fp32 products by `name` (RARELM_MATMUL: "mkl", torch's own route), for an
-    arm that shows what oneDNN gains (rarelm/train/matmul.py); None: as measured."""
-    from rarelm.train.matmul import MATMUL_ENV
-
-    before = os.environ.get(MATMUL_ENV)
-    if name is not None:
-        os.environ[MATMUL_ENV] = name
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(MATMUL_ENV, None)
-        else:
-            os.environ[MATMUL_ENV] = before
-
-
-ARMS = ("ours", "trainer", "ours_full_logits", "ours_mkl")
-
-
-def run_arm(arm: str, params, args, rare_dir: Path, weights_dir: Path, work: Path) -> float:
-    """Tokens/s of one arm: our loop (chunked loss), transformers' Trainer as its users run it
-    (its defaults: transformers' own "sdpa" attention, `bf16=True` only in the bf16 arm, fused
-    AdamW), our loop with the full logits, or our loop with its fp32 products by MKL."""
-    if arm == "trainer":
-        return run_trainer(params, args.tokenized, work, args.warmup)
-    with full_logits() if arm == "ours_full_logits" else contextlib.nullcontext(), \
-            matmul_backend("mkl" if arm == "ours_mkl" else None):
-        return run_ours(params, args.tokenized, rare_dir, weights_dir, work, args.warmup)
-
-
 def compare_precisions(plain, args, precisions: list[str]) -> None:
     """Per precision, our loop and the Trainer (and `--arms`), interleaved (ours, Trainer, ...,
     per precision, per repeat), each run's load average beside it; one JSON line."""
@@ -360,7 +207,7 @@ def compare_precisions(plain, args, precisions: list[str]) -> None:
                     plain.train, precision=precision))
                 for arm in args.arms:
                     work = tmp / f"{precision}-{arm}-{repeat}"
-                    figure = run_arm(arm, params, args, rare_dir, weights0, work)
+                    figure = run_side(arm, params, args.tokenized, rare_dir, weights0, work, args.warmup)
                     results[precision][arm].append(figure)
                     loads.append(os.getloadavg()[0])
                     print(f"{arm} {precision} #{repeat + 1}: {figure:,.0f} tokens/s "
@@ -391,20 +238,7 @@ def compare_precisions(plain, args, precisions: list[str]) -> None:
         "batch_size": plain.train.batch_size, "block_size": plain.model.block_size,
         "threads": torch.get_num_threads(), "torch": torch.__version__,
     }
-    print(json.dumps(summary))
-
-
-def matmul_answer(params, tokenized: Path) -> list[str]:
-    """What our loop's fp32 products ran by on this machine, and why (rarelm/train/matmul.py's
-    cached answer for this model's layers); under autocast (bf16) nothing is routed."""
-    import torch
-
-    from rarelm.artifacts.tokenized import TokenizedData
-    from rarelm.train.matmul import pick_backend
-    from rarelm.train.model import build_model
-
-    model = build_model(params.model, TokenizedData.open(tokenized))
-    return list(pick_backend(model, torch.device("cpu")))
+    harness.print_json(summary)
 
 
 def _ratio(best: dict[str, float], a: str, b: str) -> float | None:
@@ -429,7 +263,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--precisions", nargs="+", choices=["fp32", "bf16"],
                         help="our loop and the Trainer, once per precision per repeat (e.g. fp32 "
                         "bf16; fp32 alone: as on an AVX2-only CPU, where auto is fp32)")
-    parser.add_argument("--arms", nargs="+", choices=ARMS, default=["ours", "trainer"],
+    parser.add_argument("--arms", nargs="+", choices=SIDES, default=["ours", "trainer"],
                         help="with --precisions: the loops to time, in this order per precision")
     parser.add_argument("--step-reps", type=int, default=40,
                         help="with --precisions: steps per precision in the step-by-step timing "
@@ -512,7 +346,7 @@ def main() -> None:
                 results[name].append(figure)
                 print(f"{name} #{repeat + 1}: {figure:,.0f} tokens/s", flush=True)
         loss_s = loss_cost(plain, args.tokenized, inputs["ours_plain"][0])
-    print(json.dumps(summarize(base, args, results, loss_s)))
+    harness.print_json(summarize(base, args, results, loss_s))
 
 
 if __name__ == "__main__":

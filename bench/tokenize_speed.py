@@ -1,7 +1,7 @@
 """Benchmark: the `tokenize` stage against plain `Tokenizer.encode_batch`.
 
-    python bench/tokenize.py                  # 20 MB and 200 MB corpora
-    python bench/tokenize.py --sizes-mb 5 50  # quicker
+    python bench/tokenize_speed.py                  # 20 MB and 200 MB corpora
+    python bench/tokenize_speed.py --sizes-mb 5 50  # quicker
 
 For each corpus size it builds a prepared train split from the demo corpus
 (documents repeated with a counter so none is a duplicate), then measures, each
@@ -20,20 +20,16 @@ table, then one JSON line with tokens/s, the stage/raw ratio and peak memory per
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-# Run as a file, this folder would be sys.path[0], and this file would shadow the standard
-# library's `tokenize` (which transformers imports): put the repo root there instead.
-sys.path[0] = str(Path(__file__).resolve().parents[1])
-
 import argparse
 import gzip
 import json
 import os
 import subprocess
+import sys
 import tempfile
-import time
+from pathlib import Path
+
+import harness
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -64,34 +60,32 @@ def worker(mode: str, prepared: Path, tokenizer_dir: Path, out: Path) -> dict:
     from rarelm.tokenize.tokenization import tokenize
 
     if mode == "stage":
-        start = time.perf_counter()
-        meta = tokenize(TokenizerParams(name_or_path=str(tokenizer_dir)), prepared, out)
-        seconds = time.perf_counter() - start
+        seconds, meta = harness.timed(
+            lambda: tokenize(TokenizerParams(name_or_path=str(tokenizer_dir)), prepared, out))
         tokens = sum(s["tokens"] for s in meta["splits"].values())
         return {"tokens": tokens, "seconds": seconds}
     from transformers import AutoTokenizer
 
     backend = AutoTokenizer.from_pretrained(tokenizer_dir).backend_tokenizer
-    start = time.perf_counter()
-    tokens = 0
-    for split in ("train", "val", "test"):
-        texts = list(read_split(prepared, split))
-        tokens += sum(len(e.ids) + 1 for e in backend.encode_batch(texts, add_special_tokens=False))
-    return {"tokens": tokens, "seconds": time.perf_counter() - start}
+
+    def encode_all() -> int:
+        tokens = 0
+        for split in ("train", "val", "test"):
+            texts = list(read_split(prepared, split))
+            tokens += sum(len(e.ids) + 1 for e in backend.encode_batch(texts, add_special_tokens=False))
+        return tokens
+
+    seconds, tokens = harness.timed(encode_all)
+    return {"tokens": tokens, "seconds": seconds}
 
 
 def measure(mode: str, prepared: Path, tokenizer_dir: Path, out: Path) -> dict:
     out.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen(
+    stdout, peak_rss_mb = harness.run_with_peak_rss(
         [sys.executable, __file__, "--worker", mode, str(prepared), str(tokenizer_dir), str(out)],
-        stdout=subprocess.PIPE, text=True)
-    stdout = proc.stdout.read()
-    _, status, usage = os.wait4(proc.pid, 0)
-    if status != 0:
-        raise SystemExit(f"{mode} worker failed with status {status}")
+        f"{mode} worker")
     result = json.loads(stdout.strip().splitlines()[-1])
-    return {**result, "tokens_per_s": result["tokens"] / result["seconds"],
-            "peak_rss_mb": usage.ru_maxrss / 1024}
+    return {**result, "tokens_per_s": result["tokens"] / result["seconds"], "peak_rss_mb": peak_rss_mb}
 
 
 def main() -> None:
@@ -102,7 +96,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.worker:
         mode, prepared, tokenizer_dir, out = args.worker
-        print(json.dumps(worker(mode, Path(prepared), Path(tokenizer_dir), Path(out))))
+        harness.print_json(worker(mode, Path(prepared), Path(tokenizer_dir), Path(out)))
         return
 
     from rarelm.params import TokenizerParams
@@ -140,9 +134,9 @@ def main() -> None:
                 subprocess.run(["rm", "-rf", str(folder)], check=True)
     sizes = list(results)
     growth = results[sizes[-1]]["stage_peak_rss_mb"] / results[sizes[0]]["stage_peak_rss_mb"]
-    print(json.dumps({"bench": "tokenize", "cpus": os.cpu_count(), "sizes": results,
-                      "stage_peak_growth": round(growth, 3),
-                      "min_ratio": min(r["ratio"] for r in results.values())}))
+    harness.print_json({"bench": "tokenize", "cpus": os.cpu_count(), "sizes": results,
+                        "stage_peak_growth": round(growth, 3),
+                        "min_ratio": min(r["ratio"] for r in results.values())})
 
 
 if __name__ == "__main__":
