@@ -1,5 +1,7 @@
-"""Shared fixtures: a throw-away copy of the repo with a tiny corpus, and a CLI runner; how the
-suite runs on pytest-xdist workers (`make test`: `pytest -n 2`)."""
+"""Shared fixtures: a throw-away copy of the repo with a tiny corpus, and a CLI runner; the builders
+of such copies and of tiny staged folders, and the fixtures that several test files use; how the
+suite runs on pytest-xdist workers (`make test`: `pytest -n 2`). Shared plain helpers that need no
+fixture or repo copy: tests/helpers.py."""
 
 from __future__ import annotations
 
@@ -207,23 +209,140 @@ def tiny_raw(tmp_path_factory) -> Path:
     return out
 
 
-@pytest.fixture
-def repo(tmp_path: Path, tiny_raw: Path) -> Path:
-    """A git + DVC copy of the repo whose params point at the tiny corpus and a small model."""
+def copy_repo(root: Path, tiny_raw: Path, leave_out: tuple[str, ...] = ("data/raw/",), **params) -> Path:
+    """A git + DVC copy of the repo in root (its files tracked or not ignored, but those whose path
+    starts with one of `leave_out`), the tiny corpus as data/raw/ and `params` set, committed."""
     files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
                            cwd=REPO, capture_output=True, check=True).stdout.decode().split("\0")
-    root = tmp_path / "repo"
     for rel in filter(None, files):
         src = REPO / rel
-        # the copy starts with no pipeline outputs: no metrics, plots or lock of the demo run,
-        # and without the base model's pipeline and its 30 MB model (base/: no test runs it there)
-        if src.is_file() and not rel.startswith(("data/raw/", "metrics/", "plots/", "dvc.lock", "base/")):
+        if src.is_file() and not rel.startswith(leave_out):
             (root / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, root / rel)
     shutil.copytree(tiny_raw, root / "data" / "raw")
-    # no model logged to MLflow after each tiny training (seconds each); tests of it turn it on
-    set_params(root, **{"tokenizer.vocab_size": 512, "tracking.log_model": False})
+    set_params(root, **params)
     for cmd in (["git", "init", "-q"], ["git", "add", "-A"],
                 ["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "init"]):
         subprocess.run(cmd, cwd=root, check=True, capture_output=True)
     return root
+
+
+@pytest.fixture
+def repo(tmp_path: Path, tiny_raw: Path) -> Path:
+    """A git + DVC copy of the repo whose params point at the tiny corpus and a small model."""
+    # the copy starts with no pipeline outputs: no metrics, plots or lock of the demo run,
+    # and without the base model's pipeline and its 30 MB model (base/: no test runs it there);
+    # no model logged to MLflow after each tiny training (seconds each); tests of it turn it on
+    return copy_repo(tmp_path / "repo", tiny_raw, ("data/raw/", "metrics/", "plots/", "dvc.lock", "base/"),
+                     **{"tokenizer.vocab_size": 512, "tracking.log_model": False})
+
+
+# The tiny training of train_repo's copies (tests/test_train.py's real runs: 2 DDP processes, 300 steps)
+TINY_TRAIN = {
+    "seed": 7, "alpha": 0.5, "model.block_size": 32, "model.n_layer": 1, "model.n_head": 2,
+    "model.n_embd": 32, "model.dropout": 0.1, "loss.rare_weight": 1.0, "rare.top_k": 40,
+    "train.nproc": 2, "train.max_steps": 300, "train.batch_size": 4, "train.warmup_steps": 10,
+    "train.log_every": 50, "train.eval_every": 150, "train.eval_batches": 2,
+    "train.checkpoint_every": 50, "tracking.experiment": "test-train", "tracking.log_model": "auto",
+}
+
+
+def train_repo(root: Path, tiny_raw: Path) -> Path:
+    """A git + DVC copy of the repo on the tiny corpus with TINY_TRAIN's params (what the `repo`
+    fixture does, with the demo run's outputs kept and another training)."""
+    return copy_repo(root, tiny_raw, **{"tokenizer.vocab_size": 512}, **TINY_TRAIN)
+
+
+@pytest.fixture(scope="module")
+def weights_repo(tmp_path_factory, tiny_raw) -> Path:
+    """train_repo's tiny pipeline up to the weights stage (what training reads), once per module:
+    tests train in it on one process, their outputs in their own tmp_path."""
+    root = train_repo(tmp_path_factory.mktemp("weights") / "repo", tiny_raw)
+    run(["dvc", "repro", "weights"], root, check=True)
+    return root
+
+
+def staged_folder(root: Path, tiny_raw: Path, stages: Iterable[str], **params) -> Path:
+    """A folder with the repo's params.yaml on the tiny English corpus (`params` set, as
+    set_params takes them) and `stages` run in it through their CLIs, in order."""
+    shutil.copy(REPO / "params.yaml", root / "params.yaml")
+    set_params(root, **{"corpus.path": str(tiny_raw / "demo_en.txt.gz"), **params})
+    for name in stages:
+        stage(name, root, check=True)
+    return root
+
+
+def tokenized_in(root: Path, corpus_path: Path, **params):
+    """root/params.yaml (the repo's, with the corpus at `corpus_path` and `params` set), its corpus
+    prepared and tokenized in process into root/data/; returns the TokenizedData."""
+    from rarelm.artifacts.tokenized import TokenizedData
+    from rarelm.files import write_json
+    from rarelm.params import load_params
+    from rarelm.prepare import corpus
+    from rarelm.tokenize import tokenization
+
+    shutil.copy(REPO / "params.yaml", root / "params.yaml")
+    set_params(root, **{"corpus.path": str(corpus_path), **params})
+    loaded = load_params(root / "params.yaml")
+    for sub in ("data/prepared", "data/tokenized"):
+        (root / sub).mkdir(parents=True)
+    write_json(root / "data/prepared/stats.json", corpus.prepare(loaded.corpus, root / "data/prepared"))
+    meta = tokenization.tokenize(loaded.tokenizer, root / "data/prepared", root / "data/tokenized")
+    write_json(root / "data/tokenized/meta.json", meta)
+    return TokenizedData.open(root / "data/tokenized")
+
+
+@pytest.fixture(scope="module")
+def eval_workspace(tmp_path_factory, tiny_raw) -> Path:
+    """A folder with params.yaml, tokenized tiny corpus, synthetic rare files and a tiny GPT-2: what
+    the evaluate stage reads (tests/test_evaluate.py, tests/test_knn.py), once per module."""
+    import json
+
+    import numpy as np
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    root = tmp_path_factory.mktemp("ws")
+    data = tokenized_in(root, tiny_raw / "demo_en.txt.gz", **{
+        "tokenizer.vocab_size": 300, "eval.max_terms": 40, "eval.batch_size": 8,
+        "eval.diversity_prompts": 4, "eval.diversity_tokens": 8, "eval.insertion_prompts": 4,
+        "eval.insertion_tokens": 8, "eval.context_tokens": 16})
+    counts = np.bincount(data.tokens("train"), minlength=data.vocab_size)
+    buckets = np.select([counts == 0, counts < 5, counts < 50], [3, 2, 1], 0).astype(np.int8)
+    (root / "data/rare").mkdir()
+    np.save(root / "data/rare/buckets.npy", buckets)
+    np.save(root / "data/rare/counts.npy", counts.astype(np.int64))
+    first_doc = json.loads((root / "data/prepared/test.jsonl").read_text().splitlines()[0])["text"]
+    words = [w.strip(".,:") for w in first_doc.split()]
+    with open(root / "data/rare/terms.jsonl", "w") as f:  # word pairs of the test split's first document
+        for i, (a, b) in enumerate(dict.fromkeys(zip(words[:30:2], words[1:30:2], strict=True))):
+            f.write(json.dumps({"term": f"{a} {b}", "source": "tfidf", "count": 2 ** i, "df": 1,
+                                "idf": 1.0, "score": 1.0}) + "\n")
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=data.vocab_size, n_positions=64, n_embd=32, n_layer=1,
+                                       n_head=2, bos_token_id=data.eot_id, eos_token_id=data.eot_id))
+    model.save_pretrained(root / "models/model")
+    for path in data.tokenizer_dir.iterdir():
+        shutil.copy(path, root / "models/model")
+    return root
+
+
+@pytest.fixture(scope="module")
+def generate_model_dir(tmp_path_factory) -> Path:
+    """A tiny random GPT-2 with a real BPE tokenizer (trained on tests/helpers.py's TEXTS), saved as
+    a Hugging Face folder (tests/test_generate.py, tests/test_knn.py), once per module."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from rarelm.tokenize.tokenization import EOT, save_hf_tokenizer, train_bpe
+    from tests.helpers import TEXTS
+
+    out = tmp_path_factory.mktemp("model")
+    tokenizer = train_bpe(iter(TEXTS), vocab_size=300, min_frequency=1)
+    save_hf_tokenizer(tokenizer, out)
+    eot = tokenizer.token_to_id(EOT)
+    torch.manual_seed(0)  # large init: varied, non-repeating greedy output
+    GPT2LMHeadModel(GPT2Config(vocab_size=tokenizer.get_vocab_size(), n_positions=64, n_embd=32, n_layer=2,
+                               n_head=2, bos_token_id=eot, eos_token_id=eot,
+                               initializer_range=0.5)).save_pretrained(out)
+    return out

@@ -24,74 +24,15 @@ from rarelm.report.runs import load_run
 from rarelm.report.statistics import sign_test_p
 from rarelm.report.tables import markdown as compare_markdown
 from tests.conftest import assert_user_error, run, stage
+from tests.helpers import EVALUATE_OUTPUTS, GEN, GENERATOR
 
-# The evaluate stage's per-occurrence rows for a synthetic model: 40 terms, 1-5 occurrences each, a
-# term's occurrences strongly correlated (one latent skill per term), better with `alpha`, other
-# outcomes with another `seed`. The same text runs as the DVC stage of the test repos below.
-GENERATOR = '''
-import json, math, sys
-import numpy as np
-import yaml
-
-
-def occurrence_rows(seed, alpha, n_terms=40):
-    rows = []
-    for t in range(n_terms):
-        count = round(2 ** (t / 4)) - 1
-        k = count.bit_length()
-        band = str(count) if count <= 1 else f"{2 ** (k - 1)}-{2 ** k - 1}"
-        term_skill = np.random.default_rng([seed, t]).random()
-        for k in range(1 + (7 * t) % 5):
-            noise = np.random.default_rng([seed, t, k, 1]).random()
-            logit = math.log2(count + 1) - 3.5 + 3 * alpha + 4 * (term_skill - 0.5) + (noise - 0.5)
-            p = 1 / (1 + math.exp(-logit))
-            hit = bool(np.random.default_rng([seed, t, k, 2]).random() < p)
-            rows.append({"split": "test", "term": f"term {t:02d}", "train_count": count, "band": band,
-                         "mention": "first" if k == 0 else "repeat", "doc": t % 9,
-                         "char_start": 100 * t + 17 * k,
-                         "prompt_tokens": 64, "expected": f" term {t:02d}",
-                         "output": f" term {t:02d}" if hit else " something else",
-                         "exact_match": hit, "exact_match_ci": hit, "first_token_hit": hit or noise < 0.3,
-                         "completion_match": hit or noise < 0.5,
-                         "prefix_share": 1.0 if hit else 0.4 if noise < 0.5 else 0.0,
-                         "nll": round(0.2 + 3 * (1 - p), 4), "nll_sum": round(0.4 + 6 * (1 - p), 4),
-                         "nll_per_char": round((0.4 + 6 * (1 - p)) / 8, 4),
-                         "token_acc": 1.0 if hit else 0.5 if noise < 0.5 else 0.0,
-                         "first_token_rr": 1.0 if hit or noise < 0.3 else 1 / (2 + t % 5),
-                         "choice_rank": 1 if hit or noise < 0.2 else 2 + t,
-                         "n_choices": n_terms})
-    return rows
-
-
-def summary(seed, alpha):
-    return {"ppl": 1.9 - 0.1 * alpha, "ppl_frequent": 1.25 + 0.01 * alpha, "ppl_medium": 6.7,
-            "ppl_rare": 38.0 - 5 * alpha + seed % 3, "term_exact_match": 0.5,
-            "false_insertion_rate": 1.0 + 0.1 * alpha + 0.01 * (seed % 3)}
-
-
-if __name__ == "__main__":
-    params = yaml.safe_load(open("params.yaml"))
-    rows = occurrence_rows(params["seed"], params["alpha"])
-    with open("metrics/eval_occurrences.jsonl", "w") as f:
-        f.writelines(json.dumps(r) + "\\n" for r in rows)
-    with open("metrics/eval.json", "w") as f:
-        json.dump(summary(params["seed"], params["alpha"]), f)
-'''
-GEN: dict = {}
-exec(GENERATOR, GEN)  # noqa: S102 - the test's own source text
-
+# GENERATOR as the evaluate stage (tests/helpers.py: the per-occurrence rows of a synthetic model)
 DVC_YAML = """stages:
   evaluate:
     cmd: python gen.py
     deps: [gen.py]
     params: [seed, alpha]
-    outs:
-      - metrics/eval_occurrences.jsonl:
-          cache: false
-    metrics:
-      - metrics/eval.json:
-          cache: false
-"""
+""" + EVALUATE_OUTPUTS
 
 
 def _run_data(name: str, seed: int, alpha: float, rows: list[dict] | None = None) -> RunData:

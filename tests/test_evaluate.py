@@ -33,7 +33,7 @@ from rarelm.evaluate.token_scoring import score_tokens
 from rarelm.params import EvalParams, load_params
 from rarelm.rare_terms import term_search
 from rarelm.rare_terms.term_search import Occurrence
-from tests.conftest import assert_user_error, run, set_params, stage
+from tests.conftest import REPO, assert_user_error, run, set_params, stage, tokenized_in
 
 LN2 = math.log(2)
 V = 8
@@ -686,11 +686,11 @@ def test_an_occurrence_sample_weights_each_term_by_how_often_the_text_holds_it()
     assert term_search.select(per_term, 1000, "occurrences") == term_search.select_round_robin(per_term, 1000)
 
 
-def test_stage_reports_the_repeat_share_of_the_scored_sample_and_of_the_text(workspace, tmp_path):
+def test_stage_reports_the_repeat_share_of_the_scored_sample_and_of_the_text(eval_workspace, tmp_path):
     """`eval.term_sample=occurrences` with a cap above the split's occurrences scores them all, so the
     scored sample's repeat share (from the rows) is the text's (from every occurrence found)."""
     ws = tmp_path / "ws"
-    shutil.copytree(workspace, ws)
+    shutil.copytree(eval_workspace, ws)
     set_params(ws, **{"eval.term_sample": "occurrences", "eval.max_terms": 100_000, "eval.splits": ["test"],
                       "eval.closed_set": False, "eval.diversity_prompts": 0, "eval.insertion_prompts": 0})
     result = stage("evaluate", ws, env={"OMP_NUM_THREADS": "1"})
@@ -803,26 +803,12 @@ def foldoc_sample(tmp_path_factory):
 
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from rarelm.artifacts.tokenized import TokenizedData
-    from rarelm.files import write_json
-    from rarelm.prepare import corpus
-    from rarelm.tokenize import tokenization
-    from tests.conftest import REPO
-
     root = tmp_path_factory.mktemp("foldoc")
     with gzip.open(REPO / "data/raw/foldoc_en.txt.gz", "rt", encoding="utf-8") as f:
         lines = [next(f) for _ in range(400)]
     (root / "foldoc.txt").write_text("".join(lines), encoding="utf-8")
-    shutil.copy(REPO / "params.yaml", root / "params.yaml")
-    set_params(root, **{"corpus.path": str(root / "foldoc.txt"), "corpus.reference_glossary": "",
-                        "tokenizer.vocab_size": 512})
-    params = load_params(root / "params.yaml")
-    for sub in ("data/prepared", "data/tokenized"):
-        (root / sub).mkdir(parents=True)
-    write_json(root / "data/prepared/stats.json", corpus.prepare(params.corpus, root / "data/prepared"))
-    meta = tokenization.tokenize(params.tokenizer, root / "data/prepared", root / "data/tokenized")
-    write_json(root / "data/tokenized/meta.json", meta)
-    data = TokenizedData.open(root / "data/tokenized")
+    data = tokenized_in(root, root / "foldoc.txt",
+                        **{"corpus.reference_glossary": "", "tokenizer.vocab_size": 512})
     torch.manual_seed(0)
     GPT2LMHeadModel(GPT2Config(vocab_size=data.vocab_size, n_positions=64, n_embd=32, n_layer=1, n_head=2,
                                bos_token_id=data.eot_id, eos_token_id=data.eot_id,
@@ -839,7 +825,7 @@ def test_batched_evaluation_equals_per_occurrence(corpus, request):
     from rarelm.evaluate.model_folder import load_causal_lm
     from rarelm.prepare.corpus import read_split
 
-    root = request.getfixturevalue("workspace" if corpus == "demo" else "foldoc_sample")
+    root = request.getfixturevalue("eval_workspace" if corpus == "demo" else "foldoc_sample")
     data = TokenizedData.open(root / "data/tokenized")
     tokenizer = load_tokenizer(data.tokenizer_dir, data.vocab_size)
     documents = list(read_split(root / "data/prepared", "test"))
@@ -875,51 +861,6 @@ def test_bad_rare_inputs_are_one_line_errors(tmp_path):
 
 
 # ---------------------------------------------------------------- the stage through its CLI
-
-
-@pytest.fixture(scope="module")
-def workspace(tmp_path_factory, tiny_raw):
-    """A folder with params.yaml, tokenized tiny corpus, synthetic rare files and a tiny GPT-2."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    from rarelm.artifacts.tokenized import TokenizedData
-    from rarelm.files import write_json
-    from rarelm.params import load_params
-    from rarelm.prepare import corpus
-    from rarelm.tokenize import tokenization
-    from tests.conftest import REPO
-
-    root = tmp_path_factory.mktemp("ws")
-    shutil.copy(REPO / "params.yaml", root / "params.yaml")
-    set_params(root, **{"corpus.path": str(tiny_raw / "demo_en.txt.gz"), "tokenizer.vocab_size": 300,
-                        "eval.max_terms": 40, "eval.batch_size": 8, "eval.diversity_prompts": 4,
-                        "eval.diversity_tokens": 8, "eval.insertion_prompts": 4, "eval.insertion_tokens": 8,
-                        "eval.context_tokens": 16})
-    params = load_params(root / "params.yaml")
-    (root / "data/prepared").mkdir(parents=True)
-    (root / "data/tokenized").mkdir()
-    write_json(root / "data/prepared/stats.json", corpus.prepare(params.corpus, root / "data/prepared"))
-    meta = tokenization.tokenize(params.tokenizer, root / "data/prepared", root / "data/tokenized")
-    write_json(root / "data/tokenized/meta.json", meta)
-    data = TokenizedData.open(root / "data/tokenized")
-    counts = np.bincount(data.tokens("train"), minlength=data.vocab_size)
-    buckets = np.select([counts == 0, counts < 5, counts < 50], [3, 2, 1], 0).astype(np.int8)
-    (root / "data/rare").mkdir()
-    np.save(root / "data/rare/buckets.npy", buckets)
-    np.save(root / "data/rare/counts.npy", counts.astype(np.int64))
-    first_doc = json.loads((root / "data/prepared/test.jsonl").read_text().splitlines()[0])["text"]
-    words = [w.strip(".,:") for w in first_doc.split()]
-    with open(root / "data/rare/terms.jsonl", "w") as f:  # word pairs of the test split's first document
-        for i, (a, b) in enumerate(dict.fromkeys(zip(words[:30:2], words[1:30:2], strict=True))):
-            f.write(json.dumps({"term": f"{a} {b}", "source": "tfidf", "count": 2 ** i, "df": 1,
-                                "idf": 1.0, "score": 1.0}) + "\n")
-    torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=data.vocab_size, n_positions=64, n_embd=32, n_layer=1,
-                                       n_head=2, bos_token_id=data.eot_id, eos_token_id=data.eot_id))
-    model.save_pretrained(root / "models/model")
-    for path in data.tokenizer_dir.iterdir():
-        shutil.copy(path, root / "models/model")
-    return root
 
 
 def _hf_ppl(model_dir, tokens, block, bias=None):
@@ -959,13 +900,13 @@ def _assert_eval_plots(ws, m: dict, n: int) -> None:
     assert [float(b["ppl"]) for b in bands] == pytest.approx(ppl_of_nll, rel=1e-4)
 
 
-def test_stage_writes_metrics_plots_and_logs_into_the_training_run(workspace, tmp_path):
+def test_stage_writes_metrics_plots_and_logs_into_the_training_run(eval_workspace, tmp_path):
     import mlflow
 
     from rarelm.artifacts.tokenized import TokenizedData
 
     ws = tmp_path / "ws"
-    shutil.copytree(workspace, ws)
+    shutil.copytree(eval_workspace, ws)
     uri = f"sqlite:///{ws / 'mlflow.db'}"
     client = mlflow.MlflowClient(uri)
     run_id = client.create_run(client.create_experiment("rarelm")).info.run_id
@@ -1043,7 +984,7 @@ def test_stage_writes_metrics_plots_and_logs_into_the_training_run(workspace, tm
     assert term_metrics(test_rows, m["n_terms"], m["n_term_occurrences"]).items() <= m.items()
 
 
-def test_stage_scores_the_general_text_as_ppl_general(workspace, tmp_path):
+def test_stage_scores_the_general_text_as_ppl_general(eval_workspace, tmp_path):
     """eval.general_text: the file's documents, each followed by the end-of-text token, scored as
     ppl is scored (checked against torch's cross_entropy window by window). The default, `auto`, is
     the project's slice for the corpus' language, data/general/en.txt here; a workspace without it
@@ -1052,7 +993,7 @@ def test_stage_scores_the_general_text_as_ppl_general(workspace, tmp_path):
     from rarelm.evaluate.general_text import token_stream
 
     ws = tmp_path / "ws"
-    shutil.copytree(workspace, ws)
+    shutil.copytree(eval_workspace, ws)
     assert load_params(ws / "params.yaml").eval.general_text == "auto"
     result = stage("evaluate", ws)
     assert result.returncode == 0, result.stderr
@@ -1087,12 +1028,12 @@ def test_stage_scores_the_general_text_as_ppl_general(workspace, tmp_path):
     assert "the model alone" in result.stdout
 
 
-def test_stage_with_logit_adjustment_scores_the_adjusted_model(workspace, tmp_path):
+def test_stage_with_logit_adjustment_scores_the_adjusted_model(eval_workspace, tmp_path):
     """eval.logit_adjust_tau > 0 reads data/rare/counts.npy; perplexity is that of logits - tau log pi."""
     from rarelm.artifacts.tokenized import TokenizedData
 
     ws = tmp_path / "ws"
-    shutil.copytree(workspace, ws)
+    shutil.copytree(eval_workspace, ws)
     set_params(ws, **{"eval.logit_adjust_tau": 0.5, "eval.splits": ["test"]})
     counts_file = ws / "data/rare/counts.npy"
     counts = np.load(counts_file)
@@ -1110,13 +1051,13 @@ def test_stage_with_logit_adjustment_scores_the_adjusted_model(workspace, tmp_pa
     assert m["ppl"] != pytest.approx(_hf_ppl(ws / "models/model", test_tokens, block=64)[0], rel=1e-3)
 
 
-def test_stage_with_term_trie_completes_terms_and_scores_as_without(workspace, tmp_path):
+def test_stage_with_term_trie_completes_terms_and_scores_as_without(eval_workspace, tmp_path):
     """`-S eval.term_trie=true` through the stage: a random model that never completes a term given
     its first token completes them inside the trie; every teacher-forced figure is the plain one."""
     runs = {}
     for trie in (False, True):
         ws = tmp_path / f"ws-{trie}"
-        shutil.copytree(workspace, ws)
+        shutil.copytree(eval_workspace, ws)
         set_params(ws, **{"eval.term_trie": trie, "eval.splits": ["test"]})
         result = stage("evaluate", ws, env={"OMP_NUM_THREADS": "1"})
         assert result.returncode == 0, result.stderr
@@ -1130,9 +1071,9 @@ def test_stage_with_term_trie_completes_terms_and_scores_as_without(workspace, t
     from rarelm.artifacts.tokenized import TokenizedData, load_tokenizer
     from rarelm.evaluate.term_trie import term_trie
 
-    data = TokenizedData.open(workspace / "data/tokenized")
+    data = TokenizedData.open(eval_workspace / "data/tokenized")
     tokenizer = load_tokenizer(data.tokenizer_dir, data.vocab_size)
-    paths = term_trie(tokenizer, load_terms(workspace / "data/rare/terms.jsonl"), lead=" ")
+    paths = term_trie(tokenizer, load_terms(eval_workspace / "data/rare/terms.jsonl"), lead=" ")
     rows = [json.loads(line) for line in (tmp_path / "ws-True/metrics/eval_occurrences.jsonl").open()]
 
     def one_way(text: str) -> bool:
@@ -1143,7 +1084,7 @@ def test_stage_with_term_trie_completes_terms_and_scores_as_without(workspace, t
     assert len(unambiguous) >= 10 and all(r["completion_match"] for r in unambiguous)
 
 
-def test_stage_puts_the_tokenizers_lead_before_every_window_and_prompt(workspace, tmp_path):
+def test_stage_puts_the_tokenizers_lead_before_every_window_and_prompt(eval_workspace, tmp_path):
     """A tokenizer that starts every text with a token (Gemma 3's <bos>; here the end-of-text token as
     the post-processor's lead): evaluate says so in one line, scores the same targets, and every term
     prompt is one token longer; the plain tokenizer gets nothing before its windows."""
@@ -1152,7 +1093,7 @@ def test_stage_puts_the_tokenizers_lead_before_every_window_and_prompt(workspace
     runs = {}
     for lead in (False, True):
         ws = tmp_path / f"ws-{lead}"
-        shutil.copytree(workspace, ws)
+        shutil.copytree(eval_workspace, ws)
         set_params(ws, **{"eval.splits": ["test"], "eval.block_size": 32})
         if lead:
             path = ws / "data/tokenized/tokenizer/tokenizer.json"
@@ -1171,14 +1112,14 @@ def test_stage_puts_the_tokenizers_lead_before_every_window_and_prompt(workspace
         [r["prompt_tokens"] + 1 for r in _rows(tmp_path / "ws-False")]
 
 
-def test_stage_with_retrieval_scores_windows_after_train_passages(workspace, tmp_path):
+def test_stage_with_retrieval_scores_windows_after_train_passages(eval_workspace, tmp_path):
     """`-S retrieval.enabled=true` through the stage: one line says what is retrieved; the in-domain and
     the mixture's general-text perplexity change, the model alone's (forgetting) does not; windows
     and passages that do not fit the model's context are one error line, nothing written."""
     runs = {}
     for enabled in (False, True):
         ws = tmp_path / f"ws-{enabled}"
-        shutil.copytree(workspace, ws)
+        shutil.copytree(eval_workspace, ws)
         (ws / "general.txt").write_text("A general sentence about the weather.\nAnother one.\n")
         set_params(ws, **{"retrieval.enabled": enabled, "retrieval.passage_tokens": 8, "eval.block_size": 32,
                           "eval.splits": ["test"], "eval.general_text": "general.txt"})
@@ -1206,12 +1147,12 @@ def test_stage_with_retrieval_scores_windows_after_train_passages(workspace, tmp
     assert json.loads((ws / "metrics/eval.json").read_text())["n_eval_tokens"] == plain["n_eval_tokens"]
 
 
-def test_stage_retrieves_by_the_models_states_after_the_datastore_stage(workspace, tmp_path):
+def test_stage_retrieves_by_the_models_states_after_the_datastore_stage(eval_workspace, tmp_path):
     """`-S retrieval.dense=true`: without the datastore stage's store, one error line and nothing
     written; after it (the stage builds the store for retrieval alone), one line says what is
     retrieved, prompts are a passage and an end-of-text longer, and the scores move."""
     ws = tmp_path / "ws"
-    shutil.copytree(workspace, ws)
+    shutil.copytree(eval_workspace, ws)
     env = {"OMP_NUM_THREADS": "1"}
     set_params(ws, **{"eval.splits": ["test"], "eval.block_size": 32})
     assert stage("evaluate", ws, env=env).returncode == 0
@@ -1274,9 +1215,9 @@ def test_unreachable_store_is_one_warning_line_or_one_error_if_required(tmp_path
     ("other_text", "the tokenizer does not reproduce document 0 of the tokenized split"),
     ("no_general", "params: eval.general_text = 'data/general/none.txt': no such file"),
 ])
-def test_bad_inputs_are_one_line_errors_without_output(workspace, tmp_path, breakage, message):
+def test_bad_inputs_are_one_line_errors_without_output(eval_workspace, tmp_path, breakage, message):
     ws = tmp_path / "ws"
-    shutil.copytree(workspace, ws)
+    shutil.copytree(eval_workspace, ws)
     prepared = ws / "data/prepared/test.jsonl"
     lines = prepared.read_text(encoding="utf-8").splitlines(keepends=True)
     if breakage == "no_model":

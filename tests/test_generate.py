@@ -15,41 +15,7 @@ from rarelm.evaluate.decoding import greedy_continue, logit_adjustment, logit_bi
 from rarelm.evaluate.generate import Sampling, generate
 from rarelm.evaluate.model_folder import load_causal_lm, load_model_tokenizer
 from tests.conftest import run
-
-TEXTS = ["the patient presented with acute myocardial infarction and chest pain",
-         "a rare case of idiopathic pneumomyositis treated with heparin",
-         "the nodular lesion was removed and the patient recovered"] * 20
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    """A tiny random GPT-2 with a real BPE tokenizer, saved as a Hugging Face folder."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    from rarelm.tokenize.tokenization import EOT, save_hf_tokenizer, train_bpe
-
-    out = tmp_path_factory.mktemp("model")
-    tokenizer = train_bpe(iter(TEXTS), vocab_size=300, min_frequency=1)
-    save_hf_tokenizer(tokenizer, out)
-    eot = tokenizer.token_to_id(EOT)
-    torch.manual_seed(0)  # large init: varied, non-repeating greedy output
-    GPT2LMHeadModel(GPT2Config(vocab_size=tokenizer.get_vocab_size(), n_positions=64, n_embd=32, n_layer=2,
-                               n_head=2, bos_token_id=eot, eos_token_id=eot,
-                               initializer_range=0.5)).save_pretrained(out)
-    return out
-
-
-def argmax_loop(model, ids: list[int], n: int, eos: int | None, bias=None) -> list[int]:
-    """Greedy decoding the slow, obvious way: full forward per token, no cache; `bias` added to the logits."""
-    out = []
-    with torch.no_grad():
-        for _ in range(n):
-            logits = model(input_ids=torch.tensor([ids + out])).logits[0, -1]
-            nxt = int(logits.argmax() if bias is None else (logits + bias).argmax())
-            out.append(nxt)
-            if nxt == eos:
-                break
-    return out
+from tests.helpers import TEXTS, argmax_loop
 
 
 class Recorder:
@@ -63,19 +29,19 @@ class Recorder:
         pass
 
 
-def test_cli_greedy_streams_the_argmax_continuation(model_dir):
-    result = run(["rarelm", "generate", "the patient presented", "--model", str(model_dir),
-                  "--greedy", "--max-tokens", "12"], model_dir, env={"OMP_NUM_THREADS": "1"})
+def test_cli_greedy_streams_the_argmax_continuation(generate_model_dir):
+    result = run(["rarelm", "generate", "the patient presented", "--model", str(generate_model_dir),
+                  "--greedy", "--max-tokens", "12"], generate_model_dir, env={"OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr
-    model, tok = load_causal_lm(model_dir), load_model_tokenizer(model_dir)
+    model, tok = load_causal_lm(generate_model_dir), load_model_tokenizer(generate_model_dir)
     prompt_ids = tok("the patient presented").input_ids
     want = argmax_loop(model, prompt_ids, 12, tok.eos_token_id)
     assert len(set(want)) > 3
     assert result.stdout == "the patient presented" + tok.decode(want, skip_special_tokens=True) + "\n"
 
 
-def test_streams_piece_by_piece_and_sampling_repeats_by_seed(model_dir):
-    model, tok = load_causal_lm(model_dir), load_model_tokenizer(model_dir)
+def test_streams_piece_by_piece_and_sampling_repeats_by_seed(generate_model_dir):
+    model, tok = load_causal_lm(generate_model_dir), load_model_tokenizer(generate_model_dir)
     out = Recorder()
     ids = generate(model, tok, "a rare case", Sampling(max_tokens=10, seed=1, temperature=1.0), out)
     assert len(out.pieces) > 2 and "".join(out.pieces) == tok.decode(ids, skip_special_tokens=True) + "\n"
@@ -89,8 +55,8 @@ def test_streams_piece_by_piece_and_sampling_repeats_by_seed(model_dir):
     assert len(generate(model, tok, "", Sampling(max_tokens=3, greedy=True))) >= 1
 
 
-def test_a_prompt_too_long_for_the_context_keeps_its_end(model_dir, capsys):
-    model, tok = load_causal_lm(model_dir), load_model_tokenizer(model_dir)
+def test_a_prompt_too_long_for_the_context_keeps_its_end(generate_model_dir, capsys):
+    model, tok = load_causal_lm(generate_model_dir), load_model_tokenizer(generate_model_dir)
     prompt = "the patient presented with " * 20
     assert len(tok(prompt).input_ids) > 64
     ids = generate(model, tok, prompt, Sampling(max_tokens=10, greedy=True))
@@ -101,8 +67,8 @@ def test_a_prompt_too_long_for_the_context_keeps_its_end(model_dir, capsys):
         generate(model, tok, "the", Sampling(max_tokens=64))
 
 
-def test_folder_without_tokenizer(tmp_path, model_dir):
-    (tmp_path / "config.json").write_text((model_dir / "config.json").read_text())
+def test_folder_without_tokenizer(tmp_path, generate_model_dir):
+    (tmp_path / "config.json").write_text((generate_model_dir / "config.json").read_text())
     with pytest.raises(RarelmError, match="no loadable tokenizer"):
         load_model_tokenizer(tmp_path)
 
@@ -120,22 +86,22 @@ def test_folder_without_tokenizer(tmp_path, model_dir):
     (["--logit-adjust", "inf"], "--logit-adjust = inf is not allowed (must be in [0, 100] (0 = off))"),
     (["--top-k", "-1"], "--top-k = -1 is not allowed (must be in 0..10000000 (0 = off))"),
 ])
-def test_bad_input_is_one_line(model_dir, args, message):
-    model_args = [] if "--model" in args else ["--model", str(model_dir)]
-    result = run(["rarelm", "generate", "hello", *model_args, *args], model_dir)
+def test_bad_input_is_one_line(generate_model_dir, args, message):
+    model_args = [] if "--model" in args else ["--model", str(generate_model_dir)]
+    result = run(["rarelm", "generate", "hello", *model_args, *args], generate_model_dir)
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.count("\n") == 1 and message in result.stderr
 
 
-def test_a_prompt_of_invalid_utf8_is_one_line_and_control_characters_are_echoed_escaped(model_dir):
+def test_a_prompt_of_invalid_utf8_is_one_line_and_control_characters_are_echoed_escaped(generate_model_dir):
     """Issue 43: `rarelm generate $'\\xff'` was 62 lines of traceback; an escape sequence in a
     prompt was echoed raw, so it drove the terminal (here: clear the screen)."""
-    result = run(["rarelm", "generate", "caf\udcff", "--model", str(model_dir)], model_dir)
+    result = run(["rarelm", "generate", "caf\udcff", "--model", str(generate_model_dir)], generate_model_dir)
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr == ("rarelm generate: error: argument 2 (b'caf\\xff') is not valid UTF-8 "
                              "(byte 0xff at offset 3); pass text in UTF-8\n")
-    result = run(["rarelm", "generate", "the\x1b[2J patient\x07", "--model", str(model_dir),
-                  "--greedy", "--max-tokens", "3"], model_dir)
+    result = run(["rarelm", "generate", "the\x1b[2J patient\x07", "--model", str(generate_model_dir),
+                  "--greedy", "--max-tokens", "3"], generate_model_dir)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("the\\x1b[2J patient\\x07") and "\x1b" not in result.stdout
 
@@ -143,9 +109,9 @@ def test_a_prompt_of_invalid_utf8_is_one_line_and_control_characters_are_echoed_
 # ---------------------------------------------------------------- post-hoc logit adjustment
 
 
-def train_counts(model_dir) -> np.ndarray:
+def train_counts(generate_model_dir) -> np.ndarray:
     """Token counts of TEXTS, as the rare_terms stage writes them (int64 [vocabulary])."""
-    tok = load_model_tokenizer(model_dir)
+    tok = load_model_tokenizer(generate_model_dir)
     ids = [i for text in TEXTS for i in tok(text).input_ids]
     return np.bincount(ids, minlength=len(tok)).astype(np.int64)
 
@@ -167,9 +133,9 @@ def test_a_prior_flips_the_argmax_by_hand():
         logit_adjustment(model, log_prior(np.zeros(4)), 1.0)
 
 
-def test_adjusted_greedy_decoding_is_the_argmax_of_adjusted_logits(model_dir):
-    model, tok = load_causal_lm(model_dir), load_model_tokenizer(model_dir)
-    prior = log_prior(train_counts(model_dir))
+def test_adjusted_greedy_decoding_is_the_argmax_of_adjusted_logits(generate_model_dir):
+    model, tok = load_causal_lm(generate_model_dir), load_model_tokenizer(generate_model_dir)
+    prior = log_prior(train_counts(generate_model_dir))
     prompts = [tok("the patient presented").input_ids, tok("a rare case of").input_ids]
     plain = greedy_continue(model, prompts, 10, pad_id=0)
     assert torch.equal(greedy_continue(model, prompts, 10, 0, logit_adjustment(model, prior, 0.0)), plain)
@@ -179,19 +145,19 @@ def test_adjusted_greedy_decoding_is_the_argmax_of_adjusted_logits(model_dir):
     for p, row in zip(prompts, adjusted.tolist(), strict=True):  # the batched, cached decode is exact
         assert row == argmax_loop(model, p, 10, None, bias)
     # tokens rare in train are written more often once lifted
-    counts = train_counts(model_dir)
+    counts = train_counts(generate_model_dir)
     assert np.median(counts[adjusted.flatten()]) <= np.median(counts[plain.flatten()])
 
 
-def test_cli_logit_adjust_streams_the_adjusted_argmax(model_dir, tmp_path):
+def test_cli_logit_adjust_streams_the_adjusted_argmax(generate_model_dir, tmp_path):
     counts = tmp_path / "counts.npy"
-    np.save(counts, train_counts(model_dir))
-    args = ["rarelm", "generate", "the patient presented", "--model", str(model_dir), "--greedy",
+    np.save(counts, train_counts(generate_model_dir))
+    args = ["rarelm", "generate", "the patient presented", "--model", str(generate_model_dir), "--greedy",
             "--max-tokens", "12"]
-    result = run([*args, "--logit-adjust", "2", "--counts", str(counts)], model_dir,
+    result = run([*args, "--logit-adjust", "2", "--counts", str(counts)], generate_model_dir,
                  env={"OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr
-    model, tok = load_causal_lm(model_dir), load_model_tokenizer(model_dir)
+    model, tok = load_causal_lm(generate_model_dir), load_model_tokenizer(generate_model_dir)
     prompt_ids = tok("the patient presented").input_ids
     bias = logit_adjustment(model, log_prior(np.load(counts)), 2.0)
     want = argmax_loop(model, prompt_ids, 12, tok.eos_token_id, bias)
@@ -209,9 +175,9 @@ def test_cli_logit_adjust_streams_the_adjusted_argmax(model_dir, tmp_path):
     (["--logit-adjust", "0.5", "--counts", "short.npy"], "expected int64 [%d] for this model's tokenizer"),
     (["--logit-adjust", "0.5"], "data/rare/counts.npy: no such counts file"),  # default: the pipeline's
 ])
-def test_bad_logit_adjust_input_is_one_line(model_dir, tmp_path, args, message):
+def test_bad_logit_adjust_input_is_one_line(generate_model_dir, tmp_path, args, message):
     np.save(tmp_path / "short.npy", np.ones(7, dtype=np.int64))
-    result = run(["rarelm", "generate", "hello", "--model", str(model_dir), *args], tmp_path)
+    result = run(["rarelm", "generate", "hello", "--model", str(generate_model_dir), *args], tmp_path)
     assert result.returncode == 2 and result.stdout == ""
-    size = len(load_model_tokenizer(model_dir))
+    size = len(load_model_tokenizer(generate_model_dir))
     assert result.stderr.count("\n") == 1 and message.replace("%d", str(size)) in result.stderr, result.stderr

@@ -1,7 +1,7 @@
 """The headline experiment's machinery on a real git + DVC repo, with stand-in stages.
 
 The repo's `train` stage writes a "model" (its params) and counts its own runs; `evaluate` turns
-it into the per-occurrence rows of tests/test_compare.py's generator, where a larger effective
+it into the per-occurrence rows of tests/helpers.py's GENERATOR, where a larger effective
 alpha writes more terms, for a val and a test split (other outcomes on each). Real `dvc exp run
 --queue`, `dvc queue start`, run cache and `rarelm.report.compare`; no model is trained, so the three
 rounds take seconds, not 90 minutes.
@@ -30,7 +30,7 @@ from rarelm.report.headline_outputs import END, FIGURES, START, results_section,
 from rarelm.report.headline_plan import PREFIX, Plan
 from rarelm.report.records import record, recorded
 from tests.conftest import REPO, run
-from tests.test_compare import GENERATOR
+from tests.helpers import EVALUATE_OUTPUTS, GENERATOR, overridden
 
 TRAIN = """
 import sys, yaml
@@ -80,13 +80,7 @@ def repo(tmp_path_factory) -> dict:
     cmd: python evaluate.py
     deps: [evaluate.py, model.txt]
     params: [tau, eval.splits]
-    outs:
-      - metrics/eval_occurrences.jsonl:
-          cache: false
-    metrics:
-      - metrics/eval.json:
-          cache: false
-""")
+{EVALUATE_OUTPUTS}""")
     (root / "plan.yaml").write_text(yaml.safe_dump(PLAN))
     (root / "results.md").write_text(f"# demo\n\nbefore\n\n{START}\nold table\n{END}\n\nafter\n")
     (root / ".gitignore").write_text("/model.txt\n")
@@ -399,20 +393,10 @@ REALTEXT_PLANS = sorted((REPO / "realtext").glob("*.yaml"))
 def _params_of(overrides: list[str]):
     """params.yaml with `dvc exp run -S` overrides applied (an override of a key params.yaml does
     not have fails, as DVC refuses it), validated into Params."""
-    import copy
-
     from rarelm.params import Params
 
-    raw = copy.deepcopy(yaml.safe_load((REPO / "params.yaml").read_text(encoding="utf-8")))
-    for item in overrides:
-        key, value = item.split("=", 1)
-        *parents, leaf = key.split(".")
-        section = raw
-        for name in parents:
-            section = section[name]
-        assert leaf in section, key
-        section[leaf] = yaml.safe_load(value)
-    return Params.from_dict(raw)
+    return Params.from_dict(overridden(yaml.safe_load((REPO / "params.yaml").read_text(encoding="utf-8")),
+                                       overrides))
 
 
 @pytest.mark.parametrize("path", REALTEXT_PLANS, ids=lambda p: p.stem)

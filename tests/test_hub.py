@@ -25,6 +25,7 @@ from rarelm.errors import RarelmError
 from rarelm.params import ModelParams, Params, TokenizerParams
 from rarelm.tokenize import tokenization
 from tests.conftest import REPO, assert_user_error, run
+from tests.helpers import write_prepared
 
 REPO_ID = "rarelm-test/gpt2-zh"
 COMMITS = ("a" * 40, "b" * 40)  # the second is refs/main
@@ -92,12 +93,8 @@ def hf_cache(cache, monkeypatch) -> Path:
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("prepared")
-    for split, docs in DOCS.items():
-        (folder / f"{split}.jsonl").write_text(
-            "".join(json.dumps({"text": d}, ensure_ascii=False) + "\n" for d in docs), "utf-8")
-    (folder / "stats.json").write_text(json.dumps({s: {"documents": len(d)} for s, d in DOCS.items()}))
-    return folder
+    """The prepare stage's output for DOCS, stats.json included (the tokenize stage's CLI reads it)."""
+    return write_prepared(tmp_path_factory.mktemp("prepared"), DOCS, stats=True)
 
 
 def tokenize(prepared: Path, out: Path, name_or_path: str) -> TokenizedData:

@@ -19,9 +19,7 @@ from rarelm.knn.hook import attached
 from rarelm.knn.interpolate import cache_log_probs, knn_log_probs, mix, vote_log_probs
 from rarelm.params import RetrievalParams
 from tests.conftest import REPO, run
-from tests.test_evaluate import workspace  # noqa: F401  (the tiny evaluate workspace, a fixture)
-from tests.test_generate import TEXTS, argmax_loop
-from tests.test_generate import model_dir as generate_model_dir  # noqa: F401  (a tiny model with a tokenizer)
+from tests.helpers import TEXTS, argmax_loop
 
 P_LM = torch.tensor([[0.5, 0.3, 0.2]]).log()
 
@@ -116,6 +114,12 @@ def tiny():
     return model, tokens.numpy().astype(np.uint16)
 
 
+def random_store(seed: int) -> Datastore:
+    """30 random 8-dimensional keys (the tiny model's width) and their tokens, below 20 (its vocabulary)."""
+    gen = torch.Generator().manual_seed(seed)
+    return Datastore(torch.randn(30, 8, generator=gen).numpy(), torch.randint(0, 20, (30,), generator=gen))
+
+
 def test_off_and_neutral_settings_are_the_model_bit_for_bit(tiny):
     from rarelm.evaluate.token_scoring import score_tokens
 
@@ -163,8 +167,7 @@ def test_the_hook_mixes_what_the_formulas_say(tiny):
     from rarelm.evaluate.scoring import continuation_scores
 
     model, tokens = tiny
-    gen = torch.Generator().manual_seed(2)
-    store = Datastore(torch.randn(30, 8, generator=gen).numpy(), torch.randint(0, 20, (30,), generator=gen))
+    store = random_store(seed=2)
     knn = knn_params(k=4, weight=0.3, temperature=5.0, cache_window=5, cache_weight=0.2,
                      cache_temperature=2.0)
     ids = [int(t) for t in tokens[30:52]]  # holds the end-of-text token at 40
@@ -286,8 +289,7 @@ def test_generation_with_the_kv_cache_matches_full_forwards(tiny):
     from rarelm.evaluate.decoding import greedy_continue
 
     model, tokens = tiny
-    gen = torch.Generator().manual_seed(3)
-    store = Datastore(torch.randn(30, 8, generator=gen).numpy(), torch.randint(0, 20, (30,), generator=gen))
+    store = random_store(seed=3)
     knn = knn_params(k=4, weight=0.4, temperature=5.0, cache_window=6, cache_weight=0.4,
                      cache_temperature=0.5)
     prompts = [[int(t) for t in tokens[100:108]], [int(t) for t in tokens[120:125]]]
@@ -440,8 +442,8 @@ def test_mixing_by_votes_is_the_dense_mix(lams):
 
 
 @pytest.mark.slow
-def test_evaluate_stage_mixes_the_datastore_in(workspace, tmp_path):  # noqa: F811
-    """datastore then evaluate on the tiny workspace of tests/test_evaluate.py: one stderr line names
+def test_evaluate_stage_mixes_the_datastore_in(eval_workspace, tmp_path):
+    """datastore then evaluate on the tiny evaluate workspace (tests/conftest.py): one stderr line names
     the mix, and the val metrics move (a random model's val perplexity falls with the train split's
     memory); with knn off the same files give the plain metrics and no stderr."""
     import shutil
@@ -451,7 +453,7 @@ def test_evaluate_stage_mixes_the_datastore_in(workspace, tmp_path):  # noqa: F8
     from tests.conftest import set_params, stage
 
     ws = tmp_path / "ws"
-    shutil.copytree(workspace, ws)
+    shutil.copytree(eval_workspace, ws)
     client = mlflow.MlflowClient(f"sqlite:///{ws / 'mlflow.db'}")
     run_id = client.create_run(client.create_experiment("rarelm")).info.run_id
     (ws / "models/model/mlflow_run.json").write_text(json.dumps(
@@ -520,7 +522,7 @@ def test_an_ivf_index_searching_every_cluster_is_exact(tmp_path):
     assert bool((d_one[torch.isfinite(d_one)] >= d_exact[torch.isfinite(d_one)] - 1e-4).all())
 
 
-def test_rarelm_generate_mixes_when_the_params_say_so(generate_model_dir, tmp_path):  # noqa: F811
+def test_rarelm_generate_mixes_when_the_params_say_so(generate_model_dir, tmp_path):
     """`rarelm generate --params` with knn on: one stderr line naming the mix, and greedy text that is
     the argmax of the mixed distribution, computed by hand with full forwards."""
     from rarelm.evaluate.model_folder import load_causal_lm, load_model_tokenizer

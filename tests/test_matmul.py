@@ -13,31 +13,16 @@ rounding into the weights (most at the attention's key bias, whose true gradient
 from __future__ import annotations
 
 import copy
-import math
 
-import numpy as np
 import pytest
 import torch
 
 from rarelm.errors import RarelmError
-from rarelm.objectives.objective import Objective
-from rarelm.params import LossParams
 from rarelm.train import matmul
 from rarelm.train.output import output_layer
+from tests.helpers import BLOCK, VOCAB, adamw_steps, distance, tiny_gpt2
 
 pytestmark = pytest.mark.skipif(not matmul.onednn_available(), reason="no oneDNN in this torch")
-
-VOCAB, BLOCK = 97, 16
-
-
-def _model(seed: int = 0):
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(seed)
-    return GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=VOCAB,
-                                      n_positions=BLOCK, bos_token_id=0, eos_token_id=0,
-                                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
-
 
 @pytest.mark.parametrize("in_out", [False, True])
 @pytest.mark.parametrize("bias", [False, True])
@@ -64,7 +49,7 @@ def test_the_routed_layer_and_its_gradients_equal_torch_s(in_out, bias):
 
 def test_a_routed_model_gives_the_same_logits_and_runs_its_own_forward_under_autocast():
     x = torch.randint(0, VOCAB, (2, BLOCK))
-    plain, routed = _model(), _model()
+    plain, routed = tiny_gpt2(), tiny_gpt2()
     assert matmul.route_linear_layers(routed) == 2 * 4 + 1  # 4 Conv1D a block, the lm_head
     assert torch.allclose(routed(input_ids=x).logits, plain(input_ids=x).logits, atol=1e-5)
     with torch.autocast("cpu", dtype=torch.bfloat16):  # bf16: bit for bit the layers' own
@@ -73,7 +58,7 @@ def test_a_routed_model_gives_the_same_logits_and_runs_its_own_forward_under_aut
 
 def test_a_copy_of_a_routed_model_routes_its_own_layers():
     """copy.deepcopy (KL to the base copies the model) must not run the original's weights."""
-    model = _model()
+    model = tiny_gpt2()
     matmul.route_linear_layers(model)
     twin = copy.deepcopy(model)
     with torch.no_grad():
@@ -83,43 +68,26 @@ def test_a_copy_of_a_routed_model_routes_its_own_layers():
     assert model(input_ids=x).logits.abs().max().item() > 0
 
 
-def _train(backend: str, steps: int = 5, windows: int = 16) -> dict[str, torch.Tensor]:
-    """`steps` AdamW steps on `windows` fixed random windows in fp32, the chunked loss, as the
-    step runs it (256 tokens: sums over as many rows, where the two backends' orders differ)."""
-    model = _model()
+def _weights_after(backend: str) -> dict[str, torch.Tensor]:
+    """5 AdamW steps on 16 fixed random windows a step in fp32, the chunked loss, as the step runs
+    it (256 tokens: sums over as many rows, where the two backends' orders differ)."""
+    model = tiny_gpt2()
     if backend == "onednn":
         matmul.route_linear_layers(model)
     output = output_layer(model, chunked=True, mm=lambda a, b: matmul.mm(a, b, backend))
     assert output.chunked
-    lp = LossParams(rare_weight=2.0)
-    objective = Objective(lp.targets, lp.rare_weight, torch.arange(VOCAB) % 4 == 0, params=lp)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    g = torch.Generator().manual_seed(1)
-    for _ in range(steps):
-        ids = torch.randint(0, VOCAB, (windows, BLOCK + 1), generator=g)
-        x, y = ids[:, :-1], ids[:, 1:]
-        with output.hidden_states():
-            scores = output.scores(model(input_ids=x, use_cache=False).logits)
-        loss, _ = objective(scores, y, np.zeros(windows, dtype=np.int64), x)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
-
-
-def _distance(a: dict, b: dict) -> float:
-    return math.sqrt(sum(((a[k] - b[k]).double() ** 2).sum().item() for k in a))
+    return adamw_steps(model, output, windows=16, rare_weight=2.0)
 
 
 def test_weights_after_n_steps_equal_mkl_s_and_two_onednn_runs_are_bit_identical():
-    start = _model().state_dict()
-    mkl, onednn, again = _train("mkl"), _train("onednn"), _train("onednn")
-    moved = _distance(mkl, start)
+    start = tiny_gpt2().state_dict()
+    mkl, onednn, again = _weights_after("mkl"), _weights_after("onednn"), _weights_after("onednn")
+    moved = distance(mkl, start)
     assert moved > 1e-3
     # measured 8.4e-6 of the distance moved here on an AMD EPYC; 4.5e-5 at the demo's shape (4 x 128,
     # vocabulary 1,712, 16 x 128 tokens, lr 3e-3, 5 steps), its losses equal to 8 digits; on an
     # Intel Xeon (AMX) the two libraries' products agree bit for bit (0)
-    assert _distance(onednn, mkl) < 1e-4 * moved
+    assert distance(onednn, mkl) < 1e-4 * moved
     assert all(torch.equal(onednn[k], again[k]) for k in onednn)
 
 
@@ -132,7 +100,7 @@ def test_the_backend_is_measured_once_then_cached_and_can_be_forced(tmp_path, mo
         return {"mkl": 0.2, "onednn": 0.1}
 
     monkeypatch.setattr(matmul, "probe_seconds", probe)
-    cpu, model, waited = torch.device("cpu"), _model(), []
+    cpu, model, waited = torch.device("cpu"), tiny_gpt2(), []
     first = matmul.pick_backend(model, cpu, tmp_path, before_probe=lambda: waited.append(1))
     second = matmul.pick_backend(model, cpu, tmp_path, before_probe=lambda: waited.append(1))
     assert first[0] == second[0] == "onednn" and len(calls) == 1 and len(waited) == 1
@@ -157,7 +125,7 @@ def test_a_lora_model_routes_its_inner_layers_and_its_adapters_learn_the_same():
     from rarelm.params import LoraParams
     from rarelm.train import lora
 
-    model = lora.apply(_model(), LoraParams(rank=4))
+    model = lora.apply(tiny_gpt2(), LoraParams(rank=4))
     with torch.no_grad():  # B starts at 0: give the adapters an output and A a gradient
         for name, p in model.named_parameters():
             if "lora_B" in name:
@@ -180,7 +148,7 @@ def test_an_output_layer_gated_by_agg_keeps_its_gate():
     routed once: AGG then did nothing in fp32 where oneDNN won, and DDP left FSDP's losses by 1.2%.)"""
     from rarelm.objectives.agg import AdaptiveGradientGate
 
-    model = _model()
+    model = tiny_gpt2()
     gate = AdaptiveGradientGate(VOCAB, alpha=0.2, memory=4)
     gate.prepare_model(model)
     gated_forward = model.lm_head.forward

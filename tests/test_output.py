@@ -17,51 +17,14 @@ of the distance moved, while either bf16 run is as far from the fp32 one (4.3% /
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 import torch
 
-from rarelm.objectives.objective import Objective
-from rarelm.params import LossParams
 from rarelm.train.output import OutputLayer, output_layer
+from tests.helpers import VOCAB, adamw_steps, distance, tiny_gpt2
 
-VOCAB, BLOCK = 97, 16
-
-
-def _model(seed: int = 0, **config):
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(seed)
-    return GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=VOCAB,
-                                      n_positions=BLOCK, bos_token_id=0, eos_token_id=0,
-                                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **config))
-
-
-def _train(model, output: OutputLayer, dtype, steps: int = 5, **loss) -> dict[str, torch.Tensor]:
-    """`steps` AdamW steps on fixed random windows, as rarelm.train.step runs one."""
-    lp = LossParams(**loss)
-    objective = Objective(lp.targets, lp.rare_weight, torch.arange(VOCAB) % 4 == 0, params=lp,
-                          counts=np.arange(VOCAB) + 1)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    g = torch.Generator().manual_seed(1)
-    model.train()
-    for _ in range(steps):
-        ids = torch.randint(0, VOCAB, (4, BLOCK + 1), generator=g)
-        x, y = ids[:, :-1], ids[:, 1:]
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype is not None), \
-                output.hidden_states():
-            scores = output.scores(model(input_ids=x, use_cache=False).logits, dtype)
-        loss_value, _ = objective(scores, y, np.zeros(4, dtype=np.int64), x)
-        loss_value.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
-
-
-def _distance(a: dict, b: dict) -> float:
-    return math.sqrt(sum(((a[k] - b[k]).double() ** 2).sum().item() for k in a))
+COUNTS = np.arange(VOCAB) + 1  # the objective's token counts
 
 
 @pytest.mark.parametrize("dtype", [None, torch.bfloat16])
@@ -70,15 +33,15 @@ def test_weights_after_n_steps_equal_the_full_logits_ones(dtype, loss, monkeypat
     from rarelm.objectives import linear_ce
 
     monkeypatch.setattr(linear_ce, "CHUNK_ELEMENTS", 16 * VOCAB)  # 64 tokens a step: 4 chunks
-    start = _model().state_dict()
-    full = _train(_model(), OutputLayer(), dtype, **loss)
-    model = _model()
+    start = tiny_gpt2().state_dict()
+    full = adamw_steps(tiny_gpt2(), OutputLayer(), dtype, counts=COUNTS, **loss)
+    model = tiny_gpt2()
     output = output_layer(model, chunked=True)
     assert output.chunked
-    chunked = _train(model, output, dtype, **loss)
-    moved = _distance(full, start)
+    chunked = adamw_steps(model, output, dtype, counts=COUNTS, **loss)
+    moved = distance(full, start)
     assert moved > 1e-3
-    assert 0 < _distance(chunked, full) < (1e-4 if dtype is None else 0.1) * moved
+    assert 0 < distance(chunked, full) < (1e-4 if dtype is None else 0.1) * moved
 
 
 def test_a_model_that_changes_its_logits_after_the_output_layer_keeps_the_full_logits():
@@ -92,8 +55,8 @@ def test_a_model_that_changes_its_logits_after_the_output_layer_keeps_the_full_l
             out.logits = 30.0 * torch.tanh(out.logits / 30.0)
             return out
 
-    capped = Capped(_model().config)
-    biased = _model()
+    capped = Capped(tiny_gpt2().config)
+    biased = tiny_gpt2()
     biased.lm_head.bias = torch.nn.Parameter(torch.zeros(VOCAB))
     ids = torch.zeros(1, 4, dtype=torch.long)
     for model in (capped, biased):
@@ -101,11 +64,11 @@ def test_a_model_that_changes_its_logits_after_the_output_layer_keeps_the_full_l
         assert not output.chunked
         with output.hidden_states():
             assert model(input_ids=ids).logits.shape[-1] == VOCAB
-    assert not output_layer(_model(), chunked=False).chunked
+    assert not output_layer(tiny_gpt2(), chunked=False).chunked
 
 
 def test_the_check_leaves_the_rngs_and_the_training_mode_as_they_were():
-    model = _model().train()
+    model = tiny_gpt2().train()
     torch.manual_seed(5)
     before = torch.get_rng_state()
     assert output_layer(model, chunked=True).chunked

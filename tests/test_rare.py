@@ -22,7 +22,7 @@ from rarelm.prepare.corpus import read_split
 from rarelm.rare_terms.glossary import extraction_scores, read_reference
 from rarelm.rare_terms.stage import rare_terms
 from rarelm.rare_terms.term_index import build_term_index, display_form, surface_forms
-from tests.conftest import BIN, REPO, assert_user_error, set_params, stage
+from tests.conftest import BIN, REPO, assert_user_error, set_params, stage, staged_folder
 
 # ------------------------------------------------------------------ the stage through its CLI
 
@@ -30,14 +30,8 @@ from tests.conftest import BIN, REPO, assert_user_error, set_params, stage
 @pytest.fixture(scope="module")
 def tokenized_en(tmp_path_factory, tiny_raw):
     """A folder with params.yaml and the tiny English corpus prepared and tokenized."""
-    root = tmp_path_factory.mktemp("rare_en")
-    shutil.copy(REPO / "params.yaml", root / "params.yaml")
-    set_params(root, **{"corpus.path": str(tiny_raw / "demo_en.txt.gz"),
-                        "corpus.reference_glossary": str(tiny_raw / "demo_en.glossary.tsv"),
-                        "tokenizer.vocab_size": 512})
-    stage("prepare", root, check=True)
-    stage("tokenize", root, check=True)
-    return root
+    return staged_folder(tmp_path_factory.mktemp("rare_en"), tiny_raw, ["prepare", "tokenize"], **{
+        "corpus.reference_glossary": str(tiny_raw / "demo_en.glossary.tsv"), "tokenizer.vocab_size": 512})
 
 
 @pytest.fixture

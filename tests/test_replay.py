@@ -28,6 +28,7 @@ from rarelm.train.replay import (
 )
 from rarelm.train.sampler import WeightedDistributedSampler
 from tests.conftest import REPO, run, set_params, stage
+from tests.helpers import run_paths, untracked_params, whole_then_crashed_and_resumed
 
 GENERAL = REPO / "data" / "general"
 N_DOMAIN = 1000  # domain tokens 0..999, replay tokens 5000..5999: a row tells where it came from
@@ -236,35 +237,23 @@ def test_build_replay_refuses_a_document_of_the_guard_and_writes_nothing(tmp_pat
 
 # --------------------------------------------------------------------------- real tiny runs
 
-@pytest.fixture(scope="module")
-def prepared(tmp_path_factory, tiny_raw):
-    """The tiny pipeline up to `weights` (no training), in a throw-away repo."""
-    from tests.test_train import _make_repo
-
-    root = _make_repo(tmp_path_factory.mktemp("replay") / "repo", tiny_raw)
-    run(["dvc", "repro", "weights"], root, check=True)
-    return root
-
-
 def _tiny(root: Path, monkeypatch, **train) -> Params:
-    from tests.test_train import _untracked_params
-
-    base = _untracked_params(root, monkeypatch)
+    base = untracked_params(root, monkeypatch)
     tiny = {"nproc": 1, "max_steps": 4, "batch_size": 8, "log_every": 1, "eval_every": 4,
             "checkpoint_every": 4, "precision": "fp32", **train}
     return dataclasses.replace(base, model=dataclasses.replace(base.model, dropout=0.0),
                                train=dataclasses.replace(base.train, **tiny))
 
 
-def test_share_zero_trains_the_plain_run_bit_for_bit_and_a_share_changes_it(prepared, tmp_path, monkeypatch):
+def test_share_zero_trains_the_plain_run_bit_for_bit_and_a_share_changes_it(weights_repo, tmp_path,
+                                                                            monkeypatch):
     from rarelm.train import loop
 
     metrics = {}
 
     def weights(name: str, **train) -> bytes:
-        paths = loop.Paths(model=tmp_path / name, metrics=tmp_path / f"{name}.json",
-                           plots=tmp_path / f"{name}.csv", cache=tmp_path / f"cache-{name}")
-        metrics[name] = loop.train(_tiny(prepared, monkeypatch, **train), paths, progress=False)
+        metrics[name] = loop.train(_tiny(weights_repo, monkeypatch, **train), run_paths(tmp_path, name),
+                                   progress=False)
         return (tmp_path / name / "model.safetensors").read_bytes()
 
     replay = str(GENERAL / "en.replay.txt")
@@ -278,16 +267,15 @@ def test_share_zero_trains_the_plain_run_bit_for_bit_and_a_share_changes_it(prep
     assert metrics["quarter"]["epochs"] == round(768 / n_train_tokens, 3)
 
 
-def test_run_with_replay_resumes_bit_for_bit(prepared, tmp_path, monkeypatch):
+def test_run_with_replay_resumes_bit_for_bit(weights_repo, tmp_path, monkeypatch):
     """Share 0.25 (2 of 8 rows): a run that crashes after its step-4 checkpoint and is started again
     ends byte-identical to an uninterrupted one; the checkpoint holds the replay stream's position."""
     from rarelm.train.inputs import Paths, input_files
-    from tests.test_train import _whole_then_crashed_and_resumed
 
-    params = _tiny(prepared, monkeypatch, max_steps=7, replay_share=0.25,
+    params = _tiny(weights_repo, monkeypatch, max_steps=7, replay_share=0.25,
                    replay_text=str(GENERAL / "zh.replay.txt"))
     assert GENERAL / "zh.replay.txt" in input_files(Paths(), params)  # its content keys the checkpoints
-    _whole_then_crashed_and_resumed(params, tmp_path, monkeypatch, crash_step=6)
+    whole_then_crashed_and_resumed(params, tmp_path, monkeypatch, crash_step=6)
     whole, resumed = (tmp_path / n / "model.safetensors" for n in ("whole", "resumed"))
     assert resumed.read_bytes() == whole.read_bytes()
 
@@ -300,11 +288,11 @@ def test_dvc_train_stage_depends_on_the_replay_slices():
     assert "train" in stage["params"]
 
 
-def test_a_missing_replay_text_is_one_line_from_the_stage_and_nothing_is_written(prepared, tmp_path):
+def test_a_missing_replay_text_is_one_line_from_the_stage_and_nothing_is_written(weights_repo, tmp_path):
     import shutil
 
     root = tmp_path / "repo"
-    shutil.copytree(prepared, root, symlinks=True, ignore=shutil.ignore_patterns(".dvc", ".git"))
+    shutil.copytree(weights_repo, root, symlinks=True, ignore=shutil.ignore_patterns(".dvc", ".git"))
     set_params(root, **{"train.nproc": 1, "train.replay_share": 0.25, "train.replay_text": "none.txt"})
     result = stage("train", root, "--out", "models/bad", "--cache", str(tmp_path / "cache"), "--no-progress")
     assert result.returncode == 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rarelm.rare_terms.segmentation import Segmenter, join_words
+from tests.helpers import candidates
 
 
 def test_english_phrases_stop_at_punctuation_and_digits():
@@ -17,12 +18,6 @@ def test_chinese_glossary_terms_stay_whole():
     assert "质押式掉期产品" not in plain
     assert "质押式掉期产品" in [w for p in Segmenter("zh", ["质押式掉期产品"]).phrases(text) for w in p]
     assert join_words(["债券", "ABS", "CLO", "产品"], "") == "债券ABS CLO产品"
-
-
-def candidates(language: str, text: str, n_max: int = 4) -> list[str]:
-    """The candidate terms of one text, as shown."""
-    seg = Segmenter(language)
-    return [seg.display(key) for key in seg.candidate_analyzer(n_max)(text)]
 
 
 def test_rule1_no_stop_word_at_an_edge_english():

@@ -24,6 +24,7 @@ from rarelm.pretrained import source as source_module
 from rarelm.pretrained import wheel
 from rarelm.pretrained.source import Source
 from tests.conftest import REPO, assert_user_error, run, set_params
+from tests.helpers import overridden
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 0, 1, 2 as in SmolLM2's vocabulary
 MERGES = ["Ġ t", "h e", "Ġt he"]
@@ -285,8 +286,6 @@ def test_smollm2_pins_the_wheel_and_its_pipeline_stays_out_of_the_main_one():
 def test_results_plan_names_smollm2_and_each_configuration_validates(tmp_path):
     """smollm2/foldoc_en.yaml (the results-page rows): a fixed comparison whose every
     configuration, applied to params.yaml, is a valid params file naming smollm2/model."""
-    import copy
-
     from rarelm.params import load_params
     from rarelm.report.headline_plan import Plan
 
@@ -295,16 +294,7 @@ def test_results_plan_names_smollm2_and_each_configuration_validates(tmp_path):
     assert {d["of"] for d in plan.decode.values()} == {"as-is", "finetune"}
     base = yaml.safe_load((REPO / "params.yaml").read_text())
     for name, overrides in plan.configurations.items():
-        params = copy.deepcopy(base)
-        for item in plan.common + overrides:
-            key, value = item.split("=", 1)
-            *parents, leaf = key.split(".")
-            node = params
-            for part in parents:
-                node = node[part]
-            assert leaf in node, key
-            node[leaf] = yaml.safe_load(value)
-        (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+        (tmp_path / "params.yaml").write_text(yaml.safe_dump(overridden(base, plan.common + overrides)))
         loaded = load_params(tmp_path / "params.yaml")
         assert loaded.model.name_or_path == loaded.tokenizer.name_or_path == "smollm2/model", name
         assert loaded.model.block_size == loaded.eval.block_size == 1024, name

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from rarelm.report import statistics as stats
-from tests.test_compare import GEN
+from tests.helpers import GEN
 
 
 def test_identical_configurations_differ_by_zero():

@@ -11,7 +11,7 @@ from rarelm.rare_terms.segmentation import Segmenter
 from rarelm.rare_terms.stage import training_documents
 from rarelm.rare_terms.tfidf import count_phrases, tfidf_terms
 from tests.conftest import REPO
-from tests.test_segmentation import candidates
+from tests.helpers import candidates
 
 
 def test_tfidf_terms_by_hand():

@@ -7,6 +7,7 @@ from rarelm.artifacts.tokenized import Samples, TokenizedData
 from rarelm.errors import RarelmError
 from rarelm.params import TokenizerParams
 from rarelm.tokenize import tokenization
+from tests.helpers import write_prepared
 
 DOCS = {"train": ["the patient reported fever", "fever and cough", "no fever today"] * 20,
         "val": ["cough today"], "test": ["the fever", "新词"]}
@@ -14,12 +15,8 @@ DOCS = {"train": ["the patient reported fever", "fever and cough", "no fever tod
 
 @pytest.fixture
 def prepared(tmp_path):
-    folder = tmp_path / "prepared"
-    folder.mkdir()
-    for split, docs in DOCS.items():
-        (folder / f"{split}.jsonl").write_text(
-            "".join(json.dumps({"text": d}, ensure_ascii=False) + "\n" for d in docs), encoding="utf-8")
-    return folder
+    """The prepare stage's output for DOCS (its splits' documents)."""
+    return write_prepared(tmp_path / "prepared", DOCS)
 
 
 def run(prepared, out, **kw):

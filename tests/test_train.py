@@ -28,7 +28,7 @@ from rarelm.artifacts.tokenized import Samples
 from rarelm.errors import RarelmError
 from rarelm.objectives.rare_weight import rare_weighted_loss
 from rarelm.objectives.selection import rare_mask
-from rarelm.params import Params, TrainParams
+from rarelm.params import TrainParams
 from rarelm.train import precision as precision_module
 from rarelm.train.batches import SampleStream, epochs_to_train, logits_after_lead, to_batch
 from rarelm.train.checkpoint import CheckpointStore, run_key
@@ -43,15 +43,9 @@ from rarelm.train.precision import (
     probe_seconds,
     resolve,
 )
-from tests.conftest import REPO, run, set_params
+from tests.conftest import REPO, run, set_params, train_repo
+from tests.helpers import distance, untracked_params, whole_then_crashed_and_resumed
 
-TINY_TRAIN = {
-    "seed": 7, "alpha": 0.5, "model.block_size": 32, "model.n_layer": 1, "model.n_head": 2,
-    "model.n_embd": 32, "model.dropout": 0.1, "loss.rare_weight": 1.0, "rare.top_k": 40,
-    "train.nproc": 2, "train.max_steps": 300, "train.batch_size": 4, "train.warmup_steps": 10,
-    "train.log_every": 50, "train.eval_every": 150, "train.eval_batches": 2,
-    "train.checkpoint_every": 50, "tracking.experiment": "test-train", "tracking.log_model": "auto",
-}
 METRIC_KEYS = {"steps", "tokens", "wall_time_s", "tokens_per_s", "loss", "ce", "rare_ce",
                "val_ce", "val_rare_ce", "val_ppl", "epochs", "parameters", "trainable_parameters",
                "state_bytes_per_rank", "precision", "precision_reason", "matmul", "matmul_reason"}
@@ -462,27 +456,10 @@ def test_planted_checkpoint_is_never_unpickled(tmp_path, capsys):
 
 # --------------------------------------------------------------------------- real runs
 
-def _make_repo(root: Path, tiny_raw: Path) -> Path:
-    """A git + DVC copy of the repo on the tiny corpus (what conftest's `repo` does, once)."""
-    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                           cwd=REPO, capture_output=True, check=True).stdout.decode().split("\0")
-    for rel in filter(None, files):
-        src = REPO / rel
-        if src.is_file() and not rel.startswith("data/raw/"):
-            (root / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, root / rel)
-    shutil.copytree(tiny_raw, root / "data" / "raw")
-    set_params(root, **{"tokenizer.vocab_size": 512}, **TINY_TRAIN)
-    for cmd in (["git", "init", "-q"], ["git", "add", "-A"],
-                ["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "init"]):
-        subprocess.run(cmd, cwd=root, check=True, capture_output=True)
-    return root
-
-
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, tiny_raw):
     """The tiny pipeline through `dvc repro train` (2 DDP workers); its own MLflow store."""
-    root = _make_repo(tmp_path_factory.mktemp("train") / "repo", tiny_raw)
+    root = train_repo(tmp_path_factory.mktemp("train") / "repo", tiny_raw)
     env = {"MLFLOW_TRACKING_URI": f"sqlite:///{root / 'test-mlflow.db'}",
            "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "1"}
     result = run(["dvc", "repro", "train"], root, env=env, check=True)
@@ -666,21 +643,6 @@ def test_crashed_run_is_marked_failed(trained, tmp_path, monkeypatch):
 
 # --------------------------------------------------------------------------- fine-tuning
 
-def _distance(a: dict, b: dict) -> float:
-    """L2 distance between two state dicts, over the tensors of `a` (a saved model)."""
-    return math.sqrt(sum(((a[k] - b[k]).double() ** 2).sum().item() for k in a))
-
-
-def _untracked_params(root: Path, monkeypatch) -> Params:
-    """The params of a trained copy, run in it with no MLflow store needed (tracking not required)."""
-    from rarelm.params import load_params
-
-    monkeypatch.chdir(root)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")
-    base = load_params(root / "params.yaml")
-    return dataclasses.replace(base, tracking=dataclasses.replace(base.tracking, required=False))
-
-
 @pytest.mark.parametrize("backend", ["mkl", "onednn"])
 def test_precision_probe_times_fp32_through_the_products_fp32_training_runs(
         trained, monkeypatch, tmp_path, backend):
@@ -693,7 +655,7 @@ def test_precision_probe_times_fp32_through_the_products_fp32_training_runs(
     if backend == "onednn" and not matmul.onednn_available():
         pytest.skip("no oneDNN in this torch")
     root, _, _ = trained
-    params = _untracked_params(root, monkeypatch)
+    params = untracked_params(root, monkeypatch)
     monkeypatch.setenv(matmul.MATMUL_ENV, backend)
     timed = []
 
@@ -733,7 +695,7 @@ def test_grad_accumulation_and_checkpointing_match_one_big_batch(trained, tmp_pa
     from rarelm.train.state import seed_everything
 
     root, _, _ = trained
-    base = _untracked_params(root, monkeypatch)
+    base = untracked_params(root, monkeypatch)
     base = dataclasses.replace(base, loss=dataclasses.replace(base.loss, rare_weight=0.0),
                                model=dataclasses.replace(base.model, dropout=0.0))
     weights, losses = {}, {}
@@ -754,7 +716,7 @@ def test_grad_accumulation_and_checkpointing_match_one_big_batch(trained, tmp_pa
         losses[name] = [float(r["ce"]) for r in csv.DictReader(paths.plots.open())]
     seed_everything(base.seed)  # the initial weights, as train() builds them
     init = build_model(base.model, TokenizedData.open(root / "data/tokenized")).state_dict()
-    moved = _distance(weights["big"], init)
+    moved = distance(weights["big"], init)
     assert moved > 0
     for name in ("accum", "accum-ckpt"):
         if precision == "fp32":
@@ -763,34 +725,9 @@ def test_grad_accumulation_and_checkpointing_match_one_big_batch(trained, tmp_pa
                 assert torch.allclose(weights[name][key], tensor, atol=1e-5), (name, key)
         else:
             assert losses[name] == pytest.approx(losses["big"], rel=1e-3), name
-            assert _distance(weights[name], weights["big"]) < 0.1 * moved, name
+            assert distance(weights[name], weights["big"]) < 0.1 * moved, name
     if precision == "bf16":  # bf16 really ran: not the fp32 result to fp32 precision
-        assert _distance(weights["accum"], weights["big"]) > 1e-4 * moved
-
-
-def _whole_then_crashed_and_resumed(params, tmp_path: Path, monkeypatch, crash_step: int) -> None:
-    """Train `params` uninterrupted into tmp_path/whole*, then into tmp_path/resumed*: crashed
-    at `crash_step` (an exception from the loop) and started again, resuming from its checkpoint."""
-    from rarelm.train import loop as train
-
-    def paths(name: str) -> train.Paths:
-        return train.Paths(model=tmp_path / name, metrics=tmp_path / f"{name}.json",
-                           plots=tmp_path / f"{name}.csv", cache=tmp_path / f"cache-{name}")
-
-    train.train(params, paths("whole"), progress=False)
-    real_lr_at = train.lr_at
-
-    def crash(step, tp):
-        if step == crash_step:
-            raise RuntimeError("crash")
-        return real_lr_at(step, tp)
-
-    monkeypatch.setattr(train, "lr_at", crash)
-    with pytest.raises(RuntimeError, match="crash"):
-        train.train(params, paths("resumed"), progress=False)
-    monkeypatch.setattr(train, "lr_at", real_lr_at)
-    assert (tmp_path / "cache-resumed").exists()
-    train.train(params, paths("resumed"), progress=False)
+        assert distance(weights["accum"], weights["big"]) > 1e-4 * moved
 
 
 def test_alpha_schedule_run_resumes_bit_identical_mid_epoch(trained, tmp_path, monkeypatch):
@@ -801,7 +738,7 @@ def test_alpha_schedule_run_resumes_bit_identical_mid_epoch(trained, tmp_path, m
     from rarelm.train import inputs as train
 
     root, _, _ = trained
-    base = _untracked_params(root, monkeypatch)
+    base = untracked_params(root, monkeypatch)
     params = dataclasses.replace(
         base, alpha=0.8, weights=dataclasses.replace(base.weights, schedule="decay"),
         train=dataclasses.replace(base.train, nproc=1, max_steps=12, batch_size=64, log_every=1,
@@ -811,7 +748,7 @@ def test_alpha_schedule_run_resumes_bit_identical_mid_epoch(trained, tmp_path, m
     assert train.load_inputs(params, train.Paths())[4] is not None  # it reads scores.npy
 
     # crashed after the step-8 checkpoint: epoch 1, 117 windows in
-    _whole_then_crashed_and_resumed(params, tmp_path, monkeypatch, crash_step=9)
+    whole_then_crashed_and_resumed(params, tmp_path, monkeypatch, crash_step=9)
     for name in ("model.safetensors", "config.json"):
         assert (tmp_path / "resumed" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes()
     for name in ("resumed.csv", "resumed.json"):  # curves and metrics, wall clock aside
@@ -825,7 +762,7 @@ def test_face_agg_focal_run_resumes_bit_identical(trained, tmp_path, monkeypatch
     from rarelm.train import inputs as train
 
     root, _, _ = trained
-    base = _untracked_params(root, monkeypatch)
+    base = untracked_params(root, monkeypatch)
     params = dataclasses.replace(
         base, loss=dataclasses.replace(base.loss, token_weight="face", face_source="predictions",
                                        face_refresh=3, agg=True, focal_gamma=1.0),
@@ -833,7 +770,7 @@ def test_face_agg_focal_run_resumes_bit_identical(trained, tmp_path, monkeypatch
                                   eval_every=7, checkpoint_every=4, precision="fp32"))
     assert Path("data/rare/counts.npy") in train.input_files(train.Paths(), params)
 
-    _whole_then_crashed_and_resumed(params, tmp_path, monkeypatch, crash_step=6)
+    whole_then_crashed_and_resumed(params, tmp_path, monkeypatch, crash_step=6)
     whole, resumed = (tmp_path / n / "model.safetensors" for n in ("whole", "resumed"))
     assert resumed.read_bytes() == whole.read_bytes()
     rows = lambda name: [r["loss"] for r in csv.DictReader((tmp_path / f"{name}.csv").open())]  # noqa: E731
@@ -847,14 +784,14 @@ def test_kl_base_unlikelihood_normalize_run_resumes_bit_identical(trained, tmp_p
     byte-identical to an uninterrupted one (the base is copied again from the same start)."""
 
     root, _, _ = trained
-    base = _untracked_params(root, monkeypatch)
+    base = untracked_params(root, monkeypatch)
     params = dataclasses.replace(
         base, loss=dataclasses.replace(base.loss, targets="terms_after_first", rare_weight=2.0,
                                        normalize="targets", unlikelihood=0.5, kl_base=1.0),
         train=dataclasses.replace(base.train, nproc=1, max_steps=7, batch_size=8, log_every=1,
                                   eval_every=7, checkpoint_every=4, precision="fp32"))
 
-    _whole_then_crashed_and_resumed(params, tmp_path, monkeypatch, crash_step=6)
+    whole_then_crashed_and_resumed(params, tmp_path, monkeypatch, crash_step=6)
     whole, resumed = (tmp_path / n / "model.safetensors" for n in ("whole", "resumed"))
     assert resumed.read_bytes() == whole.read_bytes()
     rows = lambda name: [r["loss"] for r in csv.DictReader((tmp_path / f"{name}.csv").open())]  # noqa: E731
@@ -868,11 +805,11 @@ def test_curves_of_a_run_resumed_between_two_rows_equal_the_uninterrupted_ones(t
     from rarelm.report import reprocheck
 
     root, _, _ = trained
-    base = _untracked_params(root, monkeypatch)
+    base = untracked_params(root, monkeypatch)
     params = dataclasses.replace(base, train=dataclasses.replace(
         base.train, nproc=1, max_steps=10, batch_size=8, log_every=4, eval_every=10,
         checkpoint_every=3, precision="fp32"))
-    _whole_then_crashed_and_resumed(params, tmp_path, monkeypatch, crash_step=7)
+    whole_then_crashed_and_resumed(params, tmp_path, monkeypatch, crash_step=7)
     same = reprocheck.without_wall_clock
     assert [r["step"] for r in csv.DictReader((tmp_path / "whole.csv").open())] == ["4", "8", "10"]
     assert same(tmp_path / "resumed.csv") == same(tmp_path / "whole.csv")

@@ -15,7 +15,7 @@ from rarelm.artifacts.weights import load_weights
 from rarelm.errors import RarelmError
 from rarelm.weights.scoring import log_scores, sample_weights, term_log_scores, weights_from_scores
 from rarelm.weights.stage import term_exposure, weight_stats
-from tests.conftest import REPO, assert_user_error, run, set_params, stage
+from tests.conftest import assert_user_error, run, set_params, stage, staged_folder
 
 
 def test_weights_by_hand():
@@ -121,15 +121,9 @@ def test_load_weights_checks_the_sample_count(tmp_path):
 @pytest.fixture(scope="module")
 def rare_done(tmp_path_factory, tiny_raw):
     """A folder with the tiny English corpus prepared and tokenized, and its rare_terms outputs."""
-    root = tmp_path_factory.mktemp("weights_en")
-    shutil.copy(REPO / "params.yaml", root / "params.yaml")
-    set_params(root, **{"corpus.path": str(tiny_raw / "demo_en.txt.gz"),
-                        "corpus.reference_glossary": "", "tokenizer.vocab_size": 512,
-                        "model.block_size": 32})
-    for name in ("prepare", "tokenize"):
-        stage(name, root, check=True)
-    stage("rare_terms", root, check=True)
-    return root
+    stages = ["prepare", "tokenize", "rare_terms"]
+    return staged_folder(tmp_path_factory.mktemp("weights_en"), tiny_raw, stages, **{
+        "corpus.reference_glossary": "", "tokenizer.vocab_size": 512, "model.block_size": 32})
 
 
 @pytest.fixture
