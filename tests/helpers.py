@@ -152,17 +152,24 @@ def tiny_gpt2(seed: int = 0, **config):
                                       resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **config))
 
 
+def objective_of(is_rare: torch.Tensor, index=None, *, is_frequent: torch.Tensor | None = None,
+                 counts=None, **loss):
+    """The training objective of LossParams(**loss) over the rare bucket `is_rare` (bool [V]),
+    the frequent bucket `is_frequent` (default: none) and the train `counts`, with term `index`."""
+    from rarelm.objectives.objective import Objective
+    from rarelm.objectives.remedy import Context
+    from rarelm.params import LossParams
+
+    frequent = torch.zeros_like(is_rare) if is_frequent is None else is_frequent
+    return Objective(LossParams(**loss), Context(is_rare, frequent, counts), index)
+
+
 def adamw_steps(model, output, dtype=None, steps: int = 5, windows: int = 4, counts=None,
                 **loss) -> dict[str, torch.Tensor]:
     """`steps` AdamW steps (lr 1e-3) of `model` through `output` (rarelm.train.output) on `windows`
     fixed random windows a step, as rarelm.train.step runs one: under bf16 autocast where `dtype` is
     set; the objective of LossParams(**loss) with every 4th token rare. Returns the weights."""
-    from rarelm.objectives.objective import Objective
-    from rarelm.params import LossParams
-
-    lp = LossParams(**loss)
-    objective = Objective(lp.targets, lp.rare_weight, torch.arange(VOCAB) % 4 == 0, params=lp,
-                          counts=counts)
+    objective = objective_of(torch.arange(VOCAB) % 4 == 0, counts=counts, **loss)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     g = torch.Generator().manual_seed(1)
     model.train()

@@ -20,8 +20,7 @@ import torch.nn.functional as F
 from rarelm.objectives import linear_ce
 from rarelm.objectives.hidden import HiddenStates
 from rarelm.objectives.linear_ce import chunk_rows, linear_cross_entropy
-from rarelm.objectives.objective import Objective
-from rarelm.params import LossParams
+from tests.helpers import objective_of
 
 GRAD_TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 N, D, V = 300, 16, 97  # 300 tokens in chunks of 64: four full chunks and a partial one
@@ -117,9 +116,7 @@ def test_every_objective_is_the_same_from_the_hidden_states(dtype, loss, align, 
     starts = np.array([0, 20, 40])
     results = []
     for chunked in (False, True):
-        lp = LossParams(**loss)
-        objective = Objective(lp.targets, lp.rare_weight, is_rare, index, params=lp,
-                              is_frequent=is_frequent, counts=COUNTS)
+        objective = objective_of(is_rare, index, is_frequent=is_frequent, counts=COUNTS, **loss)
         h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
         scores = HiddenStates(h, w, dtype) if chunked else F.linear(h.to(dtype), w.to(dtype))
         value, stats = objective(scores, y, starts, x)
@@ -135,9 +132,7 @@ def test_which_objectives_need_the_full_logits():
     """Only those whose hooks have no chunked form: KL to the base, frequent-token unlikelihood,
     FACE from predictions, AGG, and logit adjustment together with a penalty."""
     def needs(**loss) -> bool:
-        lp = LossParams(**loss)
-        return Objective(lp.targets, lp.rare_weight, torch.zeros(V, dtype=torch.bool), params=lp,
-                         counts=COUNTS).needs_logits
+        return objective_of(torch.zeros(V, dtype=torch.bool), counts=COUNTS, **loss).needs_logits
 
     assert not any(needs(**loss) for loss in (
         {}, {"rare_weight": 2.0}, {"token_weight": "tlat_chi2"}, {"token_weight": "face"},

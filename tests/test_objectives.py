@@ -10,8 +10,8 @@ import torch
 
 from rarelm.artifacts.term_index import TermIndex
 from rarelm.objectives.agg import AdaptiveGradientGate
-from rarelm.objectives.objective import Objective
 from rarelm.objectives.rare_weight import rare_weighted_loss
+from tests.helpers import objective_of
 
 
 def logits_with_ce(targets: list[int], ce: list[float], vocab: int = 5) -> torch.Tensor:
@@ -31,13 +31,18 @@ IS_RARE = torch.tensor([False, True, False, False, False])
 INDEX = TermIndex(np.array([[2, 2, 0]]), max_length=2)
 
 
+def _by(targets: str, rare_weight: float, index=None):
+    """The objective of `loss.targets` and `loss.rare_weight` alone over IS_RARE."""
+    return objective_of(IS_RARE, index, targets=targets, rare_weight=rare_weight)
+
+
 @pytest.mark.parametrize(("targets", "expected"), [
     ("rare_bucket", (1 * 1.0 + 3 * 3.0 + 1 * 2.0) / (1 + 3 + 1)),  # 2.4
     ("terms", (1 * 1.0 + 3 * 3.0 + 3 * 2.0) / (1 + 3 + 3)),       # 16 / 7
     ("both", (1 * 1.0 + 3 * 3.0 + 3 * 2.0) / (1 + 3 + 3)),
 ])
 def test_each_target_choice_by_hand(targets, expected):
-    loss, stats = Objective(targets, 2.0, IS_RARE, INDEX)(logits_with_ce([0, 1, 2], CE), Y, np.array([0]))
+    loss, stats = _by(targets, 2.0, INDEX)(logits_with_ce([0, 1, 2], CE), Y, np.array([0]))
     assert loss.item() == pytest.approx(expected, rel=1e-6)
     # the logged sums are those of the rare bucket, whatever is weighted
     assert stats.tolist() == pytest.approx([6.0, 3.0, 3.0, 1.0], rel=1e-6)
@@ -46,7 +51,7 @@ def test_each_target_choice_by_hand(targets, expected):
 def test_both_is_the_union_of_rare_targets_and_term_targets():
     y = torch.tensor([[1, 0, 0], [0, 1, 0]])
     starts = np.array([0, 5])  # the term covers positions 2 and 3: targets 1, 2 of the first window only
-    masks = {t: Objective(t, 1.0, IS_RARE, INDEX).selected(y, starts).tolist()
+    masks = {t: _by(t, 1.0, INDEX).selected(y, starts).tolist()
              for t in ("rare_bucket", "terms", "both")}
     assert masks == {"rare_bucket": [[True, False, False], [False, True, False]],
                      "terms": [[False, True, True], [False, False, False]],
@@ -55,7 +60,7 @@ def test_both_is_the_union_of_rare_targets_and_term_targets():
 
 def test_a_term_across_the_window_edge_counts_where_its_tokens_are():
     index = TermIndex(np.array([[3, 3, 0]]), max_length=3)  # positions 3, 4, 5
-    mask = Objective("terms", 1.0, IS_RARE, index).selected(torch.zeros(2, 3, dtype=torch.long),
+    mask = _by("terms", 1.0, index).selected(torch.zeros(2, 3, dtype=torch.long),
                                                             np.array([0, 3]))
     assert mask.tolist() == [[False, False, True], [True, True, False]]  # targets 1-3, then 4-6
 
@@ -64,22 +69,40 @@ def test_rare_weight_zero_ignores_the_targets_choice():
     logits = logits_with_ce([0, 1, 2], CE)
     plain, _ = rare_weighted_loss(logits, Y, IS_RARE, 0.0)
     for targets in ("rare_bucket", "terms", "both"):
-        loss, _ = Objective(targets, 0.0, IS_RARE, INDEX)(logits, Y, np.array([0]))
+        loss, _ = _by(targets, 0.0, INDEX)(logits, Y, np.array([0]))
         assert loss.item() == pytest.approx(plain.item()) == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize(("targets", "rare_weight"), [("rare_bucket", 0.0), ("rare_bucket", 2.0),
+                                                   ("terms", 2.0), ("both", 0.5)])
+def test_the_objective_is_its_oracle_where_only_the_rare_weight_is_on(targets, rare_weight):
+    """`rare_weighted_loss`, the plain weighted loss, is the objective's oracle: with no remedy on
+    beyond `loss.rare_weight`, the objective's full-logits path gives the same loss, logged sums and
+    gradients, bit for bit."""
+    g = torch.Generator().manual_seed(3)
+    y, starts = torch.randint(0, 5, (2, 3), generator=g), np.array([0, 1])
+    logits = torch.randn(2, 3, 5, generator=g)
+    a, b = logits.clone().requires_grad_(), logits.clone().requires_grad_()
+    objective = _by(targets, rare_weight, INDEX)
+    loss, stats = objective(a, y, starts)
+    selected = objective.selected(y, starts) if rare_weight else None
+    oracle, oracle_stats = rare_weighted_loss(b, y, IS_RARE, rare_weight, selected)
+    loss.backward()
+    oracle.backward()
+    assert torch.equal(loss, oracle) and torch.equal(stats, oracle_stats)
+    assert torch.equal(a.grad, b.grad)
 
 
 def test_terms_need_the_index():
     with pytest.raises(ValueError, match="needs the term index"):
-        Objective("terms", 1.0, IS_RARE, None)
+        _by("terms", 1.0)
 
 
 # --------------------------------------------------------------------------- the published objectives
 
 def _objective(counts=None, targets="rare_bucket", rare_weight=0.0, index=None, **loss):
-    from rarelm.params import LossParams
-
-    return Objective(targets, rare_weight, IS_RARE, index, params=LossParams(**loss),
-                     is_frequent=torch.tensor([True, False, False, False, True]), counts=counts)
+    return objective_of(IS_RARE, index, is_frequent=torch.tensor([True, False, False, False, True]),
+                        counts=counts, targets=targets, rare_weight=rare_weight, **loss)
 
 
 COUNTS = np.array([1, 2, 4, 0, 0])  # seen tokens' median 2: c = 0.5, 1, 2
@@ -143,10 +166,7 @@ def test_focal_by_hand():
 def test_logit_adjustment_by_hand():
     # two tokens, equal logits; prior (add-one) of counts 2, 0: (3, 1) / 4 -> tau = 1 gives
     # softmax(log pi) = pi, so the loss of target 1 is -log 0.25 while plain CE logs log 2
-    from rarelm.params import LossParams
-
-    objective = Objective("rare_bucket", 0.0, torch.tensor([False, True]),
-                          params=LossParams(logit_adjust_tau=1.0), counts=np.array([2, 0]))
+    objective = objective_of(torch.tensor([False, True]), counts=np.array([2, 0]), logit_adjust_tau=1.0)
     loss, stats = objective(torch.zeros(1, 1, 2), torch.tensor([[1]]), np.array([0]))
     assert loss.item() == pytest.approx(math.log(4), rel=1e-6)
     assert stats.tolist() == pytest.approx([math.log(2), 1.0, math.log(2), 1.0], rel=1e-6)
@@ -217,13 +237,13 @@ def test_kl_to_the_base_is_zero_at_the_start_and_the_base_stays_frozen():
     objective.prepare_model(model)
     x = torch.tensor([[0, 1, 0, 2, 0, 3]])
     y = torch.tensor([[1, 0, 2, 0, 3, 0]])
-    plain, _ = Objective("rare_bucket", 0.0, IS_RARE)(model(input_ids=x).logits, y, np.array([0]))
+    plain, _ = _by("rare_bucket", 0.0)(model(input_ids=x).logits, y, np.array([0]))
     loss, _ = objective(model(input_ids=x).logits, y, np.array([0]), x)
     assert loss.item() == pytest.approx(plain.item(), abs=1e-6)  # the model is its base
     loss.backward()
     torch.optim.SGD(model.parameters(), lr=1.0).step()
     loss, _ = objective(model(input_ids=x).logits, y, np.array([0]), x)
-    assert loss.item() > Objective("rare_bucket", 0.0, IS_RARE)(model(input_ids=x).logits, y,
+    assert loss.item() > _by("rare_bucket", 0.0)(model(input_ids=x).logits, y,
                                                                 np.array([0]))[0].item()
     assert torch.equal(objective.kl_base.base.lm_head.weight, _tiny_lm().lm_head.weight)
 
@@ -241,10 +261,10 @@ def test_normalize_by_the_number_of_targets_keeps_the_unselected_share_by_hand()
 def test_terms_after_first_weighs_a_term_past_its_first_token_by_hand():
     # one term occurrence covers targets 1 and 2: only target 2 is selected; ce 1, 3, 5
     ce = [1.0, 3.0, 5.0]
-    loss, _ = Objective("terms_after_first", 2.0, IS_RARE, INDEX)(logits_with_ce([0, 1, 2], ce), Y,
+    loss, _ = _by("terms_after_first", 2.0, INDEX)(logits_with_ce([0, 1, 2], ce), Y,
                                                                  np.array([0]))
     assert loss.item() == pytest.approx((1.0 + 3.0 + 3 * 5.0) / 5, rel=1e-6)
-    mask = Objective("terms_after_first", 1.0, IS_RARE, INDEX).selected(
+    mask = _by("terms_after_first", 1.0, INDEX).selected(
         torch.zeros(2, 3, dtype=torch.long), np.array([0, 2]))
     # the second window starts mid-term: its first target (position 3) is the term's second token
     assert mask.tolist() == [[False, False, True], [True, False, False]]
@@ -259,7 +279,7 @@ def test_neutral_settings_are_plain_cross_entropy_with_its_gradients(neutral):
     y = torch.randint(0, 5, (2, 4), generator=torch.Generator().manual_seed(1))
     for rare_weight in (0.0, 2.0):
         a, b = logits.clone().requires_grad_(), logits.clone().requires_grad_()
-        plain, plain_stats = Objective("rare_bucket", rare_weight, IS_RARE)(a, y, np.array([0, 0]))
+        plain, plain_stats = _by("rare_bucket", rare_weight)(a, y, np.array([0, 0]))
         loss, stats = _objective(COUNTS, rare_weight=rare_weight, **neutral)(b, y, np.array([0, 0]))
         plain.backward()
         loss.backward()
@@ -314,7 +334,7 @@ def test_agg_gates_only_rare_output_rows_exactly_as_computed_by_hand():
     plain_model.lm_head.register_forward_hook(lambda m, i, o: seen.update(h=i[0].detach()))
     logits = plain_model(input_ids=x).logits
     logits.retain_grad()
-    Objective("rare_bucket", 0.0, IS_RARE)(logits, y, np.array([0]))[0].backward()
+    _by("rare_bucket", 0.0)(logits, y, np.array([0]))[0].backward()
     g, h = logits.grad.reshape(6, 5), seen["h"].reshape(6, 8)
 
     objective = _objective(agg=True, agg_alpha=0.03)

@@ -42,7 +42,7 @@ class AdaptiveGradientGate(Remedy):
     ([1.0, 0.01, 0.0], [1.0, 1.0, 0.0])
     """
 
-    name, reshapes = "agg", False
+    name = "agg"
     needs_logits = True  # its gate sits in the output layer's own backward (`wrap`)
 
     def __init__(self, vocab_size: int, alpha: float, memory: int, device=None):

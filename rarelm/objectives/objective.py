@@ -1,13 +1,14 @@
 """`Objective`: the loss `train` optimises, composed from the remedies `loss.*` turns on.
 
 `REMEDIES` is the registry: every remedy class, in the order their hooks run
-(rarelm/objectives/remedy.py). With no remedy on beyond `loss.rare_weight`, the
-objective is exactly `rare_weighted_loss`: the same loss, gradients and logged sums.
+(rarelm/objectives/remedy.py). It is built from `loss.*` (a `LossParams`) and the
+remedies' `Context` alone, and has two paths: the full logits (`_full_loss`) and the hidden
+states chunk by chunk (`_chunked_loss`). With no remedy on beyond `loss.rare_weight`, both give
+`rare_weighted_loss` (rarelm/objectives/rare_weight.py), the tests' oracle: the same loss,
+gradients and logged sums.
 """
 
 from __future__ import annotations
-
-import dataclasses
 
 import numpy as np
 import torch
@@ -22,7 +23,7 @@ from rarelm.objectives.hidden import HiddenStates
 from rarelm.objectives.kl_base import KlToBase
 from rarelm.objectives.logit_adjust import LogitAdjustment
 from rarelm.objectives.normalize import TargetCountNormalization
-from rarelm.objectives.rare_weight import RareWeight, plain_stats, rare_weighted_loss, weighted_mean
+from rarelm.objectives.rare_weight import RareWeight, plain_stats, weighted_mean
 from rarelm.objectives.remedy import Context, Remedy
 from rarelm.objectives.selection import FREQUENT_BUCKET, TargetSelection, rare_mask
 from rarelm.objectives.tlat import TlatWeights
@@ -57,27 +58,19 @@ class Objective:
     context: unlikelihood, KL to the base); the term index turns `starts` into the
     term positions among the targets (`selected`).
 
-    `loss.targets` and `loss.rare_weight` come as `targets` and `rare_weight`, the
-    other `loss.*` in `params` (a `LossParams`), with the bucket of frequent tokens
-    (`is_frequent`, for frequent_unlikelihood), the train `counts` where `needs_counts`, and
-    `steps_per_epoch` (AGG's memory); `from_params` builds it all from buckets. Each
-    remedy that is on is reachable by its name (`objective.face`, `objective.agg`;
-    None where off).
+    Every `loss.*` value comes from `params` (a `LossParams`) and is held there alone; the
+    remedies are built from it and `context` (the rare and frequent buckets, the train `counts`
+    where `needs_counts`, `steps_per_epoch` for AGG's memory); `from_params` builds the context
+    from buckets. Each remedy that is on is reachable by its name (`objective.face`,
+    `objective.agg`; None where off).
     """
 
-    def __init__(self, targets: str, rare_weight: float, is_rare: torch.Tensor, term_index=None,
-                 *, params: LossParams | None = None, is_frequent: torch.Tensor | None = None,
-                 counts=None, steps_per_epoch: int = 1):
-        self.selection = TargetSelection(targets, is_rare, term_index)
-        self.rare_weight, self.is_rare = rare_weight, is_rare
-        p = self.params = dataclasses.replace(params or LossParams(), targets=targets,
-                                              rare_weight=rare_weight)
-        _check_counts(p, counts)
-        frequent = is_frequent if is_frequent is not None else torch.zeros_like(is_rare)
-        context = Context(is_rare, frequent, counts, steps_per_epoch)
-        built = (remedy.from_params(p, context) for remedy in REMEDIES)
+    def __init__(self, params: LossParams, context: Context, term_index=None):
+        self.params, self.is_rare = params, context.is_rare
+        self.selection = TargetSelection(params.targets, context.is_rare, term_index)
+        _check_counts(params, context.counts)
+        built = (remedy.from_params(params, context) for remedy in REMEDIES)
         self.remedies: list[Remedy] = [remedy for remedy in built if remedy is not None]
-        self.reshaped = any(remedy.reshapes for remedy in self.remedies)
         self.uses_selection = any(remedy.uses_selection for remedy in self.remedies)
         self.linear = all(remedy.linear for remedy in self.remedies)
         biased = any(remedy.logit_bias() is not None for remedy in self.remedies)
@@ -89,9 +82,9 @@ class Objective:
     def from_params(cls, params: LossParams, buckets, vocab_size: int, device, term_index=None,
                     counts=None, steps_per_epoch: int = 1) -> Objective:
         """The objective of `params` (LossParams) for a model with `vocab_size` outputs."""
-        return cls(params.targets, params.rare_weight, rare_mask(buckets, vocab_size).to(device),
-                   term_index, params=params, counts=counts, steps_per_epoch=steps_per_epoch,
-                   is_frequent=rare_mask(buckets, vocab_size, FREQUENT_BUCKET).to(device))
+        context = Context(rare_mask(buckets, vocab_size).to(device),
+                          rare_mask(buckets, vocab_size, FREQUENT_BUCKET).to(device), counts, steps_per_epoch)
+        return cls(params, context, term_index)
 
     def __getattr__(self, name: str):
         if name in _NAMES:
@@ -110,21 +103,18 @@ class Objective:
 
     def __call__(self, logits: torch.Tensor | HiddenStates, y: torch.Tensor, starts: np.ndarray,
                  x: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(loss, stats) as `rare_weighted_loss` returns them, for logits [B, T, V] (or the
-        `HiddenStates` they come from: the chunked loss, `_chunked_loss`), targets [B, T] and
-        inputs x [B, T]."""
+        """(loss, stats) as `rare_weighted_loss` returns them, for logits [B, T, V] (`_full_loss`)
+        or the `HiddenStates` they come from (`_chunked_loss`, unless a remedy needs the full
+        logits), targets [B, T] and inputs x [B, T]."""
         if isinstance(logits, HiddenStates):
             if not self.needs_logits:
                 return self._chunked_loss(logits, y, starts, x)
             logits = logits.logits()
         for remedy in self.remedies:
             remedy.on_batch(logits, y, x)
-        if self.reshaped:
-            return self._reshaped_loss(logits, y, starts)
-        selected = self.selected(y, starts) if self.rare_weight else None
-        return rare_weighted_loss(logits, y, self.is_rare, self.rare_weight, selected)
+        return self._full_loss(logits, y, starts)
 
-    def _reshaped_loss(self, logits: torch.Tensor, y: torch.Tensor, starts: np.ndarray
+    def _full_loss(self, logits: torch.Tensor, y: torch.Tensor, starts: np.ndarray
                        ) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits adjusted, per-target loss transformed, weighted mean, penalties added."""
         raw = logits.float().reshape(-1, logits.size(-1))
@@ -148,7 +138,7 @@ class Objective:
 
     def _chunked_loss(self, scores: HiddenStates, y: torch.Tensor, starts: np.ndarray, x
                       ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The loss of `_reshaped_loss` (and of `rare_weighted_loss`) from the hidden states,
+        """The loss of `_full_loss` (and of `rare_weighted_loss`) from the hidden states,
         chunk by chunk (rarelm/objectives/linear_ce.py), its gradients made in the same pass:
         the weights first, since no remedy's depend on the logits; a loss linear in the
         per-target CE as sum(coef * ce), any other as a sum over chunks of `row_loss`: the

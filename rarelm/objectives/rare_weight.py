@@ -90,7 +90,7 @@ def plain_stats(ce: torch.Tensor, rare: torch.Tensor) -> torch.Tensor:
 class RareWeight(Remedy):
     """`loss.rare_weight` on the targets `loss.targets` selects (0: off)."""
 
-    name, reshapes, uses_selection = "rare_weighting", False, True
+    name, uses_selection = "rare_weighting", True
 
     def __init__(self, rare_weight: float):
         self.rare_weight = rare_weight

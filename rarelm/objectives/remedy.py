@@ -22,11 +22,10 @@ neutral default here, so a remedy writes only the hooks it needs:
     on_step_end(done, all_reduce)          after optimizer step `done`
     state() / load_state(state)            its checkpointed state (None = nothing to keep)
 
-`reshapes` says whether it changes the loss beyond `rare_weighted_loss` (when no
-remedy does, the objective is exactly that function); `uses_selection` whether it
-reads the selected targets (`loss.targets`); `needs_logits` whether it needs the full
-[N, V] logits (by default: where it adjusts logits or adds a penalty without the chunked
-form of that hook); the objective then makes them, else it never does.
+`uses_selection` says whether it reads the selected targets (`loss.targets`);
+`needs_logits` whether it needs the full [N, V] logits (by default: where it adjusts logits
+or adds a penalty without the chunked form of that hook); the objective then makes them,
+else it never does.
 """
 
 from __future__ import annotations
@@ -62,7 +61,6 @@ class Remedy:
     """Base of every remedy: each hook leaves the objective as it is."""
 
     name: str = ""  # its key in `Objective.state()` and its attribute (`objective.face`)
-    reshapes: bool = True
     uses_selection: bool = False
 
     @classmethod
