@@ -34,9 +34,10 @@ def main() -> None:
     from rarelm.artifacts.terms import load_terms
     from rarelm.artifacts.tokenized import TokenizedData, load_tokenizer
     from rarelm.evaluate import splits, term_generation
+    from rarelm.evaluate.common import EvalContext, SplitText
     from rarelm.evaluate.general_text import general_metrics
     from rarelm.evaluate.model_folder import load_causal_lm
-    from rarelm.params import load_params
+    from rarelm.params import EvalParams, load_params
     from rarelm.prepare.corpus import read_split
 
     torch.set_num_threads(1)
@@ -70,14 +71,16 @@ def main() -> None:
     model = load_causal_lm(args.model, "cpu")
     documents = list(read_split(Path("data/prepared"), args.split))
     start = time.perf_counter()
-    result = splits.evaluate_split(model, tokenizer, data, documents, args.split, buckets, terms, params.eval,
-                                   params.seed)
+    ctx = EvalContext(model, tokenizer, data.eot_id, params.eval, params.seed)
+    split = SplitText(args.split, data.tokens(args.split), data.offsets(args.split), documents)
+    result = splits.evaluate_split(ctx, split, buckets, terms)
     total = time.perf_counter() - start
     general = {}
     if args.general:
         t = time.perf_counter()
-        general = general_metrics(model, tokenizer, args.general, data.eot_id, data.vocab_size, 128,
-                                  params.eval.batch_size)
+        general = general_metrics(EvalContext(model, tokenizer, data.eot_id,
+                                              EvalParams(batch_size=params.eval.batch_size)),
+                                  args.general, data.vocab_size, 128)
         times[f"general text ({args.general})"] = time.perf_counter() - t
     m = result.metrics
     print(json.dumps({"evaluate_split_s": round(total, 1), **{k: round(v, 1) for k, v in times.items()},

@@ -34,8 +34,10 @@ def main() -> None:
 
     from rarelm.artifacts.terms import load_terms
     from rarelm.artifacts.tokenized import TokenizedData, load_tokenizer
+    from rarelm.evaluate.common import EvalContext, SplitText
     from rarelm.evaluate.model_folder import load_causal_lm
     from rarelm.evaluate.term_generation import evaluate_terms
+    from rarelm.params import EvalParams
     from rarelm.prepare.corpus import read_split
     from rarelm.rare_terms import term_search
 
@@ -59,9 +61,10 @@ def main() -> None:
             rows, seconds = {}, {}
             for batch in (1, args.batch_size):
                 started = time.perf_counter()
-                rows[batch] = evaluate_terms(model, tokenizer, documents, tokens, offsets, terms,
-                                             max_terms=n_occ, context_tokens=64, batch_size=batch,
-                                             eot_id=data.eot_id, per_term=per_term)
+                ctx = EvalContext(model, tokenizer, data.eot_id,
+                                  EvalParams(max_terms=n_occ, context_tokens=64, batch_size=batch))
+                rows[batch] = evaluate_terms(ctx, SplitText("test", tokens, offsets, documents), terms,
+                                             per_term)
                 seconds[batch] = time.perf_counter() - started
             same = all(_exact(a) == _exact(b) for a, b in zip(rows[1], rows[args.batch_size], strict=True))
             print(json.dumps({"model": name, "occurrences": len(rows[1]), "terms": n_terms,

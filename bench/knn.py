@@ -127,11 +127,13 @@ def text_ids(path: Path, model_dir: Path, needed: int) -> np.ndarray:
 def with_model(folder: Path, model_dir: Path, tokens: int, k: int, cache_window: int, index: str = "exact",
                nprobe: int = 8, text: Path | None = None, score_tokens_n: int = 20_000,
                knn_weight: float = 0.25) -> dict:
+    from rarelm.evaluate.common import EvalContext
     from rarelm.evaluate.decoding import context_length
     from rarelm.evaluate.model_folder import load_causal_lm
     from rarelm.evaluate.token_scoring import score_tokens
     from rarelm.knn.datastore import Datastore, build
     from rarelm.knn.hook import attached
+    from rarelm.params import EvalParams
 
     model = load_causal_lm(model_dir, "cpu")
     vocab, block = model.config.vocab_size, context_length(model) or 128
@@ -149,15 +151,16 @@ def with_model(folder: Path, model_dir: Path, tokens: int, k: int, cache_window:
     build_s = time.perf_counter() - started
     store = Datastore.open(folder, nprobe=nprobe) if knn_weight > 0 else None
     buckets = np.zeros(vocab, dtype=np.int64)
+    ctx = EvalContext(model, None, 0, EvalParams(batch_size=32))
     started = time.perf_counter()
-    score_tokens(model, scored, buckets, block, 32)
+    score_tokens(ctx, scored, buckets, block)
     plain_s = time.perf_counter() - started
     knn = SimpleNamespace(enabled=knn_weight > 0, k=k, weight=knn_weight, temperature=1.0,
                           cache_window=cache_window, cache_weight=0.1 if cache_window else 0.0,
                           cache_temperature=1.0)
     with attached(model, store, knn, 0):
         started = time.perf_counter()
-        score_tokens(model, scored, buckets, block, 32)
+        score_tokens(ctx, scored, buckets, block)
         mixed_s = time.perf_counter() - started
     recall = {}
     if index == "ivf" and store is not None:  # the IVF neighbours against the exact ones

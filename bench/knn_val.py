@@ -37,10 +37,12 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     from rarelm.artifacts.tokenized import TokenizedData
+    from rarelm.evaluate.common import EvalContext
     from rarelm.evaluate.model_folder import load_causal_lm
     from rarelm.evaluate.token_scoring import score_tokens
     from rarelm.knn.datastore import Datastore, build
     from rarelm.knn.hook import attached
+    from rarelm.params import EvalParams
 
     data = TokenizedData.open(args.data)
     model = load_causal_lm(args.model, "cpu")
@@ -65,7 +67,8 @@ def main() -> None:
                                           **knn})
             started = time.perf_counter()
             with attached(model, store, settings, data.eot_id):
-                ppl = score_tokens(model, val, buckets, block, 32).metrics()["ppl"]
+                ppl = score_tokens(EvalContext(model, None, 0, EvalParams(batch_size=32)), val, buckets,
+                                   block).metrics()["ppl"]
             seconds = round(time.perf_counter() - started, 1)
             rows.append({"setting": name, **knn, "ppl": round(ppl, 3), "s": seconds})
             print(json.dumps(rows[-1]), flush=True)

@@ -31,7 +31,9 @@ def main() -> None:
     import torch
 
     from rarelm.evaluate import token_scoring
+    from rarelm.evaluate.common import EvalContext
     from rarelm.evaluate.model_folder import load_causal_lm
+    from rarelm.params import EvalParams
 
     torch.set_num_threads(args.threads)
     model = load_causal_lm(args.model, "cpu")
@@ -44,8 +46,9 @@ def main() -> None:
 
     def score(rows: int) -> tuple[float, dict]:
         token_scoring.ROWS = rows
+        ctx = EvalContext(model, None, 0, EvalParams(batch_size=32))
         seconds, stats = harness.timed(lambda: token_scoring.score_tokens(
-            model, tokens, buckets, block, 32, term_mask=terms, start_mask=starts))
+            ctx, tokens, buckets, block, term_mask=terms, start_mask=starts))
         return seconds, stats.metrics()
 
     windows = torch.as_tensor(tokens[:32 * block].astype(np.int64)).reshape(32, block)

@@ -71,28 +71,28 @@ def evaluate(
         params = load_params(params_file, hold=True)  # outputs refused if it changes meanwhile
         data = TokenizedData.open(tokenized)
         buckets = load_buckets(rare, data.vocab_size).astype("int64")
-        tau = params.eval.logit_adjust_tau  # post-hoc logit adjustment needs the train prior
-        prior = log_prior(load_counts(rare, data.vocab_size)) if tau else None
+        prior = log_prior(load_counts(rare, data.vocab_size)) if params.eval.logit_adjust_tau else None
         terms = load_terms(rare / "terms.jsonl")
         tokenizer = load_tokenizer(data.tokenizer_dir, data.vocab_size)
         model = _load(model_dir, data, params.eval.device, params.eval.threads)
         lead = _lead(tokenizer)  # <bos> before every window and prompt where the model reads one first
         params = _with_room(params, model, len(lead))  # eval.block_size 0 with retrieval: what fits
         general_text = _general_text(params, prepared)  # eval.general_text's file, or None
+        ctx = _context(params, model, tokenizer, data, prior)  # what every measurement reads, built once
 
         general = {}
         with leading(lead):
             if general_text is not None:  # first: a bad path fails at once. The forgetting guard: the
                 # model alone (no decode-time mixing) on general text the base never trained on
-                general = _general(params, model, tokenizer, data, prior, general_text)
+                general = _general(ctx, data, general_text)
                 general["ppl_general_model"] = general["ppl_general"]
             # kNN-LM + cache mixed into every next-token distribution below (rarelm/knn/hook.py), retrieved
             # train passages before every prompt and window (rarelm/evaluate/retrieval.py); off: nothing
-            retriever = _retriever(params, data, tokenizer, prepared, model, datastore)
+            retriever = _retriever(ctx, params, data, prepared, datastore)
             with _knn(params, model, datastore, data.eot_id), retrieving(retriever):
                 if general and (knn_active(params.knn) or retriever):  # the mixture's own, apart
-                    general.update(_general(params, model, tokenizer, data, prior, general_text))
-                out, results = _evaluate(params, model, tokenizer, data, buckets, terms, prepared, prior)
+                    general.update(_general(ctx, data, general_text))
+                out, results = _evaluate(ctx, data, buckets, terms, prepared)
         out.update(general)
         # before any output is written: a store that cannot log is the error (tracking.required)
         run = open_run(model_dir / "mlflow_run.json", "evaluate", params)
@@ -100,7 +100,7 @@ def evaluate(
             # the training run's params are fixed at training time: the tau behind these metrics goes too
             mixed = {f"knn_{k}": v for k, v in vars(params.knn).items() if isinstance(v, (int, float))} \
                 if knn_active(params.knn) else {}  # the kNN settings behind these metrics; off: as before
-            settings = {"logit_adjust_tau": tau, "term_trie": params.eval.term_trie,
+            settings = {"logit_adjust_tau": params.eval.logit_adjust_tau, "term_trie": params.eval.term_trie,
                         **({"retrieval": _retrieval_setting(params.retrieval)} if retriever else {})}
             log_eval_metrics(run, {**out, **settings, **mixed}, inputs=[prepared, tokenized, rare])
             headline = summary_file(out, params.eval.splits, _train_figures(model_dir, train_metrics))
@@ -192,12 +192,25 @@ def _train_figures(model_dir: Path, train_metrics: Path | None) -> dict:
     return read_json(path) if path.is_file() else {}
 
 
-def _evaluate(params, model, tokenizer, data, buckets, terms, prepared: Path, prior):
+def _context(params, model, tokenizer, data, prior):
+    """What every measurement of the evaluation reads (rarelm/evaluate/common.py), the bias of the post-hoc
+    logit adjustment included (`prior`: the train log prior, None at eval.logit_adjust_tau 0)."""
+    from rarelm.evaluate.common import EvalContext
+    from rarelm.evaluate.decoding import logit_adjustment
+
+    return EvalContext(model, tokenizer, data.eot_id, params.eval, params.seed,
+                       logit_adjustment(model, prior, params.eval.logit_adjust_tau))
+
+
+def _evaluate(ctx, data, buckets, terms, prepared: Path):
     """Every split of eval.splits, with a progress bar on a terminal: (metrics/eval.json, per split)."""
     # on use: rich, numpy and torch would slow every `rarelm` command's start-up
+    import dataclasses
+
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
+    from rarelm.evaluate.common import SplitText
     from rarelm.evaluate.splits import combine, evaluate_split
     from rarelm.progress import ticker
 
@@ -218,10 +231,11 @@ def _evaluate(params, model, tokenizer, data, buckets, terms, prepared: Path, pr
 
             return advance
 
-        for split in params.eval.splits:
+        ctx = dataclasses.replace(ctx, progress=progress)
+        for split in ctx.params.splits:
             documents = _documents(prepared, split)
-            results[split] = evaluate_split(model, tokenizer, data, documents, split, buckets, terms,
-                                            params.eval, params.seed, progress, prior)
+            text = SplitText(split, data.tokens(split), data.offsets(split), documents)
+            results[split] = evaluate_split(ctx, text, buckets, terms)
             console.print(f"evaluate: {split} split: " + ", ".join(  # where the time went
                 f"{name} {seconds:.1f} s" for name, seconds in results[split].seconds.items()),
                 soft_wrap=True)
@@ -241,16 +255,14 @@ def _general_text(params, prepared: Path) -> Path | None:
     return resolve(params.eval.general_text, language)
 
 
-def _general(params, model, tokenizer, data, prior, path: Path) -> dict:
+def _general(ctx, data, path: Path) -> dict:
     """ppl_general and n_general_tokens on the general text at `path` (rarelm/evaluate/general_text.py)."""
-    from rarelm.evaluate.decoding import context_length, logit_adjustment
+    from rarelm.evaluate.decoding import context_length
     from rarelm.evaluate.general_text import general_metrics
     from rarelm.evaluate.prefix import window
 
-    block = window(params.eval.block_size, context_length(model))
-    bias = logit_adjustment(model, prior, params.eval.logit_adjust_tau)
-    return general_metrics(model, tokenizer, path, data.eot_id, data.vocab_size, block,
-                           params.eval.batch_size, bias, params.eval.max_tokens)
+    block = window(ctx.params.block_size, context_length(ctx.model))
+    return general_metrics(ctx, path, data.vocab_size, block)
 
 
 def _lead(tokenizer) -> list[int]:
@@ -304,7 +316,7 @@ def _with_room(params, model, lead_tokens: int):
     return dataclasses.replace(params, eval=dataclasses.replace(params.eval, block_size=limit - width))
 
 
-def _retriever(params, data, tokenizer, prepared: Path, model, datastore: Path):
+def _retriever(ctx, params, data, prepared: Path, datastore: Path):
     """The retriever over the train split (retrieval.enabled: BM25, the random control, or by the
     model's states in the datastore), or None; one line."""
     if not params.retrieval.enabled:
@@ -316,7 +328,7 @@ def _retriever(params, data, tokenizer, prepared: Path, model, datastore: Path):
     from rarelm.evaluate.prefix import lead, window
     from rarelm.evaluate.retrieval import Retriever, check_fits, passages_width
 
-    r, limit = params.retrieval, context_length(model)
+    r, limit = params.retrieval, context_length(ctx.model)
     check_fits(window(params.eval.block_size, limit), len(lead()) + passages_width(r), limit)
     started = time.perf_counter()
     language = _language(prepared)
@@ -324,10 +336,9 @@ def _retriever(params, data, tokenizer, prepared: Path, model, datastore: Path):
     if r.dense:  # the datastore stage's store of this model: where it was in a state like the query's
         from rarelm.knn.datastore import Datastore, NearestStates
 
-        store = Datastore.open(datastore, str(model.device), params.knn.nprobe)
-        states = NearestStates(model, store, data.tokens("train"), lead())
-    retriever = Retriever.build(data.tokens("train"), tokenizer, language, params.retrieval, data.eot_id,
-                                params.seed, states)
+        store = Datastore.open(datastore, str(ctx.model.device), params.knn.nprobe)
+        states = NearestStates(ctx.model, store, data.tokens("train"), lead())
+    retriever = Retriever.build(ctx, data.tokens("train"), language, params.retrieval, states)
     how = "drawn at random, the query ignored (the control)" if r.random else \
         f"by the model's states: the passage after each nearest of {len(states.store):,} datastore keys" \
         if r.dense else f"BM25, {language} words; index built in {time.perf_counter() - started:.1f} s"

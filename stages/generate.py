@@ -39,14 +39,14 @@ def generate(
 ) -> None:
     """Continue PROMPT with a model folder, greedy or sampled, printing tokens as they come."""
     with user_errors("generate"):
-        from rarelm.evaluate.generate import Sampling, run  # on use: torch takes seconds to import
+        from rarelm.evaluate.generate import Mixing, Sampling, run  # on use: torch takes seconds to import
 
         if device not in ("auto", "cpu", "cuda"):
             raise RarelmError(f"--device = {device} is not allowed (must be one of auto, cpu, cuda)")
         sampling = Sampling(max_tokens=max_tokens, greedy=greedy, temperature=temperature,
                             top_k=top_k, top_p=top_p, seed=seed, logit_adjust=logit_adjust)
         knn = load_params(params_file).knn if params_file.is_file() else None
-        run(model_dir, prompt, sampling, device, counts=counts, knn=knn, datastore=datastore)
+        run(model_dir, prompt, sampling, device, Mixing(counts, knn, datastore))
 
 
 if __name__ == "__main__":

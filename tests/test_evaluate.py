@@ -22,6 +22,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from rarelm.artifacts.buckets import load_buckets
 from rarelm.artifacts.terms import Term, load_terms
 from rarelm.errors import RarelmError
+from rarelm.evaluate.common import EvalContext, SplitText
 from rarelm.evaluate.decoding import greedy_continue, logit_adjustment
 from rarelm.evaluate.false_insertion import count_terms, false_insertion, term_start_mask
 from rarelm.evaluate.mlflow_log import log_eval_files, log_eval_metrics
@@ -66,6 +67,11 @@ def bigram(scale: float = 1.0) -> BigramLM:
     return BigramLM(BigramConfig(scale=scale)).eval()
 
 
+def context(model, tokenizer=None, eot_id: int = 0, **eval_params) -> EvalContext:
+    """An evaluation context of `model` with these eval params (the others their defaults)."""
+    return EvalContext(model, tokenizer, eot_id, EvalParams(**eval_params))
+
+
 # Three documents written in characters 一..七, one token each (token i = CHARS[i]; 〇 = 0 is
 # the end-of-text token), so every token is a whole character and the text is Chinese-like.
 CHARS = "〇一二三四五六七"
@@ -75,6 +81,7 @@ OFFSETS = np.array([0, 6, 11, 14])
 BUCKETS = np.array([0, 0, 0, 0, 1, 1, 2, 3])  # 0-3 frequent, 4-5 medium, 6 rare, 7 unseen
 TERMS = [Term("五六", 10), Term("四五", 1), Term("一二三", 3), Term("六六", 0), Term("七二", 100),
          Term("三五", 5)]
+SPLIT = SplitText("test", TOKENS, OFFSETS, DOCS)
 
 
 def char_tokenizer():
@@ -94,9 +101,10 @@ def bits(a: int, b: int) -> int:
 def test_a_token_budget_scores_windows_spread_over_the_split():
     """eval.max_tokens 6 with windows of 4: two of the four windows (targets 1-4 and 13), the first and
     the last, 5 targets costing 1 1 2 1 + 2 bits."""
-    m = score_tokens(bigram(), TOKENS, BUCKETS, 4, 2, max_tokens=6).metrics()
+    m = score_tokens(context(bigram(), batch_size=2, max_tokens=6), TOKENS, BUCKETS, 4).metrics()
     assert m["n_eval_tokens"] == 5 and m["ppl"] == pytest.approx(2 ** (7 / 5), rel=1e-6)
-    assert score_tokens(bigram(), TOKENS, BUCKETS, 4, 2, max_tokens=100).metrics()["n_eval_tokens"] == 13
+    budget = context(bigram(), batch_size=2, max_tokens=100)
+    assert score_tokens(budget, TOKENS, BUCKETS, 4).metrics()["n_eval_tokens"] == 13
 
 
 @pytest.mark.parametrize("block_size,batch_size", [(4, 2), (13, 1), (100, 8)])
@@ -104,7 +112,7 @@ def test_token_metrics_are_exact(block_size, batch_size):
     per_term = term_search.find_occurrences(char_tokenizer(), DOCS, TOKENS, OFFSETS, TERMS)
     mask = term_search.term_token_mask(per_term, len(TOKENS))
     assert np.flatnonzero(mask).tolist() == [0, 1, 2, 3, 4, 6, 7, 11, 12]
-    stats = score_tokens(bigram(), TOKENS, BUCKETS, block_size, batch_size, term_mask=mask)
+    stats = score_tokens(context(bigram(), batch_size=batch_size), TOKENS, BUCKETS, block_size, mask)
     m = stats.metrics()
     # targets 2 3 5 6 0 4 5 7 1 0 6 6 0 cost 1 1 2 1 2 4 1 2 2 7 6 7 2 bits
     assert m["n_eval_tokens"] == 13
@@ -126,8 +134,8 @@ def test_token_metrics_are_exact(block_size, batch_size):
 
 
 def test_term_rows_are_exact():
-    rows = evaluate_terms(bigram(), char_tokenizer(), DOCS, TOKENS, OFFSETS, TERMS, max_terms=100,
-                             context_tokens=2, batch_size=2, eot_id=0)
+    rows = evaluate_terms(context(bigram(), char_tokenizer(), max_terms=100, context_tokens=2, batch_size=2),
+                          SPLIT, TERMS)
     # the bigram model writes a+1, a+2, ... after token a
     got = [(r["term"], r["doc"], r["char_start"], r["prompt_tokens"], r["output"], r["exact_match"],
             r["first_token_hit"]) for r in rows]
@@ -169,8 +177,8 @@ def test_completion_match_given_the_first_token_and_strata():
     per_term = [[] for _ in TERMS]
     for term, doc, char, start, end in found:
         per_term[term].append(Occurrence(term, doc, char, start, end, "", "first", TERMS[term].text))
-    rows = evaluate_terms(bigram(), char_tokenizer(), DOCS, TOKENS, OFFSETS, TERMS, max_terms=100,
-                          context_tokens=2, batch_size=2, eot_id=0, closed_set=False, per_term=per_term)
+    rows = evaluate_terms(context(bigram(), char_tokenizer(), max_terms=100, context_tokens=2, batch_size=2,
+                                  closed_set=False), SPLIT, TERMS, per_term)
     # 五六: 五 given, then 六七: match; 四五: 四 given, then 五六: match; 一二三: its own first token
     # was right, so what it wrote (一二三四) is the completion; 六六: 六 given, then 七: no; 三五: 三四五: no
     assert [(r["term"], r["completion_match"]) for r in rows] == [
@@ -199,8 +207,9 @@ def test_term_trie_decoding_continues_a_begun_term_and_leaves_the_scores_alone()
         per_term[term].append(Occurrence(term, doc, char, start, end, "", "first", TERMS[term].text))
 
     def rows():
-        return evaluate_terms(bigram(), char_tokenizer(), DOCS, TOKENS, OFFSETS, TERMS, max_terms=100,
-                              context_tokens=2, batch_size=2, eot_id=0, closed_set=False, per_term=per_term)
+        ctx = context(bigram(), char_tokenizer(), max_terms=100, context_tokens=2, batch_size=2,
+                      closed_set=False)
+        return evaluate_terms(ctx, SPLIT, TERMS, per_term)
 
     plain = rows()
     with constrained(term_trie(char_tokenizer(), TERMS, lead="")):
@@ -231,32 +240,32 @@ def test_retrieval_puts_the_best_passage_before_prompts_and_windows_and_scores_o
     # text of the 2 tokens before a position is the query: 五六 finds the third passage
     train = np.array([1, 2, 3, 4, 5, 6, 7, 7, 1], dtype=np.uint16)
     params = SimpleNamespace(passages=1, passage_tokens=2, query_tokens=2, max_passages=0)
-    retriever = Retriever.build(train, char_tokenizer(), "en", params, eot_id=0)
+    retriever = Retriever.build(context(None, char_tokenizer()), train, "en", params)
     assert retriever.passages.tolist() == [[1, 2], [3, 4], [5, 6], [7, 7]] and retriever.width == 3
     assert retriever.prefix([1, 5, 6]) == [5, 6, 0] and retriever.prefix([3, 4]) == [3, 4, 0]
-    two = Retriever.build(train, char_tokenizer(), "en", SimpleNamespace(**{**vars(params), "passages": 2}),
-                          eot_id=0)
+    two = Retriever.build(context(None, char_tokenizer()), train, "en",
+                          SimpleNamespace(**{**vars(params), "passages": 2}))
     assert two.prefix([7, 7])[-3:] == [7, 7, 0] and two.width == 5  # the best last, nearest the prompt
     with pytest.raises(RarelmError, match="the train split holds 1 passages of 2 tokens, fewer than "
                                           "retrieval.passages = 2"):
-        Retriever.build(train[:3], char_tokenizer(), "en", SimpleNamespace(**{**vars(params), "passages": 2}),
-                        eot_id=0)
+        Retriever.build(context(None, char_tokenizer()), train[:3], "en",
+                        SimpleNamespace(**{**vars(params), "passages": 2}))
     # the control (retrieval.random): distinct passages drawn by the seed, whatever the query
     control = {**vars(params), "passages": 2, "random": True}
-    draws = [Retriever.build(train, char_tokenizer(), "en", SimpleNamespace(**control), eot_id=0, seed=7)
+    seeded = EvalContext(None, char_tokenizer(), 0, seed=7)
+    draws = [Retriever.build(seeded, train, "en", SimpleNamespace(**control))
              .prefixes([[5, 6], [1, 2], [5, 6]]) for _ in range(2)]
     assert draws[0] == draws[1] and len({tuple(p) for p in draws[0]}) > 1  # seeded, not by the query
     for prefix in draws[0]:
         pair = sorted(prefix[:2]), sorted(prefix[2:4])
         assert len(prefix) == two.width and prefix[-1] == 0 and pair[0] != pair[1]
         assert all(list(p) in [sorted(q) for q in retriever.passages.tolist()] for p in pair)
-    plain = score_tokens(bigram(), TOKENS, BUCKETS, block_size=4, batch_size=2).metrics()
-    rows = evaluate_terms(bigram(), char_tokenizer(), DOCS, TOKENS, OFFSETS, TERMS, max_terms=100,
-                          context_tokens=2, batch_size=2, eot_id=0, closed_set=False)
+    ctx = context(bigram(), char_tokenizer(), max_terms=100, context_tokens=2, batch_size=2, closed_set=False)
+    plain = score_tokens(ctx, TOKENS, BUCKETS, block_size=4).metrics()
+    rows = evaluate_terms(ctx, SPLIT, TERMS)
     with retrieving(retriever):
-        found = score_tokens(bigram(), TOKENS, BUCKETS, block_size=4, batch_size=2).metrics()
-        retrieved = evaluate_terms(bigram(), char_tokenizer(), DOCS, TOKENS, OFFSETS, TERMS, max_terms=100,
-                                   context_tokens=2, batch_size=2, eot_id=0, closed_set=False)
+        found = score_tokens(ctx, TOKENS, BUCKETS, block_size=4).metrics()
+        retrieved = evaluate_terms(ctx, SPLIT, TERMS)
     assert found["n_eval_tokens"] == plain["n_eval_tokens"] and found["ppl"] == pytest.approx(plain["ppl"])
     assert [r["nll_sum"] for r in retrieved] == pytest.approx([r["nll_sum"] for r in rows])
     assert all(r["prompt_tokens"] == p["prompt_tokens"] + 3 for r, p in zip(retrieved, rows, strict=True))
@@ -283,19 +292,17 @@ def test_a_lead_token_goes_before_every_window_prompt_and_sample_and_is_never_sc
     assert window(0, 512, 1) == 511
 
     model = tiny_random_lm("gemma3")
-    plain = score_tokens(model, TOKENS, BUCKETS, block_size=4, batch_size=2).metrics()
-    prompts = evaluate_terms(model, char_tokenizer(), DOCS, TOKENS, OFFSETS, TERMS, max_terms=100,
-                             context_tokens=2, batch_size=2, eot_id=0, closed_set=False)
+    ctx = context(model, char_tokenizer(), max_terms=100, context_tokens=2, batch_size=2, closed_set=False)
+    plain = score_tokens(ctx, TOKENS, BUCKETS, block_size=4).metrics()
+    prompts = evaluate_terms(ctx, SPLIT, TERMS)
     seen = []
     model.register_forward_pre_hook(lambda _m, _a, kw: seen.append(
         (kw["input_ids"], kw.get("attention_mask"))), with_kwargs=True)
     with leading([bos]):
-        led = score_tokens(model, TOKENS, BUCKETS, block_size=4, batch_size=2).metrics()
-        rows = evaluate_terms(model, char_tokenizer(), DOCS, TOKENS, OFFSETS, TERMS, max_terms=100,
-                              context_tokens=2, batch_size=2, eot_id=0, closed_set=False)
+        led = score_tokens(ctx, TOKENS, BUCKETS, block_size=4).metrics()
+        rows = evaluate_terms(ctx, SPLIT, TERMS)
         seen.clear()
-        sampled_continuations(model, TOKENS, OFFSETS, n_prompts=3, n_new=2, context_tokens=2, batch_size=3,
-                              eot_id=0, seed=0)
+        sampled_continuations(context(model, context_tokens=2, batch_size=3), SPLIT, n_prompts=3, n_new=2)
     ids, mask = seen[0]  # the first forward of the samples: each prompt (left-padded) led by <bos>
     assert ids[torch.arange(3), mask.argmax(1)].tolist() == [bos] * 3
     nll = []
@@ -320,18 +327,18 @@ def test_general_text_perplexity_by_hand(tmp_path):
     assert token_stream(char_tokenizer(), ["一二", "三"], 0).tolist() == [1, 2, 0, 3, 0]
     assert [bits(1, 2), bits(2, 0), bits(0, 3), bits(3, 0)] == [1, 6, 3, 5]
     for block, batch in ((2, 1), (100, 8)):
-        m = general_metrics(bigram(), char_tokenizer(), path, 0, V, block, batch)
+        m = general_metrics(context(bigram(), char_tokenizer(), batch_size=batch), path, V, block)
         assert m["n_general_tokens"] == 4 and m["ppl_general"] == pytest.approx(2 ** (15 / 4), rel=1e-6)
-    budget = general_metrics(bigram(), char_tokenizer(), path, 0, V, 2, 1, max_tokens=2)  # eval.max_tokens
+    budget = general_metrics(context(bigram(), char_tokenizer(), batch_size=1, max_tokens=2), path, V, 2)
     assert budget["n_general_tokens"] == 2 and budget["ppl_general"] == pytest.approx(2 ** (7 / 2), rel=1e-6)
     with pytest.raises(RarelmError, match="eval.general_text = .*no such file"):
-        general_metrics(bigram(), char_tokenizer(), tmp_path / "missing.txt", 0, V, 4, 1)
+        general_metrics(context(bigram(), char_tokenizer(), batch_size=1), tmp_path / "missing.txt", V, 4)
 
 
 def test_continuous_term_metrics_are_exact():
     """Three occurrences; the covering tokens' bits and ranks after each prompt, by hand (rank = bits)."""
-    rows = evaluate_terms(bigram(), char_tokenizer(), DOCS, TOKENS, OFFSETS, TERMS, max_terms=3,
-                             context_tokens=2, batch_size=2, eot_id=0, closed_set=False)
+    rows = evaluate_terms(context(bigram(), char_tokenizer(), max_terms=3, context_tokens=2, batch_size=2,
+                                  closed_set=False), SPLIT, TERMS)
     # 五六 after 三: 2 + 1 bits; 四五 after end-of-text: 4 + 1; 一二三 after end-of-text: 1 + 1 + 1
     got = [(r["term"], r["n_tokens"], r["n_chars"], r["first_token_rank"], r["token_acc"]) for r in rows]
     assert got == [("五六", 2, 2, 2, 0.5), ("四五", 2, 2, 4, 0.5), ("一二三", 3, 3, 1, 1.0)]
@@ -353,7 +360,7 @@ def test_term_start_mass_where_no_term_starts():
     starts = term_start_mask(per_term, len(TOKENS))
     assert np.flatnonzero(starts).tolist() == [0, 2, 3, 6, 11]  # 一二三, 三五, 五六, 四五, 六六
     start_ids = [1, 3, 5, 4, 6]  # the tokens found there
-    m = score_tokens(bigram(), TOKENS, BUCKETS, 4, 2, start_mask=starts).metrics()
+    m = score_tokens(context(bigram(), batch_size=2), TOKENS, BUCKETS, 4, start_mask=starts).metrics()
 
     def mass(p: int) -> float:  # P(next token starts a term | token p-1)
         return sum(2.0 ** -bits(int(TOKENS[p - 1]), s) for s in start_ids)
@@ -365,7 +372,8 @@ def test_term_start_mass_where_no_term_starts():
     assert m["n_term_start_ids"] == 5
     # e.g. at position 12, after token 6, tokens 1, 3, 4, 5, 6 cost 3, 5, 6, 7, 7 bits
     assert mass(12) == 2 ** -3 + 2 ** -5 + 2 ** -6 + 2 * 2 ** -7 == 0.1875
-    assert "false_insertion_start_mass" not in score_tokens(bigram(), TOKENS, BUCKETS, 4, 2).metrics()
+    assert "false_insertion_start_mass" not in score_tokens(context(bigram(), batch_size=2), TOKENS, BUCKETS,
+                                                            4).metrics()
 
 
 
@@ -381,7 +389,7 @@ def test_scoring_in_row_chunks_equals_the_whole_batch(monkeypatch):
     figures = {}
     for rows in (1 << 30, 3):
         monkeypatch.setattr(token_scoring, "ROWS", rows)
-        stats = score_tokens(bigram(0.7), TOKENS, BUCKETS, 4, 2, term_mask=terms, start_mask=starts)
+        stats = score_tokens(context(bigram(0.7), batch_size=2), TOKENS, BUCKETS, 4, terms, starts)
         figures[rows] = (stats.metrics(), stats.nll.tolist(), stats.start_mass.tolist())
     assert figures[3] == figures[1 << 30]
     assert figures[3][0]["n_eval_tokens"] == len(TOKENS) - 1 and figures[3][0]["n_tokens_term"] > 0
@@ -389,9 +397,9 @@ def test_scoring_in_row_chunks_equals_the_whole_batch(monkeypatch):
 def test_false_insertion_counts_terms_in_a_constructed_output():
     """A model that writes 一二三一二三... after 五 and 〇: the sampled text holds one term every 3 tokens."""
     model = ScriptedLM({0: 1, 5: 1, 1: 2, 2: 3, 3: 1}, V).eval()
-    m = false_insertion(model, char_tokenizer(), TOKENS, OFFSETS, TERMS, text_occurrences=5, n_prompts=2,
-                           n_new=6, context_tokens=2, batch_size=2, eot_id=0, seed=0,
-                        text_chars=sum(map(len, DOCS)))
+    ctx = context(model, char_tokenizer(), insertion_prompts=2, insertion_tokens=6, context_tokens=2,
+                  batch_size=2)
+    m = false_insertion(ctx, SPLIT, TERMS, text_occurrences=5)  # SPLIT's documents: per character too
     # prompts end before positions 1 and 8: after 一 the model writes 二三一二三一 (one 一二三), after 五
     # 一二三一二三 (two); the text there: 二三五六〇四 (三五, 五六) and 七一〇六六〇 (六六)
     assert m["n_false_insertion_tokens"] == 12
@@ -408,8 +416,8 @@ def test_false_insertion_counts_terms_in_a_constructed_output():
     assert m["false_insertion_rate_chars"] == pytest.approx(11 / 20)
     assert count_terms(["the acute MI was", "subacute MI; acute MIs; acute MI"],
                           [Term("acute MI", 3), Term("was", 1)]) == 3
-    none = false_insertion(model, char_tokenizer(), TOKENS, OFFSETS, TERMS, 5, n_prompts=0, n_new=6,
-                              context_tokens=2, batch_size=2, eot_id=0, seed=0)
+    none = false_insertion(context(model, char_tokenizer(), insertion_prompts=0, insertion_tokens=6,
+                                   context_tokens=2, batch_size=2), SPLIT, TERMS, 5)
     assert none == {"n_false_insertion_tokens": 0}
 
 
@@ -418,16 +426,17 @@ def test_logit_adjustment_lifts_rare_tokens_in_scores_and_terms():
     model = bigram()
     bias = logit_adjustment(model, -LN2 * np.array([1, 1, 1, 1, 1, 8, 8, 8]), 0.5)
     assert (bias / LN2).tolist() == pytest.approx([0.5] * 5 + [4.0] * 3)
-    plain = score_tokens(model, TOKENS, BUCKETS, 100, 8).metrics()
-    m = score_tokens(model, TOKENS, BUCKETS, 100, 8, logit_bias=bias).metrics()
+    plain = score_tokens(context(model, batch_size=8), TOKENS, BUCKETS, 100).metrics()
+    m = score_tokens(EvalContext(model, None, 0, EvalParams(batch_size=8), logit_bias=bias), TOKENS, BUCKETS,
+                     100).metrics()
     table = model.table.detach().double().numpy() + bias.double().numpy()  # adjusted log-scores
     nll = [np.logaddexp.reduce(table[a]) - table[a, b] for a, b in zip(TOKENS[:-1], TOKENS[1:], strict=True)]
     assert m["ppl"] == pytest.approx(math.exp(np.mean(nll)), rel=1e-6)
     # the frequent targets (0-3) lose, the rare one (6) gains
     assert m["ppl_frequent"] > plain["ppl_frequent"] and m["ppl_rare"] < plain["ppl_rare"]
 
-    rows = evaluate_terms(model, char_tokenizer(), DOCS, TOKENS, OFFSETS, TERMS, max_terms=100,
-                             context_tokens=2, batch_size=2, eot_id=0, logit_bias=bias)
+    params = EvalParams(max_terms=100, context_tokens=2, batch_size=2)
+    rows = evaluate_terms(EvalContext(model, char_tokenizer(), 0, params, logit_bias=bias), SPLIT, TERMS)
     got = {r["term"]: (r["output"], r["exact_match"]) for r in rows}
     # after 3 the adjusted scores (bits) of 0..7 are -4.5 -5.5 -6.5 -6.5 -0.5 2 1 0: 5 now beats 4
     assert got["五六"] == ("五六七", True)  # was 四五六
@@ -462,8 +471,8 @@ def test_em50_finds_a_known_crossing_and_says_when_it_is_undefined():
 
 
 def test_term_cap_is_round_robin_and_deterministic():
-    rows = evaluate_terms(bigram(), char_tokenizer(), DOCS, TOKENS, OFFSETS, TERMS, max_terms=3,
-                             context_tokens=2, batch_size=8, eot_id=0, closed_set=False)
+    rows = evaluate_terms(context(bigram(), char_tokenizer(), max_terms=3, context_tokens=2, batch_size=8,
+                                  closed_set=False), SPLIT, TERMS)
     # first occurrences of terms 0, 1, 2 (the next round would start with term 3)
     assert [r["term"] for r in rows] == ["五六", "四五", "一二三"]
     assert {r["choice_rank"] for r in rows} == {None}
@@ -553,8 +562,8 @@ def test_exact_match_as_written_and_in_any_case():
 
     got = []
     for text in (" PKI of", " pki of", " Pki", " key"):
-        (row,) = evaluate_terms(writer(text), tok, [doc], tokens, offsets, terms, max_terms=1,
-                                   context_tokens=64, batch_size=4, eot_id=eot)
+        (row,) = evaluate_terms(context(writer(text), tok, eot, max_terms=1, context_tokens=64, batch_size=4),
+                                SplitText("test", tokens, offsets, [doc]), terms)
         assert row["expected"] == " PKI" and row["term"] == "pki"
         got.append((row["exact_match"], row["exact_match_ci"]))
     assert got == [(True, True), (False, True), (False, True), (False, False)]
@@ -614,8 +623,8 @@ def test_chinese_terms_inside_merged_tokens(cjk):
         return ScriptedLM(dict(zip(chain, chain[1:], strict=False)), tok.get_vocab_size()).eval()
 
     for text, hit in ((o.lead + "可交换保理。", True), (o.lead + "可交换保函", False)):
-        rows = evaluate_terms(writer(text), tok, docs[:1], tokens[:offsets[1]], offsets[:2], terms[:2],
-                                 max_terms=10, context_tokens=64, batch_size=4, eot_id=eot)
+        rows = evaluate_terms(context(writer(text), tok, eot, max_terms=10, context_tokens=64, batch_size=4),
+                              SplitText("test", tokens[:offsets[1]], offsets[:2], docs[:1]), terms[:2])
         assert len(rows) == 1 and rows[0]["exact_match"] is hit, rows[0]
         assert rows[0]["expected"] == o.lead + "可交换保理" and rows[0]["choice_rank"] == (1 if hit else 2)
 
@@ -835,9 +844,10 @@ def test_batched_evaluation_equals_per_occurrence(corpus, request):
     phrases = dict.fromkeys(" ".join(words[i:i + 1 + i % 4]) for i in range(0, 400, 3))
     terms = [Term(p, 2 ** (i % 9)) for i, p in enumerate(phrases) if p.strip() and "  " not in p][:40]
     model = load_causal_lm(root / "models/model", "cpu")
-    kwargs = dict(max_terms=10, context_tokens=16, eot_id=data.eot_id, closed_set=True)
-    one, batched = (evaluate_terms(model, tokenizer, documents, tokens, offsets, terms, batch_size=size,
-                                   **kwargs) for size in (1, 8))
+    split = SplitText("test", tokens, offsets, documents)
+    one, batched = (evaluate_terms(context(model, tokenizer, data.eot_id, max_terms=10, context_tokens=16,
+                                           batch_size=size, closed_set=True), split, terms)
+                    for size in (1, 8))
     assert len(one) == len(batched) == 10
     assert len({r["choice_rank"] for r in one}) > 3  # ranks that vary: the comparison can fail
     close = {"nll", "nll_sum", "nll_per_char"}

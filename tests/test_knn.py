@@ -121,11 +121,14 @@ def random_store(seed: int) -> Datastore:
 
 
 def test_off_and_neutral_settings_are_the_model_bit_for_bit(tiny):
+    from rarelm.evaluate.common import EvalContext
     from rarelm.evaluate.token_scoring import score_tokens
+    from rarelm.params import EvalParams
 
     model, tokens = tiny
     buckets = np.zeros(20, dtype=np.int64)
-    plain = score_tokens(model, tokens, buckets, 16, 4)
+    ctx = EvalContext(model, None, 0, EvalParams(batch_size=4))
+    plain = score_tokens(ctx, tokens, buckets, 16)
     ids = torch.as_tensor(tokens[None, :32].astype(np.int64))
     with torch.no_grad():
         logits = model(ids).logits
@@ -135,7 +138,7 @@ def test_off_and_neutral_settings_are_the_model_bit_for_bit(tiny):
                 knn_params(weight=0.0, cache_weight=0.0, cache_window=8)):
         with attached(model, store, knn, 0) as state:
             assert state is None
-            stats = score_tokens(model, tokens, buckets, 16, 4)
+            stats = score_tokens(ctx, tokens, buckets, 16)
             with torch.no_grad():
                 assert torch.equal(model(ids).logits, logits)
         for field in ("tokens", "nll", "top1", "top5"):
@@ -368,6 +371,7 @@ def test_dense_retrieval_gives_what_followed_the_nearest_states(tmp_path, tiny):
     apart. Here the query reads window 2's first 5 tokens as that window did, so its state is entry
     20's key (distance 0) and the nearest passage is tokens 21..28; the other is the next key by a
     by-hand search whose passage starts at least 8 tokens from 21."""
+    from rarelm.evaluate.common import EvalContext
     from rarelm.evaluate.retrieval import Retriever
     from rarelm.knn.datastore import NearestStates, build
 
@@ -378,7 +382,7 @@ def test_dense_retrieval_gives_what_followed_the_nearest_states(tmp_path, tiny):
     params = SimpleNamespace(passages=2, passage_tokens=8, query_tokens=5, max_passages=0, random=False,
                              dense=True)
     states = NearestStates(model, store, tokens)
-    retriever = Retriever.build(tokens, None, "en", params, eot_id=0, states=states)
+    retriever = Retriever.build(EvalContext(model, None, 0), tokens, "en", params, states)
     query = tokens[16:21].tolist()
     state = final_hidden(model, torch.as_tensor([query], dtype=torch.long))[0, -1].numpy()
     distances = ((np.asarray(store.keys) - state) ** 2).sum(-1)
@@ -395,7 +399,7 @@ def test_dense_retrieval_gives_what_followed_the_nearest_states(tmp_path, tiny):
     alone = torch.cat([final_hidden(model, torch.as_tensor([q or [0]]))[:, -1] for q in many])
     assert torch.allclose(states.queries(many, 5, 0), alone, atol=1e-5)
     with pytest.raises(RarelmError, match="retrieval.dense needs the datastore stage's store of the model"):
-        Retriever.build(tokens, None, "en", params, eot_id=0)
+        Retriever.build(EvalContext(model, None, 0), tokens, "en", params)
     with pytest.raises(RarelmError, match="retrieval.random = true is not allowed with retrieval.dense"):
         RetrievalParams(random=True, dense=True)
 

@@ -37,5 +37,6 @@ cache is mixed in) (`general_text`; data/general/).
 The other modules: `model_folder` (load a Hugging Face causal LM folder),
 `decoding` (batched greedy and sampled continuations), `scoring` (teacher-forced
 scores of given continuations), `mlflow_log` (the results into the training run),
-`generate` (`rarelm generate`), `common` (progress callback, ratio).
+`generate` (`rarelm generate`), `common` (`EvalContext`: what every measurement of one evaluation
+reads, built once by the stage and passed down; `SplitText`: the split measured; progress, ratio).
 """

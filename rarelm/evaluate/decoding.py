@@ -135,8 +135,8 @@ def greedy_continue(model, prompts: list[list[int]], n_new: int, pad_id: int, lo
     return _continue(model, prompts, n_new, pad_id, logit_bias, do_sample=False)
 
 
-def sample_continue(model, prompts: list[list[int]], n_new: int, pad_id: int, temperature: float = 1.0,
-                    top_k: int = 0, top_p: float = 1.0, logit_bias=None):
-    """Sampled continuations [len(prompts), n_new]; seed torch's global RNG first for repeatability."""
-    return _continue(model, prompts, n_new, pad_id, logit_bias, do_sample=True, temperature=temperature,
-                     top_k=top_k, top_p=top_p)
+def sample_continue(model, prompts: list[list[int]], n_new: int, pad_id: int, logit_bias=None):
+    """Continuations [len(prompts), n_new] sampled at temperature 1 with no top-k or top-p cut (the
+    model's own distribution); seed torch's global RNG first for repeatability."""
+    return _continue(model, prompts, n_new, pad_id, logit_bias, do_sample=True, temperature=1.0,
+                     top_k=0, top_p=1.0)

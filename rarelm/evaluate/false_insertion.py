@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rarelm.evaluate.common import Progress, ratio
+from rarelm.evaluate.common import EvalContext, SplitText, ratio
 from rarelm.evaluate.diversity import sampled_continuations
 from rarelm.rare_terms import term_search
 
@@ -37,28 +37,28 @@ def term_start_mask(per_term: list[list[term_search.Occurrence]], n_tokens: int)
     return mask
 
 
-def insertion_rates(generated: list[str], human: list[str], n_generated: int, n_human: int,
-                    terms: list[term_search.Term], text_occurrences: int, text_tokens: int,
-                    text_chars: int = 0) -> dict:
+def insertion_rates(generated: list[str], human: list[str], n_tokens: int, terms: list[term_search.Term],
+                    text_occurrences: int, split: SplitText) -> dict:
     """False insertion (a): extracted terms per 1,000 tokens written by the model vs in the text.
 
-    `false_insertion_gen_per_1k`: in the sampled continuations; `_human_per_1k`: in the text
-    that followed the same prompts; `_text_per_1k`: in the whole split (its term occurrences
-    over its tokens); `false_insertion_rate` = gen / text (1 = the model writes terms as often
+    `false_insertion_gen_per_1k`: in the sampled continuations (`generated`, `n_tokens` tokens);
+    `_human_per_1k`: in the text that followed the same prompts (`human`, as many tokens);
+    `_text_per_1k`: in the whole split (its `text_occurrences` term occurrences over its tokens);
+    `false_insertion_rate` = gen / text (1 = the model writes terms as often
     as the text has them; above 1 it inserts terms where the text has none). A worked example:
     3 terms in 1,000 sampled tokens, 300 occurrences in a 50,000-token split: 3 vs 6 per 1,000,
     ratio 0.5. The same per 1,000 characters (`_per_1k_chars`, `false_insertion_rate_chars`) when
-    `text_chars`, the split's characters, is given: the sampled texts' characters as decoded.
+    the split has documents (its characters): the sampled texts' characters as decoded.
     """
     found_gen, found_human = count_terms(generated, terms), count_terms(human, terms)
-    gen = 1000.0 * found_gen / n_generated
-    text = ratio(1000.0 * text_occurrences, text_tokens)
+    gen = 1000.0 * found_gen / n_tokens
+    text = ratio(1000.0 * text_occurrences, len(split.tokens))
     out = {"false_insertion_gen_per_1k": gen,
-           "false_insertion_human_per_1k": 1000.0 * found_human / n_human,
+           "false_insertion_human_per_1k": 1000.0 * found_human / n_tokens,
            "false_insertion_text_per_1k": text,
            "false_insertion_rate": None if not text else gen / text,
-           "n_false_insertion_tokens": n_generated}
-    chars = sum(map(len, generated))
+           "n_false_insertion_tokens": n_tokens}
+    chars, text_chars = sum(map(len, generated)), sum(map(len, split.documents))
     if text_chars and chars:
         gen_chars, text_per_chars = 1000.0 * found_gen / chars, 1000.0 * text_occurrences / text_chars
         out.update({"false_insertion_gen_per_1k_chars": gen_chars,
@@ -69,22 +69,17 @@ def insertion_rates(generated: list[str], human: list[str], n_generated: int, n_
     return out
 
 
-def false_insertion(model, tokenizer, tokens: np.ndarray, offsets: np.ndarray,
-                    terms: list[term_search.Term], text_occurrences: int, *, n_prompts: int, n_new: int,
-                    context_tokens: int, batch_size: int, eot_id: int, seed: int,
-                    progress: Progress | None = None, logit_bias=None, text_chars: int = 0) -> dict:
-    """insertion_rates on `n_prompts` continuations of `n_new` sampled tokens (sampled_continuations);
-    `text_chars`: the split's characters (0: no per-character figures)."""
-    sampled = sampled_continuations(model, tokens, offsets, n_prompts=n_prompts, n_new=n_new,
-                                    context_tokens=context_tokens, batch_size=batch_size, eot_id=eot_id,
-                                    seed=seed, progress=progress, logit_bias=logit_bias,
+def false_insertion(ctx: EvalContext, split: SplitText, terms: list[term_search.Term],
+                    text_occurrences: int) -> dict:
+    """insertion_rates on eval.insertion_prompts continuations of eval.insertion_tokens sampled
+    tokens (sampled_continuations); per character too where the split has its documents."""
+    sampled = sampled_continuations(ctx, split, ctx.params.insertion_prompts, ctx.params.insertion_tokens,
                                     what="sampling for false insertion")
     if sampled is None:
         return {"n_false_insertion_tokens": 0}
 
     def texts(rows: np.ndarray) -> list[str]:
-        return [tokenizer.decode([int(t) for t in row], skip_special_tokens=False) for row in rows]
+        return [ctx.tokenizer.decode([int(t) for t in row], skip_special_tokens=False) for row in rows]
 
-    gen, human = sampled
-    return insertion_rates(texts(gen), texts(human), gen.size, human.size, terms, text_occurrences,
-                           len(tokens), text_chars)
+    gen, human = sampled  # as many tokens: n_new after each of the same prompts
+    return insertion_rates(texts(gen), texts(human), gen.size, terms, text_occurrences, split)

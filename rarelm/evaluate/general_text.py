@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from rarelm.errors import EXIT_USER_ERROR, RarelmError
+from rarelm.evaluate.common import EvalContext
 from rarelm.files import atomic_file, read_input
 
 # the base pipeline's raw corpora whose held-out documents may be committed, by language; People's
@@ -87,15 +88,13 @@ def token_stream(tokenizer, documents: list[str], eot_id: int) -> np.ndarray:
     return np.asarray(ids, dtype=np.int64)
 
 
-def general_metrics(model, tokenizer, path: str | Path, eot_id: int, vocab_size: int, block_size: int,
-                    batch_size: int, logit_bias=None, max_tokens: int = 0) -> dict:
+def general_metrics(ctx: EvalContext, path: str | Path, vocab_size: int, block_size: int) -> dict:
     """`ppl_general` (perplexity of every token of the slice after the first, or of the windows
-    `max_tokens` keeps: eval.max_tokens) and `n_general_tokens`."""
+    eval.max_tokens keeps) and `n_general_tokens`."""
     from rarelm.evaluate.token_scoring import score_tokens  # torch: on use
 
-    tokens = token_stream(tokenizer, read_documents(path), eot_id)
-    stats = score_tokens(model, tokens, np.zeros(vocab_size, dtype=np.int64), block_size, batch_size,
-                         logit_bias=logit_bias, max_tokens=max_tokens)
+    tokens = token_stream(ctx.tokenizer, read_documents(path), ctx.eot_id)
+    stats = score_tokens(ctx, tokens, np.zeros(vocab_size, dtype=np.int64), block_size)
     m = stats.metrics()
     return {"ppl_general": m["ppl"], "n_general_tokens": m["n_eval_tokens"]}
 

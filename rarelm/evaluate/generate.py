@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import numpy as np
 import torch
@@ -144,25 +144,37 @@ def fit_context(ids, max_tokens: int, limit: int | None, err: TextIO | None = No
     return ids[:, -keep:]
 
 
+@dataclasses.dataclass(frozen=True)
+class Mixing:
+    """What changes the model's next-token distribution beside `Sampling`: the train token counts
+    behind `Sampling.logit_adjust` (the rare_terms stage's counts.npy), and kNN-LM and the cache
+    (`knn`: params.knn, None = off) with the datastore folder they search."""
+
+    counts: str | Path = f"{paths.RARE}/counts.npy"
+    knn: Any = None
+    datastore: str | Path = paths.DATASTORE
+
+
 def run(model_dir: str | Path, prompt: str, sampling: Sampling, device: str = "auto",
-        out: TextIO = sys.stdout, counts: str | Path = f"{paths.RARE}/counts.npy", knn=None,
-        datastore: str | Path = paths.DATASTORE, err: TextIO | None = None) -> list[int]:
+        mixing: Mixing = Mixing(), out: TextIO = sys.stdout) -> list[int]:
     """What the CLI does: load the folder (and the counts, with --logit-adjust), echo the prompt,
     stream the continuation.
 
-    `knn` (params.knn, or None): with kNN-LM or the cache on, the datastore folder is opened and
-    mixed into every step's distribution (rarelm/knn/hook.py), and one line on `err` says so.
+    With kNN-LM or the cache on (`mixing.knn`), the datastore folder is opened and mixed into every
+    step's distribution (rarelm/knn/hook.py), and one line on stderr says so.
     """
     from rarelm.knn.datastore import Datastore  # on use: only with knn on
     from rarelm.knn.hook import active, attached, describe, uses_store
 
     model = load_causal_lm(model_dir, device)
     tokenizer = load_model_tokenizer(model_dir)
-    prior = load_log_prior(counts, tokenizer) if sampling.logit_adjust else None
+    prior = load_log_prior(mixing.counts, tokenizer) if sampling.logit_adjust else None
+    knn = mixing.knn
     on = knn is not None and active(knn)
-    store = Datastore.open(datastore, str(model.device), knn.nprobe) if on and uses_store(knn) else None
+    store = Datastore.open(mixing.datastore, str(model.device), knn.nprobe) if on and uses_store(knn) \
+        else None
     if on:
-        print(f"rarelm generate: mixing in {describe(knn, store)}", file=err or sys.stderr, flush=True)
+        print(f"rarelm generate: mixing in {describe(knn, store)}", file=sys.stderr, flush=True)
     out.write(printable(prompt))  # a pasted escape sequence must not drive the terminal
     out.flush()
     with attached(model, store, knn if on else _Off(), tokenizer.eos_token_id):

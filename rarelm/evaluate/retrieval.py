@@ -18,7 +18,7 @@ tokens that followed it: what came next where the model was last in a state like
 term included where one came next (kNN-LM keeps only the next token). Hits closer than a passage
 to a nearer one are skipped, so the passages differ.
 
-    retriever = Retriever.build(train_tokens, tokenizer, "en", RetrievalParams(enabled=True), eot_id)
+    retriever = Retriever.build(ctx, train_tokens, "en", RetrievalParams(enabled=True))
     with retrieving(retriever):
         ...  # score_tokens' windows, term prompts and sampled continuations get their passages
 
@@ -35,6 +35,8 @@ import re
 from collections.abc import Iterator
 
 import numpy as np
+
+from rarelm.evaluate.common import EvalContext
 
 
 def words(text: str, language: str) -> list[str]:
@@ -54,19 +56,22 @@ def words(text: str, language: str) -> list[str]:
 class Retriever:
     """BM25 over the train split's passages; `prefix(before)` the tokens to put before a prompt."""
 
-    def __init__(self, passages: np.ndarray, index, tokenizer, language: str, params, eot_id: int,
-                 seed: int = 0, states=None):
-        self.passages, self.index, self.tokenizer = passages, index, tokenizer
-        self.language, self.params, self.eot_id = language, params, eot_id
+    def __init__(self, passages: np.ndarray, ctx: EvalContext, language: str, params, index=None,
+                 states=None):
+        self.passages, self.index, self.tokenizer = passages, index, ctx.tokenizer
+        self.language, self.params, self.eot_id = language, params, ctx.eot_id
         self.width = passages_width(params)
-        self.rng = np.random.default_rng(seed)  # retrieval.random: the control's draws
+        self.rng = np.random.default_rng(ctx.seed)  # retrieval.random: the control's draws
         self.states = states  # retrieval.dense: rarelm.knn.datastore.NearestStates
 
     @classmethod
-    def build(cls, train_tokens: np.ndarray, tokenizer, language: str, params, eot_id: int,
-              seed: int = 0, states=None) -> Retriever:
+    def build(cls, ctx: EvalContext, train_tokens: np.ndarray, language: str, params,
+              states=None) -> Retriever:
         """BM25 over the train split's passages, or with `params.random` the control, or with
-        `params.dense` the search by the model's states (`states`: rarelm.knn.datastore.NearestStates)."""
+        `params.dense` the search by the model's states (`states`: rarelm.knn.datastore.NearestStates).
+
+        `ctx` gives the tokenizer, the end-of-text token and the seed of the control's draws (its
+        model is not read: the dense search has its own, in `states`)."""
         n = len(train_tokens) // params.passage_tokens
         if params.max_passages:
             n = min(n, params.max_passages)
@@ -77,20 +82,20 @@ class Retriever:
                               f"than retrieval.passages = {params.passages}")
         passages = np.asarray(train_tokens[:n * params.passage_tokens], dtype=np.int64).reshape(n, -1)
         if getattr(params, "random", False):  # the control needs no index
-            return cls(passages, None, tokenizer, language, params, eot_id, seed)
+            return cls(passages, ctx, language, params)
         if getattr(params, "dense", False):
             if states is None or len(states.store) < params.passages:
                 from rarelm.errors import RarelmError
 
                 raise RarelmError("retrieval.dense needs the datastore stage's store of the model, with at "
                                   f"least retrieval.passages = {params.passages} entries")
-            return cls(passages, None, tokenizer, language, params, eot_id, seed, states)
+            return cls(passages, ctx, language, params, states=states)
         import bm25s  # on use
 
-        texts = tokenizer.decode_batch(passages.tolist(), skip_special_tokens=True)
+        texts = ctx.tokenizer.decode_batch(passages.tolist(), skip_special_tokens=True)
         index = bm25s.BM25()
         index.index([words(t, language) for t in texts], show_progress=False)
-        return cls(passages, index, tokenizer, language, params, eot_id, seed)
+        return cls(passages, ctx, language, params, index)
 
     def prefix(self, before) -> list[int]:
         """The `width` tokens to put before a prompt whose preceding tokens are `before` (the last

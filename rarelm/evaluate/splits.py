@@ -10,8 +10,8 @@ import numpy as np
 
 from rarelm.errors import RarelmError
 from rarelm.evaluate import prefix
-from rarelm.evaluate.common import Progress
-from rarelm.evaluate.decoding import constrained, context_length, logit_adjustment
+from rarelm.evaluate.common import EvalContext, SplitText
+from rarelm.evaluate.decoding import constrained, context_length
 from rarelm.evaluate.diversity import diversity
 from rarelm.evaluate.false_insertion import false_insertion, term_start_mask
 from rarelm.evaluate.term_generation import evaluate_terms
@@ -32,52 +32,42 @@ class SplitResult:
     seconds: dict[str, float] = dataclasses.field(default_factory=dict)  # per measurement, for the log
 
 
-def evaluate_split(model, tokenizer, data, documents: list[str], split: str, buckets: np.ndarray,
-                   terms: list[term_search.Term], params: EvalParams, seed: int,
-                   progress: Progress | None = None, log_prior: np.ndarray | None = None) -> SplitResult:
-    """All four measurements on one split of a TokenizedData; `documents` is its prepared text.
+def evaluate_split(ctx: EvalContext, split: SplitText, buckets: np.ndarray,
+                   terms: list[term_search.Term]) -> SplitResult:
+    """All four measurements on one split (its documents' text too).
 
-    `log_prior` (rare.log_prior of the train counts) is needed when eval.logit_adjust_tau > 0.
+    `ctx.logit_bias` (decoding.logit_adjustment of rare.log_prior of the train counts) is needed
+    when eval.logit_adjust_tau > 0.
     """
-    tokens, offsets = data.tokens(split), data.offsets(split)
+    params, tokens = ctx.params, split.tokens
     if len(tokens) and int(tokens.max()) >= len(buckets):
-        raise RarelmError(f"{split} split holds token id {int(tokens.max())}, outside the vocabulary of "
+        raise RarelmError(f"{split.name} split holds token id {int(tokens.max())}, outside the vocabulary of "
                           f"{len(buckets)}; re-run the tokenize and rare_terms stages")
-    limit = context_length(model)
+    limit = context_length(ctx.model)
     block = prefix.window(params.block_size, limit)  # fits the context with the lead, or a RarelmError
-    steps, seconds = Steps(f"evaluate: {split}"), {}  # a line per measurement once the split took 10 s
+    steps, seconds = Steps(f"evaluate: {split.name}"), {}  # a line per measurement once the split took 10 s
 
     def lap(name: str) -> None:
         seconds[name] = round(steps.done(name), 2)
 
-    per_term = term_search.find_occurrences(tokenizer, documents, tokens, offsets, terms)
+    per_term = term_search.find_occurrences(ctx.tokenizer, split.documents, tokens, split.offsets, terms)
     lap("finding terms")
-    context = _prompt_tokens(params, limit, per_term)
-    if params.logit_adjust_tau and log_prior is None:
-        raise ValueError("eval.logit_adjust_tau > 0 needs the train log prior")
-    bias = logit_adjustment(model, log_prior, params.logit_adjust_tau)
-    stats = score_tokens(model, tokens, buckets, block, params.batch_size, progress,
-                         term_search.term_token_mask(per_term, len(tokens)), logit_bias=bias,
-                         start_mask=term_start_mask(per_term, len(tokens)), max_tokens=params.max_tokens)
+    # prompts of term generation, diversity and false insertion: eval.context_tokens cut to fit
+    ctx = dataclasses.replace(ctx, params=dataclasses.replace(
+        params, context_tokens=_prompt_tokens(params, limit, per_term)))
+    if params.logit_adjust_tau and ctx.logit_bias is None:
+        raise ValueError("eval.logit_adjust_tau > 0 needs the logit bias of the train log prior")
+    stats = score_tokens(ctx, tokens, buckets, block, term_search.term_token_mask(per_term, len(tokens)),
+                         term_start_mask(per_term, len(tokens)))
     lap("scoring tokens")
-    trie = term_trie(tokenizer, terms, usual_lead(per_term)) if params.term_trie else None
+    trie = term_trie(ctx.tokenizer, terms, usual_lead(per_term)) if params.term_trie else None
     with constrained(trie) if trie else contextlib.nullcontext():  # what generates; the scores are above
-        rows = evaluate_terms(model, tokenizer, documents, tokens, offsets, terms, max_terms=params.max_terms,
-                              sample=params.term_sample,
-                              context_tokens=context, batch_size=params.batch_size, eot_id=data.eot_id,
-                              closed_set=params.closed_set, split=split, per_term=per_term,
-                              progress=progress, logit_bias=bias)
+        rows = evaluate_terms(ctx, split, terms, per_term)
         lap("term generation")
-        div = diversity(model, tokens, offsets, buckets, n_prompts=params.diversity_prompts,
-                        n_new=params.diversity_tokens, context_tokens=context, batch_size=params.batch_size,
-                        eot_id=data.eot_id, seed=seed, progress=progress, logit_bias=bias)
+        div = diversity(ctx, split, buckets)
         lap("diversity")
         found = sum(map(len, per_term))
-        inserted = false_insertion(model, tokenizer, tokens, offsets, terms, found,
-                                   n_prompts=params.insertion_prompts, n_new=params.insertion_tokens,
-                                   context_tokens=context, batch_size=params.batch_size, eot_id=data.eot_id,
-                                   seed=seed, progress=progress, logit_bias=bias,
-                                   text_chars=sum(map(len, documents)))
+        inserted = false_insertion(ctx, split, terms, found)
         lap("false insertion")
     repeats = sum(o.mention == "repeat" for occurrences in per_term for o in occurrences)
     metrics = {**stats.metrics(), **term_metrics(rows, len(terms), found), **div, **inserted,

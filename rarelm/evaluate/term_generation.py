@@ -1,7 +1,8 @@
 """Rare-term generation: at each chosen term occurrence, does the model write the term?
 
 One row per evaluated occurrence (metrics/eval_occurrences.jsonl); rarelm.evaluate.term_metrics
-sums the rows up. `logit_bias` is as in rarelm.evaluate.decoding: None = the model as trained.
+sums the rows up. The context's `logit_bias` is as in rarelm.evaluate.decoding: None = the model as
+trained.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import os
 import numpy as np
 
 from rarelm.evaluate import prefix
-from rarelm.evaluate.common import Progress, silent
+from rarelm.evaluate.common import EvalContext, SplitText
 from rarelm.evaluate.decoding import greedy_continue
 from rarelm.evaluate.scoring import candidates_nll, continuation_scores, tree_candidates_nll
 from rarelm.rare_terms import term_search
@@ -29,8 +30,8 @@ class Prompted:
     expected: str
 
 
-def _generate_text(model, tokenizer, prompts: list[list[int]], targets: list[str], n_first: list[int],
-                   eot_id: int, logit_bias=None, heads: list[list[int]] | None = None) -> list[list[int]]:
+def _generate_text(ctx: EvalContext, prompts: list[list[int]], targets: list[str], n_first: list[int],
+                   heads: list[list[int]] | None = None) -> list[list[int]]:
     """Greedy tokens for each prompt, until the decoded text covers its target or cannot match it.
 
     Every row first gets n_first + 1 tokens; a row whose text is still a strict
@@ -39,6 +40,7 @@ def _generate_text(model, tokenizer, prompts: list[list[int]], targets: list[str
     `heads`: tokens given after each prompt as if the model had written them (the term's
     first token, for the completion match); they count among the row's tokens and lead it.
     """
+    model, eot_id, logit_bias = ctx.model, ctx.eot_id, ctx.logit_bias
     heads = heads or [[] for _ in prompts]
     width = max(n + 1 - len(h) for n, h in zip(n_first, heads, strict=True))
     led = [p + h for p, h in zip(prompts, heads, strict=True)]
@@ -49,7 +51,7 @@ def _generate_text(model, tokenizer, prompts: list[list[int]], targets: list[str
         open_rows = []
         for i, (g, target) in enumerate(zip(generated, targets, strict=True)):
             # casefolded, so a row that writes the term in another case goes on (exact_match_ci)
-            text = tokenizer.decode(g, skip_special_tokens=False).rstrip("\ufffd").casefold()
+            text = ctx.tokenizer.decode(g, skip_special_tokens=False).rstrip("\ufffd").casefold()
             target = target.casefold()
             if len(text) < len(target) and target.startswith(text) and len(g) < 2 * n_first[i] + 4:
                 open_rows.append(i)
@@ -62,17 +64,14 @@ def _generate_text(model, tokenizer, prompts: list[list[int]], targets: list[str
     return generated
 
 
-def evaluate_terms(model, tokenizer, documents: list[str], tokens: np.ndarray, offsets: np.ndarray,
-                   terms: list[term_search.Term], *, max_terms: int, context_tokens: int, batch_size: int,
-                   sample: str = "terms",
-                   eot_id: int, closed_set: bool = True, split: str = "test",
-                   per_term: list[list[term_search.Occurrence]] | None = None,
-                   progress: Progress | None = None, logit_bias=None) -> list[dict]:
+def evaluate_terms(ctx: EvalContext, split: SplitText, terms: list[term_search.Term],
+                   per_term: list[list[term_search.Occurrence]] | None = None) -> list[dict]:
     """One row per evaluated term occurrence (metrics/eval_occurrences.jsonl); `term_metrics` sums them up.
 
-    At each chosen occurrence (term_search.find_occurrences, capped round robin over terms, or
-    over occurrences with `sample` "occurrences"):
-    the prompt is up to `context_tokens` of the document's tokens before the first
+    At each chosen occurrence (`per_term`, else term_search.find_occurrences in the split's documents;
+    capped at eval.max_terms round robin over terms, or over occurrences with eval.term_sample
+    "occurrences"):
+    the prompt is up to eval.context_tokens of the document's tokens before the first
     token covering the term; the model writes greedily until its decoded text
     covers `lead + surface` (lead: the text of that first token before the term, " "
     in English; surface: the term as written at that occurrence, "PKI" or "pki");
@@ -83,46 +82,48 @@ def evaluate_terms(model, tokenizer, documents: list[str], tokens: np.ndarray, o
     (mean per token), `nll_sum` (nats per term), `nll_per_char` (per character of the
     covered text, so tokenizers compare), `token_acc` (share of covering tokens that
     are the top-1 prediction), `first_token_rank` and `first_token_rr` (its reciprocal).
-    With `closed_set`, each extracted term (tokenized as lead + term) is scored after
+    With eval.closed_set, each extracted term (tokenized as lead + term) is scored after
     the same prompt by summed NLL, and `choice_rank` is 1 + the number of terms the
     model prefers to the true one (1 = the model would pick the right term from the
     list); the true term is the one as written at the occurrence, the others their
     display forms.
 
-    `batch_size` occurrences are decoded and teacher-forced per forward, and the closed
+    eval.batch_size occurrences are decoded and teacher-forced per forward, and the closed
     set scores every open prefix of one length per forward (scoring.tree_candidates_nll);
-    `batch_size` 1 is the per-occurrence path (one prompt per decode, one row per open
+    eval.batch_size 1 is the per-occurrence path (one prompt per decode, one row per open
     prefix: scoring.candidates_nll), with the same rows up to float32 rounding of the NLLs.
     """
+    params, tokens, offsets = ctx.params, split.tokens, split.offsets
     if per_term is None:
-        per_term = term_search.find_occurrences(tokenizer, documents, tokens, offsets, terms)
-    tasks = [_prompted(o, tokens, offsets, terms, context_tokens, eot_id)
-             for o in term_search.select(per_term, max_terms, sample)]
+        per_term = term_search.find_occurrences(ctx.tokenizer, split.documents, tokens, offsets, terms)
+    tasks = [_prompted(o, tokens, offsets, terms, params.context_tokens, ctx.eot_id)
+             for o in term_search.select(per_term, params.max_terms, params.term_sample)]
     # the model's lead (<bos>), then the train passages BM25 finds for the text before each term
     tasks = [dataclasses.replace(t, prompt=found + t.prompt)
              for t, found in zip(tasks, prefix.prefixes([t.prompt for t in tasks]), strict=True)]
-    ranker = ClosedSet(model, tokenizer, terms, logit_bias, tree=batch_size > 1) if closed_set else None
+    batch_size, n_choices = params.batch_size, len(terms) if params.closed_set else None
+    ranker = ClosedSet(ctx.model, ctx.tokenizer, terms, ctx.logit_bias, tree=batch_size > 1) \
+        if params.closed_set else None
     rows: list[dict] = [{} for _ in tasks]
     order = sorted(range(len(tasks)), key=lambda i: (len(tasks[i].cover), len(tasks[i].prompt)))
-    advance = (progress or silent)("generating terms", len(tasks))
+    advance = ctx.advance("generating terms", len(tasks))
     for b in range(0, len(order), batch_size):
         batch = [tasks[i] for i in order[b:b + batch_size]]
-        generated = _generate_text(model, tokenizer, [t.prompt for t in batch], [t.expected for t in batch],
-                                   [len(t.cover) for t in batch], eot_id, logit_bias)
-        completed = _complete(model, tokenizer, batch, generated, eot_id, logit_bias)
-        scored = continuation_scores(model, [t.prompt for t in batch], [t.cover for t in batch], eot_id,
-                                     logit_bias)
+        generated = _generate_text(ctx, [t.prompt for t in batch], [t.expected for t in batch],
+                                   [len(t.cover) for t in batch])
+        completed = _complete(ctx, batch, generated)
+        scored = continuation_scores(ctx.model, [t.prompt for t in batch], [t.cover for t in batch],
+                                     ctx.eot_id, ctx.logit_bias)
         for i, task, output, done, (nll, rank) in zip(order[b:b + batch_size], batch, generated, completed,
                                                       scored, strict=True):
             choice = None if ranker is None else ranker.rank(task, float(nll.sum()))
-            rows[i] = _row(tokenizer, split, task, terms[task.occurrence.term], output, nll, rank, choice,
-                           len(terms) if closed_set else None, done)
+            rows[i] = _row(ctx.tokenizer, split.name, task, terms[task.occurrence.term], (output, done),
+                           (nll, rank, choice, n_choices))
         advance(len(batch))
     return rows
 
 
-def _complete(model, tokenizer, batch: list[Prompted], generated: list[list[int]], eot_id: int,
-              logit_bias=None) -> list[list[int]]:
+def _complete(ctx: EvalContext, batch: list[Prompted], generated: list[list[int]]) -> list[list[int]]:
     """What the model writes when the term's first covering token is given after the prompt: that
     token, then greedy tokens as `_generate_text` writes them.
 
@@ -133,9 +134,8 @@ def _complete(model, tokenizer, batch: list[Prompted], generated: list[list[int]
     redo = [i for i, (t, g) in enumerate(zip(batch, generated, strict=True))
             if g[0] != t.cover[0] and len(t.cover) > 1]
     if redo:
-        again = _generate_text(model, tokenizer, [batch[i].prompt for i in redo],
-                               [batch[i].expected for i in redo], [len(batch[i].cover) for i in redo], eot_id,
-                               logit_bias, heads=[batch[i].cover[:1] for i in redo])
+        again = _generate_text(ctx, [batch[i].prompt for i in redo], [batch[i].expected for i in redo],
+                               [len(batch[i].cover) for i in redo], heads=[batch[i].cover[:1] for i in redo])
         for i, g in zip(redo, again, strict=True):
             out[i] = g
     for i, t in enumerate(batch):
@@ -188,14 +188,16 @@ class ClosedSet:
         return 1 + int((scores < true_nll).sum())
 
 
-def _row(tokenizer, split: str, task: Prompted, term: term_search.Term, generated: list[int],
-         nll: np.ndarray, rank: np.ndarray, choice_rank: int | None, n_choices: int | None,
-         completed: list[int]) -> dict:
+def _row(tokenizer, split: str, task: Prompted, term: term_search.Term, written: tuple[list[int], list[int]],
+         scores: tuple[np.ndarray, np.ndarray, int | None, int | None]) -> dict:
     """One occurrence's row of metrics/eval_occurrences.jsonl (its keys in this order).
 
-    `completion_match`: the text written after the prompt plus the term's first covering token
-    (`completed`, which starts with that token) starts with lead + term: the model spells the rest
-    of the term once it has begun it."""
+    `written`: the tokens the model wrote after the prompt, and after the prompt plus the term's
+    first covering token (`completed`, which starts with that token); `completion_match`: the
+    latter starts with lead + term, the model spells the rest of the term once it has begun it.
+    `scores`: the covering tokens' teacher-forced NLL and rank, the closed-set rank and of how many
+    terms (None, None without the closed set)."""
+    (generated, completed), (nll, rank, choice_rank, n_choices) = written, scores
     o, expected = task.occurrence, task.expected
     text = tokenizer.decode(generated, skip_special_tokens=False)
     completion = tokenizer.decode(completed, skip_special_tokens=False)

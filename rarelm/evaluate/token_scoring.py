@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from rarelm.evaluate import prefix, retrieval
-from rarelm.evaluate.common import Progress, ratio, silent
+from rarelm.evaluate.common import EvalContext, ratio
 from rarelm.evaluate.decoding import context_length
 from rarelm.evaluate.scoring import keeps_logits
 
@@ -133,40 +133,34 @@ def _score_rows(logits: torch.Tensor, targets: torch.Tensor, start_ids) -> tuple
     return log_norm - target_logit, top[:, 0] == targets, (top == targets.unsqueeze(-1)).any(-1), mass, hit
 
 
-def _score_batch(model, windows: np.ndarray, buckets: np.ndarray, is_term: np.ndarray,
-                 stats: TokenStats, logit_bias=None, at_start: np.ndarray | None = None,
-                 start_ids=None, skip: int = 0) -> None:
-    """Score the targets of `windows` [rows, 1 + targets], each row led by `skip` tokens that are
-    context only (retrieved passages)."""
+def _score_batch(ctx: EvalContext, windows: np.ndarray, skip: int, start_ids) -> tuple:
+    """Per target of `windows` [rows, 1 + targets], each row led by `skip` tokens that are context
+    only (the lead, retrieved passages), as numpy arrays: the target, its NLL, top-1 hit, top-5 hit,
+    and with `start_ids` (else None) the pair (mass on term-start tokens, whether the target is one)."""
+    model = ctx.model
     ids = torch.as_tensor(windows.astype(np.int64), device=model.device)
     inputs, targets = ids[:, :-1], ids[:, 1 + skip:].reshape(-1)
     scored = inputs.shape[1] - skip
     keep = {"logits_to_keep": scored} if skip and keeps_logits(model) else {}
     with torch.no_grad():
         logits = model(input_ids=inputs, use_cache=False, **keep).logits[:, -scored:].float()
-        if logit_bias is not None:
-            logits = logits + logit_bias
+        if ctx.logit_bias is not None:
+            logits = logits + ctx.logit_bias
         chunks = zip(logits.reshape(len(targets), -1).split(ROWS), targets.split(ROWS), strict=True)
         parts = [_score_rows(rows, chunk, start_ids) for rows, chunk in chunks]
     nll, hit1, hit5, mass, hit = (None if p[0] is None else torch.cat(p) for p in zip(*parts, strict=True))
-    if start_ids is not None:
-        stats.add_starts(at_start.reshape(-1), mass.double().cpu().numpy(), hit.cpu().numpy())
-    flat = targets.cpu().numpy()
-    nll, hit1, hit5 = (x.cpu().numpy() for x in (nll.double(), hit1, hit5))
-    stats.add(buckets[flat], nll, hit1, hit5)
-    term = is_term.reshape(-1)
-    if term.any():
-        stats.add(np.full(int(term.sum()), TERM), nll[term], hit1[term], hit5[term])
+    mass_hit = None if start_ids is None else (mass.double().cpu().numpy(), hit.cpu().numpy())
+    return (targets.cpu().numpy(), *(x.cpu().numpy() for x in (nll.double(), hit1, hit5)), mass_hit)
 
 
-def score_tokens(model, tokens: np.ndarray, buckets: np.ndarray, block_size: int, batch_size: int,
-                 progress: Progress | None = None, term_mask: np.ndarray | None = None,
-                 logit_bias=None, start_mask: np.ndarray | None = None, max_tokens: int = 0) -> TokenStats:
-    """Teacher-forced NLL / top-1 / top-5 of every token after the first, summed per class.
+def score_tokens(ctx: EvalContext, tokens: np.ndarray, buckets: np.ndarray, block_size: int,
+                 term_mask: np.ndarray | None = None, start_mask: np.ndarray | None = None) -> TokenStats:
+    """Teacher-forced NLL / top-1 / top-5 of every token after the first, summed per class, in batches
+    of eval.batch_size windows of `block_size` targets.
 
     `term_mask` (bool per split position) marks the tokens that cover a term occurrence;
     `start_mask` the first covering token of each occurrence: the tokens found there are the
-    term-start tokens whose probability mass TokenStats.start_metrics reports. `max_tokens` > 0
+    term-start tokens whose probability mass TokenStats.start_metrics reports. eval.max_tokens > 0
     scores only the windows `budget_windows` keeps, spread evenly over the split.
     """
     stats = TokenStats()
@@ -177,25 +171,28 @@ def score_tokens(model, tokens: np.ndarray, buckets: np.ndarray, block_size: int
     if start_mask is not None and start_mask.any():
         ids = np.unique(np.asarray(tokens)[start_mask]).astype(np.int64)
         stats.n_start_ids = len(ids)
-        start_ids = torch.as_tensor(ids, device=model.device)
+        start_ids = torch.as_tensor(ids, device=ctx.model.device)
     skip = prefix.width()  # the lead (<bos>) and retrieved passages before every window: context only
     if skip:
-        retrieval.check_fits(block_size, skip, context_length(model))
-    starts = budget_windows(np.arange(0, max(n - 1, 0), block_size), block_size, max_tokens)
-    advance = (progress or silent)("scoring tokens", int(np.minimum(block_size, n - 1 - starts).sum()))
-    for b in range(0, len(starts), batch_size):
-        batch = starts[b:b + batch_size]
+        retrieval.check_fits(block_size, skip, context_length(ctx.model))
+    starts = budget_windows(np.arange(0, max(n - 1, 0), block_size), block_size, ctx.params.max_tokens)
+    advance = ctx.advance("scoring tokens", int(np.minimum(block_size, n - 1 - starts).sum()))
+    for b in range(0, len(starts), ctx.params.batch_size):
+        batch = starts[b:b + ctx.params.batch_size]
         targets = np.minimum(block_size, n - 1 - batch)  # only the split's last window is shorter
         for length in np.unique(targets):
             first = batch[targets == length]
             rows = [tokens[s:s + length + 1] for s in first]
             if skip:  # the lead, then the passages found for the text before each window's targets
                 rows = _with_prefix(tokens, first, rows)
-            terms = np.stack([term_mask[s + 1:s + length + 1] for s in first])
-            at_start = None if start_ids is None else \
-                np.stack([start_mask[s + 1:s + length + 1] for s in first])
-            _score_batch(model, np.stack(rows), buckets, terms, stats, logit_bias, at_start, start_ids,
-                         skip=skip)
+            flat, nll, hit1, hit5, mass_hit = _score_batch(ctx, np.stack(rows), skip, start_ids)
+            if mass_hit is not None:
+                at_start = np.stack([start_mask[s + 1:s + length + 1] for s in first])
+                stats.add_starts(at_start.reshape(-1), *mass_hit)
+            stats.add(buckets[flat], nll, hit1, hit5)
+            term = np.stack([term_mask[s + 1:s + length + 1] for s in first]).reshape(-1)
+            if term.any():
+                stats.add(np.full(int(term.sum()), TERM), nll[term], hit1[term], hit5[term])
         advance(int(targets.sum()))
     return stats
 
