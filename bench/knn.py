@@ -31,7 +31,6 @@ import platform
 import tempfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -133,7 +132,7 @@ def with_model(folder: Path, model_dir: Path, tokens: int, k: int, cache_window:
     from rarelm.evaluate.token_scoring import score_tokens
     from rarelm.knn.datastore import Datastore, build
     from rarelm.knn.hook import attached
-    from rarelm.params import EvalParams
+    from rarelm.params import EvalParams, KnnParams
 
     model = load_causal_lm(model_dir, "cpu")
     vocab, block = model.config.vocab_size, context_length(model) or 128
@@ -155,9 +154,9 @@ def with_model(folder: Path, model_dir: Path, tokens: int, k: int, cache_window:
     started = time.perf_counter()
     score_tokens(ctx, scored, buckets, block)
     plain_s = time.perf_counter() - started
-    knn = SimpleNamespace(enabled=knn_weight > 0, k=k, weight=knn_weight, temperature=1.0,
-                          cache_window=cache_window, cache_weight=0.1 if cache_window else 0.0,
-                          cache_temperature=1.0)
+    knn = KnnParams(enabled=knn_weight > 0, k=k, weight=knn_weight, temperature=1.0,
+                    cache_window=cache_window, cache_weight=0.1 if cache_window else 0.0,
+                    cache_temperature=1.0)
     with attached(model, store, knn, 0):
         started = time.perf_counter()
         score_tokens(ctx, scored, buckets, block)

@@ -16,7 +16,6 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -42,7 +41,7 @@ def main() -> None:
     from rarelm.evaluate.token_scoring import score_tokens
     from rarelm.knn.datastore import Datastore, build
     from rarelm.knn.hook import attached
-    from rarelm.params import EvalParams
+    from rarelm.params import EvalParams, KnnParams
 
     data = TokenizedData.open(args.data)
     model = load_causal_lm(args.model, "cpu")
@@ -62,9 +61,8 @@ def main() -> None:
         rows = []
 
         def score(name: str, **knn) -> None:
-            settings = SimpleNamespace(**{"enabled": True, "k": 16, "weight": 0.0, "temperature": 1.0,
-                                          "cache_window": 0, "cache_weight": 0.0, "cache_temperature": 1.0,
-                                          **knn})
+            settings = KnnParams(**{"enabled": True, "k": 16, "weight": 0.0, "temperature": 1.0,
+                                    "cache_window": 0, "cache_weight": 0.0, "cache_temperature": 1.0, **knn})
             started = time.perf_counter()
             with attached(model, store, settings, data.eot_id):
                 ppl = score_tokens(EvalContext(model, None, 0, EvalParams(batch_size=32)), val, buckets,
