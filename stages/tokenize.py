@@ -14,8 +14,7 @@ from pathlib import Path
 import typer
 
 from rarelm import paths
-from rarelm.errors import RarelmError, user_errors
-from rarelm.files import atomic_dir, outputs_together, read_json, write_json
+from rarelm.errors import user_errors
 from rarelm.params import load_params
 
 app = typer.Typer(add_completion=False, help=__doc__)
@@ -30,32 +29,12 @@ def tokenize(
 ) -> None:
     """Build the tokenizer and encode every split."""
     # on use: numpy and rich would add ~0.4 s to every `rarelm` command's start-up (`rarelm --help`)
-    from rich.console import Console
-    from rich.progress import Progress
-
-    from rarelm.tokenize import tokenization
+    from rarelm.tokenize.stage import run, summary
 
     with user_errors("tokenize"):
         params = load_params(params_file, hold=True)  # outputs refused if it changes meanwhile
-        try:
-            stats = read_json(prepared / "stats.json")
-        except FileNotFoundError:
-            raise RarelmError(f"{prepared}: no stats.json; run the prepare stage first") from None
-        total = sum(stats[s]["documents"] for s in ("train", "val", "test"))
-        # the bar goes to stderr so stdout holds only the summary line; none in a log (where the
-        # transient bar left a blank line)
-        console = Console(stderr=True)
-        with outputs_together(), atomic_dir(out) as tmp:  # both outputs change, or neither does
-            with Progress(console=console, transient=True, disable=not console.is_terminal) as bar:
-                task = bar.add_task("tokenize: encoding documents", total=total)
-                meta = tokenization.tokenize(params.tokenizer, prepared, tmp,
-                                             progress=lambda n: bar.advance(task, n), rare=params.rare)
-            write_json(tmp / "meta.json", meta)
-            write_json(metrics, {"vocab_size": meta["vocab_size"],
-                                 **{f"{s}_tokens": v["tokens"] for s, v in meta["splits"].items()}})
-    counts = ", ".join(f"{s} {v['tokens']}" for s, v in meta["splits"].items())
-    added = f", {meta['added_terms']} terms added as tokens" if "added_terms" in meta else ""
-    print(f"tokenize: vocabulary {meta['vocab_size']} ({meta['tokenizer']}{added}), tokens: {counts}")
+        meta = run(params, prepared, out, metrics)
+    print(summary(meta))
 
 
 if __name__ == "__main__":

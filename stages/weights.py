@@ -24,34 +24,10 @@ from pathlib import Path
 import typer
 
 from rarelm import paths
-from rarelm.errors import RarelmError, user_errors
-from rarelm.files import atomic_dir, outputs_together, write_csv, write_json
+from rarelm.errors import user_errors
 from rarelm.params import load_params
 
 app = typer.Typer(add_completion=False, help=__doc__)
-
-
-def check_term_lengths(terms: Path, block_size: int) -> None:
-    """Refuse a glossary term longer than `evaluate` can test in model.block_size tokens: a prompt
-    of at least one token, then room for the term twice plus 4 (rarelm/evaluate/splits.py). Was
-    refused only by evaluate, after training, in a line that did not name it. (Here, not in
-    rare_terms: this stage declares model.block_size, rare_terms does not.)"""
-    import json
-
-    most = (block_size - 5) // 2
-    try:
-        rows = [json.loads(line) for line in terms.read_text(encoding="utf-8").splitlines() if line.strip()]
-    except (OSError, ValueError):
-        return  # missing or malformed: `compute` says so in its own line
-    for row in rows:
-        lengths = [len(ids) for ids in row.get("token_ids") or []] if isinstance(row, dict) else []
-        if row.get("source") == "glossary" and lengths and min(lengths) > most:
-            term = str(row.get("term", ""))
-            shown = term if len(term) <= 60 else term[:57] + "..."
-            raise RarelmError(
-                f"rare.glossary: the term {shown!r} is {min(lengths)} tokens long; evaluate tests terms "
-                f"of at most {most} tokens with model.block_size = {block_size} (a prompt, then the term "
-                "twice); shorten or remove it, then re-run rare_terms")
 
 
 @app.command()
@@ -65,26 +41,12 @@ def weights(
 ) -> None:
     """Weight every training sample by the rarity of its tokens or of the terms it holds."""
     # on use: numpy would add ~0.3 s to every `rarelm` command's start-up (`rarelm --help`)
-    import numpy as np
-
-    from rarelm.weights.stage import compute
+    from rarelm.weights.stage import run, summary
 
     with user_errors("weights"):
         params = load_params(params_file, hold=True)  # outputs refused if it changes meanwhile
-        check_term_lengths(rare_dir / "terms.jsonl", params.model.block_size)
-        values, scores, stats, histogram = compute(params, tokenized, rare_dir)
-        with outputs_together():  # the three outputs change together, or none does
-            with atomic_dir(out) as tmp:
-                np.save(tmp / "weights.npy", values)
-                np.save(tmp / "scores.npy", scores)
-                write_json(tmp / "summary.json", stats)
-            write_json(metrics, stats)
-            write_csv(plot, ["log10_weight", "samples"], histogram, cell=str)  # bins rounded to 6 decimals
-    rare, terms = stats["rare_exposure"], stats["term_exposure"]["le8"]["exposure"]
-    print(f"weights: {stats['samples']} samples, score {stats['score']}, alpha {stats['alpha']:g}, max/min "
-          f"{stats['max_over_min']:.3g}, ESS {stats['ess_fraction']:.1%}, rare-token exposure "
-          f"{'n/a' if rare is None else f'{rare:.3f}x'}, terms seen <= 8 times "
-          f"{'n/a' if terms is None else f'{terms:.2f}x'}, top 1% hold {stats['top1pct_weight_share']:.1%}")
+        stats = run(params, tokenized, rare_dir, out, metrics, plot)
+    print(summary(stats))
 
 
 if __name__ == "__main__":

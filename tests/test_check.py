@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from rarelm.check import check
+from rarelm.check import MARKER, check
 from rarelm.errors import RarelmError
 from rarelm.params import load_params
-from stages.check import MARKER
 from tests.conftest import REPO, run, set_params
 
 BASE = REPO / "base/model"  # a committed pretrained GPT-2 of 128 positions, with its tokenizer

@@ -1,5 +1,8 @@
 """The `rare_terms` stage, start to end: read and check everything, count, bucket, extract
-terms, find them in the train split, then write data/rare/ (see stages/rare_terms.py)."""
+terms, find them in the train split, then write data/rare/ (see stages/rare_terms.py).
+
+`run` writes the stage's outputs together; `rare_terms` is its work into one folder;
+`summary` and `glossary_notice` are the lines it prints."""
 
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ from rarelm.artifacts.buckets import BUCKET_NAMES
 from rarelm.artifacts.term_index import TERM_INDEX, TERM_INDEX_META
 from rarelm.artifacts.tokenized import TokenizedData, load_tokenizer
 from rarelm.errors import RarelmError
-from rarelm.files import read_json, write_json
+from rarelm.files import atomic_dir, outputs_together, read_input, read_json, write_json
 from rarelm.prepare.corpus import read_split
 from rarelm.progress import Steps
 from rarelm.rare_terms.buckets import bucket_tokens, count_tokens
@@ -85,9 +88,60 @@ def term_list(params, prepared_dir: Path, steps: Steps | None = None) -> TermLis
     return TermList(language, documents, segmenter, glossary, extracted, table)
 
 
+def run(params, prepared: Path, tokenized: Path, out: Path, metrics: Path) -> tuple[dict, str | None]:
+    """Write data/rare/ to `out` and its summary to `metrics`, together; returns the metrics and
+    the glossary's notice (`glossary_notice`). `params` is the full Params (`rare`, and
+    `corpus.reference_glossary`)."""
+    with outputs_together(), atomic_dir(out) as tmp:  # both outputs change, or neither does
+        result = rare_terms(params.rare, params.corpus.reference_glossary, prepared, tokenized, tmp)
+        notice = glossary_notice(params.rare.glossary, tmp / "terms.jsonl")
+        write_json(metrics, result)
+    return result, notice
+
+
+def summary(result: dict) -> str:
+    """The stage's one summary line."""
+    b = result["buckets"]
+    shares = ", ".join(f"{n} {b[n]['tokens']} ({b[n]['share']:.1%})" for n in BUCKET_NAMES)
+    scored = ""
+    if "extraction" in result:
+        e = result["extraction"]
+        scored = f"; vs reference P {e['precision']:.3f} R {e['recall']:.3f} F1 {e['f1']:.3f}"
+    return (f"rare_terms: buckets {shares}; {result['terms']} terms ({result['tfidf_terms']} tfidf, "
+            f"{result['glossary_terms']} glossary, {result['language']}){scored}")
+
+
+def glossary_notice(glossary: str, terms: Path) -> str | None:
+    """How many of the glossary's terms terms.jsonl does not keep as terms of their own, and why
+    (one line), else None. A term written twice, or the same as another but for case and spacing,
+    is one term: the stage compares terms in that form (rarelm/rare_terms/segmentation.py
+    `normalize_term`). Was: 13 terms listed, 7 written, and no word about it."""
+    if not glossary:
+        return None
+    lines = read_input("rare.glossary", glossary).decode("utf-8-sig").splitlines()
+    if lines and "\t" in lines[0] and lines[0].split("\t")[0].strip().lower() == "term":
+        lines = [line.split("\t")[0] for line in lines[1:]]  # a TSV: its term column, as read_glossary
+    listed = [line.strip() for line in lines if line.strip()]
+    kept = sum(json.loads(line).get("source") == "glossary"
+               for line in terms.read_text(encoding="utf-8").splitlines() if line.strip())
+    if kept >= len(listed):
+        return None
+    seen: dict[str, str] = {}
+    pair = None
+    for term in listed:
+        key = normalize_term(term)
+        if key in seen and pair is None:
+            pair = (term, seen[key])
+        seen.setdefault(key, term)
+    example = f" (e.g. {pair[0]!r} is {pair[1]!r})" if pair else ""
+    return (f"rare.glossary {glossary} lists {len(listed)} terms, {kept} kept: {len(listed) - kept} "
+            f"repeat another one, the same but for case or spacing{example}; terms are compared in "
+            "lower case with single spaces, and the last spelling is kept")
+
+
 def rare_terms(params, reference_glossary: str, prepared_dir: Path, tokenized_dir: Path,
                out_dir: Path) -> dict:
-    """Run the whole stage into out_dir (see stages/rare_terms.py); returns the metrics.
+    """The whole stage's work into out_dir (see stages/rare_terms.py); returns the metrics.
 
     `params` is RareParams. Everything is read and checked before the first file is written.
     """

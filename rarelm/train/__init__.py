@@ -1,5 +1,7 @@
 """The `train` stage's logic: tokenized data + rare buckets + sample weights -> a trained model.
 
+    stage.py       run(): the stage, start to end: checks, then launch (launch.py: torchrun, the
+                   workers' error lines and exit codes) or train
     loop.py        train(): set up -> for each step train_step -> meter -> validate -> report
                    -> maybe checkpoint -> finish, on one screen
     setup.py       the Trainer: process group, precision, inputs, model, optimizer, resume

@@ -39,7 +39,7 @@ _GROUP = {"started": False}
 
 class EveryRankError(RarelmError):
     """A RarelmError that every rank raises at the same point: rank 0 says it (after ending its
-    MLflow run), the others wait for torchrun to stop them (stages/train.py), so the one line
+    MLflow run), the others wait for torchrun to stop them (rarelm/train/launch.py), so the one line
     is said before the job ends."""
 
 

@@ -2,7 +2,7 @@
 
 torchrun's stores bind every interface whatever address they are given (`*:<port>`), and they
 answer anyone who connects, unauthenticated. On one machine every process of the job reaches
-the others through 127.0.0.1, so the train launcher (stages/train.py) and its workers bind that:
+the others through 127.0.0.1, so the train launcher (rarelm/train/launch.py) and its workers bind that:
 
 - the launcher's rendezvous (`--rdzv-backend rarelm-loopback`, registered by
   `register_rendezvous()`): torchrun's c10d rendezvous on a store bound to 127.0.0.1, the node's

@@ -1,8 +1,12 @@
 """The `weights` stage: every training sample's weight, and what the weights do to exposure
-(see stages/weights.py; the formulas are in `rarelm.weights.scoring`)."""
+(see stages/weights.py; the formulas are in `rarelm.weights.scoring`).
+
+`run` checks the glossary's terms, computes (`compute`) and writes the stage's outputs together;
+`summary` is its line."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -12,6 +16,7 @@ from rarelm.artifacts.buckets import BUCKET_NAMES, RARE, load_buckets, load_coun
 from rarelm.artifacts.term_index import TermIndex
 from rarelm.artifacts.tokenized import Samples, TokenizedData
 from rarelm.errors import RarelmError
+from rarelm.files import atomic_dir, outputs_together, write_csv, write_json
 from rarelm.rare_terms.term_search import band_index, band_label
 from rarelm.weights.scoring import (
     log_scores,
@@ -20,6 +25,53 @@ from rarelm.weights.scoring import (
     term_log_scores,
     weights_from_scores,
 )
+
+
+def run(params, tokenized: Path, rare_dir: Path, out: Path, metrics: Path, plot: Path) -> dict:
+    """Write out/{weights,scores}.npy and out/summary.json, the same stats to `metrics` and the
+    histogram to `plot`, together; returns the stats. `params` is the full Params."""
+    check_term_lengths(rare_dir / "terms.jsonl", params.model.block_size)
+    values, scores, stats, histogram = compute(params, tokenized, rare_dir)
+    with outputs_together():  # the three outputs change together, or none does
+        with atomic_dir(out) as tmp:
+            np.save(tmp / "weights.npy", values)
+            np.save(tmp / "scores.npy", scores)
+            write_json(tmp / "summary.json", stats)
+        write_json(metrics, stats)
+        write_csv(plot, ["log10_weight", "samples"], histogram, cell=str)  # bins rounded to 6 decimals
+    return stats
+
+
+def summary(stats: dict) -> str:
+    """The stage's one summary line."""
+    rare, terms = stats["rare_exposure"], stats["term_exposure"]["le8"]["exposure"]
+    return (f"weights: {stats['samples']} samples, score {stats['score']}, alpha {stats['alpha']:g}, max/min "
+            f"{stats['max_over_min']:.3g}, ESS {stats['ess_fraction']:.1%}, rare-token exposure "
+            f"{'n/a' if rare is None else f'{rare:.3f}x'}, terms seen <= 8 times "
+            f"{'n/a' if terms is None else f'{terms:.2f}x'}, top 1% hold {stats['top1pct_weight_share']:.1%}")
+
+
+def check_term_lengths(terms: Path, block_size: int) -> None:
+    """Refuse a glossary term longer than `evaluate` can test in model.block_size tokens: a prompt
+    of at least one token, then room for the term twice plus 4 (rarelm/evaluate/splits.py). Was
+    refused only by evaluate, after training, in a line that did not name it. (Here, not in
+    rare_terms: this stage declares model.block_size, rare_terms does not.) It reads terms.jsonl
+    itself, not through rarelm.artifacts.terms: `Term` has no token ids, and a missing or malformed
+    file is `compute`'s to refuse, in its own line."""
+    most = (block_size - 5) // 2
+    try:
+        rows = [json.loads(line) for line in terms.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except (OSError, ValueError):
+        return  # missing or malformed: `compute` says so in its own line
+    for row in rows:
+        lengths = [len(ids) for ids in row.get("token_ids") or []] if isinstance(row, dict) else []
+        if row.get("source") == "glossary" and lengths and min(lengths) > most:
+            term = str(row.get("term", ""))
+            shown = term if len(term) <= 60 else term[:57] + "..."
+            raise RarelmError(
+                f"rare.glossary: the term {shown!r} is {min(lengths)} tokens long; evaluate tests terms "
+                f"of at most {most} tokens with model.block_size = {block_size} (a prompt, then the term "
+                "twice); shorten or remove it, then re-run rare_terms")
 
 
 def compute(params, tokenized_dir: Path, rare_dir: Path) -> tuple[np.ndarray, np.ndarray, dict, list[dict]]:
