@@ -3,7 +3,7 @@ decode-time mixing) of base/model and of its fine-tunes, on the base pipeline's 
 (data/general/<language>.txt, from its pretraining family) and on text from outside that family
 (data/general/<language>.outside.txt, fortune files; data/general/README.md).
 
-Scored as the evaluate stage scores `eval.general_text` (stages/evaluate.py `_general`:
+Scored as the evaluate stage scores `eval.general_text` (rarelm/evaluate/stage.py `_general`:
 rarelm.evaluate.general_text.general_metrics, the model's own context as the window, the repo's
 params.yaml eval section: batch size, block size, max_tokens), with base/model's tokenizer, which
 the fine-tunes keep. Run from the repo root:

@@ -12,8 +12,10 @@ The package mirrors the pipeline (dvc.yaml; each stage is a thin script in stage
     train/        the training loop (loop.py: one screen), its steps, sampler, checkpoints,
                   model, LoRA and FSDP; launch.py: the torchrun launcher
     objectives/   the rare-token remedies of the loss, one module each behind one protocol
+    datastore/    the datastore stage (stage.py): kNN-LM's store of the trained model's states
+                  (the store's arrays and search, and the mix at decode time: knn/)
     evaluate/     perplexity per bucket, term generation and continuous term metrics, false
-                  insertion; decoding shared with `rarelm generate`
+                  insertion; decoding shared with `rarelm generate`; stage.py runs the stage
     report/       comparisons with term x seed bootstrap intervals, the headline and the
                   real-text plans, reprocheck
     tracking/     MLflow: the store, runs, metrics, the model's export, registry and serving

@@ -21,9 +21,8 @@ from pathlib import Path
 import typer
 
 from rarelm import paths
-from rarelm.errors import RarelmError, user_errors
-from rarelm.files import atomic_dir, write_json
-from rarelm.knn import needs_store
+from rarelm.datastore.stage import run, summary
+from rarelm.errors import user_errors
 from rarelm.params import load_params
 
 app = typer.Typer(add_completion=False, help=__doc__)
@@ -40,55 +39,8 @@ def datastore(
     started = time.perf_counter()
     with user_errors("datastore"):
         params = load_params(params_file, hold=True)  # outputs refused if it changes meanwhile
-        if not needs_store(params):
-            with atomic_dir(out) as tmp:
-                write_json(tmp / "meta.json", {"enabled": False})
-            print("datastore: knn.enabled and retrieval.dense are false: an empty marker, nothing built")
-            return
-        meta = _build(params, model_dir, tokenized, out)
-    index = f", IVF index of {meta['nlist']} clusters" if "nlist" in meta else ""
-    print(f"datastore: {meta['entries']:,} entries of {meta['hidden']} {meta['key_dtype']} from the train "
-          f"split{index}, {time.perf_counter() - started:.1f} s")
-
-
-def _build(params, model_dir: Path, tokenized: Path, out: Path) -> dict:
-    # on use: torch and transformers take seconds to import
-    import torch
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-
-    from rarelm.artifacts.tokenized import TokenizedData, lead_ids, load_tokenizer
-    from rarelm.evaluate.decoding import context_length
-    from rarelm.evaluate.model_folder import load_causal_lm
-    from rarelm.evaluate.prefix import window
-    from rarelm.knn.datastore import build
-
-    if params.eval.threads:
-        torch.set_num_threads(params.eval.threads)
-    data = TokenizedData.open(tokenized)
-    tokens = data.tokens("train")
-    model = load_causal_lm(model_dir, params.eval.device)
-    vocab = getattr(model.config, "vocab_size", None)
-    if isinstance(vocab, int) and vocab < data.vocab_size:
-        raise RarelmError(f"{model_dir}: the model's vocabulary ({vocab}) is smaller than the "
-                          f"tokenizer's ({data.vocab_size}); was it trained on this data?")
-    limit = context_length(model)
-    lead = lead_ids(load_tokenizer(data.tokenizer_dir, data.vocab_size))  # <bos> first, as evaluate reads
-    block = window(params.eval.block_size, limit, len(lead))  # fits with the lead, or a RarelmError
-    total = max(len(tokens) - 1, 0)
-    if params.knn.max_entries:
-        total = min(total, params.knn.max_entries)
-    console = Console(stderr=True)  # stdout holds only the summary line
-    columns = [TextColumn("datastore: {task.description}"), BarColumn(),
-               TextColumn("{task.completed}/{task.total}"), TimeRemainingColumn()]
-    with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as bar, \
-            atomic_dir(out) as tmp:
-        task = bar.add_task("train entries", total=total)
-        meta = build(model, tokens, block, params.eval.batch_size, tmp, params.knn.key_dtype,
-                     params.knn.max_entries, lambda n: bar.advance(task, n), params.knn.index,
-                     params.knn.nlist, params.knn.similarity, lead)
-        write_json(tmp / "meta.json", meta)
-    return meta
+        meta = run(params, model_dir, tokenized, out)
+    print(summary(meta, time.perf_counter() - started))
 
 
 if __name__ == "__main__":

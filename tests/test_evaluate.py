@@ -935,13 +935,13 @@ def test_stage_writes_metrics_plots_and_logs_into_the_training_run(eval_workspac
                for line in lines if " split: " not in line), result.stderr
     m = json.loads((ws / "metrics/eval.json").read_text())
     # the summary: a block of short lines per split, then the time; the headline file for DVC
+    from rarelm.evaluate.stage import split_summary
     from rarelm.tracking.metrics import summary_file
-    from stages.evaluate import _summary
 
     lines = result.stdout.splitlines()
     assert lines[0] == (f"evaluate: test split, {m['n_eval_tokens']:,} tokens, "
                         f"{m['n_eval_terms']:,} term occurrences")
-    assert result.stdout.startswith(_summary("test", m) + "\n" + _summary("val", m["val"]) + "\n")
+    assert result.stdout.startswith(split_summary("test", m) + "\n" + split_summary("val", m["val"]) + "\n")
     # 9 lines a split, the line that no general text was found (the workspace has no data/general/),
     # the time
     assert len(lines) == 2 * 9 + 2 and max(map(len, lines)) <= 100

@@ -34,7 +34,8 @@ from the base model's pretraining is scored as `ppl_general_model` by the model 
 forgetting guard, and as `ppl_general` by what is evaluated (the same figure unless kNN-LM or the
 cache is mixed in) (`general_text`; data/general/).
 
-The other modules: `model_folder` (load a Hugging Face causal LM folder),
+The other modules: `stage` (the `evaluate` stage start to end: load, measure every split, write
+the outputs together, log them into the training run), `model_folder` (load a Hugging Face causal LM folder),
 `decoding` (batched greedy and sampled continuations), `scoring` (teacher-forced
 scores of given continuations), `mlflow_log` (the results into the training run),
 `generate` (`rarelm generate`), `common` (`EvalContext`: what every measurement of one evaluation

@@ -17,7 +17,7 @@ Progress = Callable[[str, int], Callable[[int], None]]
 
 @dataclasses.dataclass(frozen=True)
 class EvalContext:
-    """What every measurement of one evaluation reads, built once (stages/evaluate.py) and passed down.
+    """What every measurement of one evaluation reads, built once (rarelm/evaluate/stage.py) and passed down.
 
         ctx = EvalContext(model, tokenizer, eot_id=0, params=EvalParams(batch_size=8))
         score_tokens(ctx, tokens, buckets, block_size=128)
