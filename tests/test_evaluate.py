@@ -11,6 +11,7 @@ import json
 import math
 import re
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -970,7 +971,11 @@ def test_stage_writes_metrics_plots_and_logs_into_the_training_run(eval_workspac
     assert m["val"]["n_eval_tokens"] == len(val_tokens) - 1 and m["val"]["ppl"] > 1
 
     _assert_eval_plots(ws, m, n)
+    _assert_logged_into_the_run(client, run_id, ws, m, tmp_path)
 
+
+def _assert_logged_into_the_run(client, run_id: str, ws: Path, m: dict, tmp_path: Path) -> None:
+    """The evaluate stage's figures and rows as logged into the training run's MLflow run."""
     logged = client.get_run(run_id)
     assert logged.data.metrics["summary/ppl"] == pytest.approx(m["ppl"])
     assert logged.data.metrics["summary/term_exact_match"] == pytest.approx(m["term_exact_match"])
