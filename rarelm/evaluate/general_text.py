@@ -36,6 +36,7 @@ import numpy as np
 from rarelm.errors import EXIT_USER_ERROR, RarelmError
 from rarelm.evaluate.common import EvalContext
 from rarelm.files import atomic_file, read_input
+from rarelm.prepare.corpus import spread
 
 # the base pipeline's raw corpora whose held-out documents may be committed, by language; People's
 # Daily (peoples_daily_zh) is left out: its text is not redistributed (data/raw/corpora.json)
@@ -129,20 +130,6 @@ def build(val_jsonl: Path, raw_dir: Path, out_dir: Path) -> dict[str, int]:
         with atomic_file(out_dir / f"{language}.txt") as f:  # never a half-written slice
             f.write("".join(d + "\n" for d in documents))
     return {language: len(documents) for language, documents in slices.items()}
-
-
-def spread(documents: list[str], max_bytes: int) -> list[str]:
-    """Every k-th document from the first, k the smallest stride whose pick fits `max_bytes` of UTF-8
-    (one newline per document counted): an even spread over the split, the same every time.
-
-    >>> spread(["aa", "bb", "cc", "dd", "ee"], 7)   # 15 bytes in all: k = 3 gives "aa", "dd"
-    ['aa', 'dd']
-    """
-    sizes = [len(d.encode("utf-8")) + 1 for d in documents]
-    for stride in range(1, len(documents) + 1):
-        if sum(sizes[::stride]) <= max_bytes:
-            return documents[::stride]
-    return []
 
 
 def build_replay(train_jsonl: Path, raw_dir: Path, out_dir: Path, max_bytes: int) -> dict[str, int]:

@@ -45,6 +45,7 @@ from rarelm import paths
 from rarelm.errors import EXIT_USER_ERROR, RarelmError
 from rarelm.files import atomic_file
 from rarelm.prepare import fortunes
+from rarelm.prepare.corpus import spread_stride
 
 REGISTRY = Path(paths.RAW) / "corpora.json"
 PACKAGES = Path(".cache/packages")
@@ -503,16 +504,16 @@ def write_corpus(documents: Iterator[str | dict], out: Path) -> dict:
 def write_slice(documents: Iterable[str], out: Path, max_bytes: int) -> dict:
     """A general-text slice (a record of use "general"): plain UTF-8, a document a line, every k-th
     document from the first, k the smallest stride that keeps the file within `max_bytes` (the even
-    spread of the replay slices, rarelm.evaluate.general_text.spread); returns its counts and sha256."""
+    spread of the replay slices, rarelm.prepare.corpus.spread); returns its counts and sha256."""
     docs = [doc for doc in documents if doc]
-    sizes = [len(doc.encode("utf-8")) + 1 for doc in docs]
-    stride = next((k for k in range(1, len(docs) + 1) if sum(sizes[::k]) <= max_bytes), None)
+    stride = spread_stride(docs, max_bytes)
     if stride is None:
         raise RarelmError(f"{out}: no document, or none within {max_bytes} bytes")
-    text = "".join(f"{doc}\n" for doc in docs[::stride])
+    picked = docs[::stride]
+    text = "".join(f"{doc}\n" for doc in picked)
     with atomic_file(out, "wb") as f:
         f.write(text.encode("utf-8"))
-    return {"documents": len(docs[::stride]), "of_documents": len(docs), "stride": stride,
+    return {"documents": len(picked), "of_documents": len(docs), "stride": stride,
             "characters": len(text), "han_share": round(han_share(text), 4), "sha256": sha256_of(out)}
 
 

@@ -458,3 +458,20 @@ def read_split(prepared_dir: str | Path, split: str) -> Iterator[str]:
     with open(Path(prepared_dir) / f"{split}.jsonl", encoding="utf-8") as f:
         for line in f:
             yield json.loads(line)["text"]
+
+
+def spread(documents: list[str], max_bytes: int) -> list[str]:
+    """Every k-th document from the first, k the smallest stride whose pick fits `max_bytes` of UTF-8
+    (one newline per document counted): an even spread over the split, the same every time.
+
+    >>> spread(["aa", "bb", "cc", "dd", "ee"], 7)   # 15 bytes in all: k = 3 gives "aa", "dd"
+    ['aa', 'dd']
+    """
+    stride = spread_stride(documents, max_bytes)
+    return documents[::stride] if stride else []
+
+
+def spread_stride(documents: list[str], max_bytes: int) -> int | None:
+    """The k of `spread` (None: no document, or none fits)."""
+    sizes = [len(d.encode("utf-8")) + 1 for d in documents]
+    return next((k for k in range(1, len(documents) + 1) if sum(sizes[::k]) <= max_bytes), None)
