@@ -63,9 +63,11 @@ def check_inputs(params: Params) -> int:
         read_reference(params.corpus.reference_glossary)
     if params.rare.glossary:
         read_glossary(params.rare.glossary)
-    general = resolve(params.eval.general_text, params.corpus.language)  # auto with language auto: None
-    if general is not None:
-        read_documents(general)
+    for key, kind in (("general_text", ""), ("general_text_outside", ".outside")):
+        # auto with corpus.language auto: None
+        general = resolve(getattr(params.eval, key), params.corpus.language, kind)
+        if general is not None:
+            read_documents(general, f"eval.{key}")
     if params.train.replay_share:
         try:  # with the input guards, as train reads it: a FIFO or a device is called what it is
             read_input("train.replay_text", params.train.replay_text)

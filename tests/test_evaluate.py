@@ -1003,9 +1003,11 @@ def test_stage_scores_the_general_text_as_ppl_general(eval_workspace, tmp_path):
     """eval.general_text: the file's documents, each followed by the end-of-text token, scored as
     ppl is scored (checked against torch's cross_entropy window by window). The default, `auto`, is
     the project's slice for the corpus' language, data/general/en.txt here; a workspace without it
-    says in one line that the guard is not measured."""
+    says in one line that the guard is not measured. eval.general_text_outside `auto` scores
+    data/general/en.outside.txt the same way, by the model alone, as ppl_general_outside."""
     from rarelm.artifacts.tokenized import TokenizedData, load_tokenizer
     from rarelm.evaluate.general_text import token_stream
+    from rarelm.fmt import four_digits
 
     ws = tmp_path / "ws"
     shutil.copytree(eval_workspace, ws)
@@ -1020,17 +1022,32 @@ def test_stage_scores_the_general_text_as_ppl_general(eval_workspace, tmp_path):
     result = stage("evaluate", ws)  # auto: the corpus is English (data/prepared/stats.json)
     assert result.returncode == 0 and "forgetting not measured" not in result.stdout, result.stderr
     metrics = json.loads((ws / "metrics/eval.json").read_text())
+    assert "ppl_general_outside" not in metrics and "outside-family" not in result.stdout
+    # eval.general_text_outside auto: data/general/en.outside.txt, scored apart by the model alone
+    outside = ["Fortune favours the bold.", "A penny saved is a penny earned."]
+    (ws / "data/general/en.outside.txt").write_text("\n".join(outside) + "\n", encoding="utf-8")
+    result = stage("evaluate", ws)
+    assert result.returncode == 0, result.stderr
+    both = json.loads((ws / "metrics/eval.json").read_text())
+    assert both["ppl_general"] == metrics["ppl_general"]
+    assert json.loads((ws / "metrics/summary.json").read_text())["ppl_general_outside"] == \
+        both["ppl_general_outside"] != both["ppl_general"]
+    assert f"outside-family ppl   {four_digits(both['ppl_general_outside'])}" in result.stdout
     (ws / "general.txt").write_text("\n".join(documents) + "\n", encoding="utf-8")
     set_params(ws, **{"eval.general_text": "general.txt"})
     result = stage("evaluate", ws)
     assert result.returncode == 0, result.stderr
     assert json.loads((ws / "metrics/eval.json").read_text())["ppl_general"] == metrics["ppl_general"]
     data = TokenizedData.open(ws / "data/tokenized")
-    tokens = token_stream(load_tokenizer(data.tokenizer_dir, data.vocab_size), documents, data.eot_id)
+    tokenizer = load_tokenizer(data.tokenizer_dir, data.vocab_size)
+    tokens = token_stream(tokenizer, documents, data.eot_id)
     ppl, n = _hf_ppl(ws / "models/model", tokens, 64)  # eval.block_size 0: the model's context of 64
     assert metrics["n_general_tokens"] == n == len(tokens) - 1
     assert metrics["ppl_general"] == pytest.approx(ppl, rel=1e-5)
     assert metrics["ppl_general_model"] == metrics["ppl_general"]  # nothing mixed in: the same figure
+    ppl, n = _hf_ppl(ws / "models/model", token_stream(tokenizer, outside, data.eot_id), 64)
+    assert both["n_general_outside_tokens"] == n
+    assert both["ppl_general_outside"] == pytest.approx(ppl, rel=1e-5)
     assert "general-text ppl" in result.stdout and "the model alone" not in result.stdout
     # a decode-time cache mixed in: ppl_general is the mixture's, ppl_general_model (forgetting) the
     # model's alone, the same figure as without the cache
@@ -1039,6 +1056,7 @@ def test_stage_scores_the_general_text_as_ppl_general(eval_workspace, tmp_path):
     assert result.returncode == 0, result.stderr
     mixed = json.loads((ws / "metrics/eval.json").read_text())
     assert mixed["ppl_general_model"] == metrics["ppl_general"]
+    assert mixed["ppl_general_outside"] == both["ppl_general_outside"]  # the model alone, mixing or not
     assert mixed["ppl_general"] != pytest.approx(metrics["ppl_general"], rel=1e-3)
     assert "the model alone" in result.stdout
 

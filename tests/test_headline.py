@@ -365,7 +365,8 @@ def test_ranking_guards_overall_perplexity_and_false_insertion(monkeypatch):
     for c in report["configurations"]:
         c["summary"]["false_insertion_start_mass"] = mass[c["label"]]
     by_mass = dataclasses.replace(plan, insertion_metric="false_insertion_start_mass")
-    assert hl.guard(by_mass) == {"ppl": 0.02, "false_insertion_start_mass": 0.10, "ppl_general_model": 0.02}
+    assert hl.guard(by_mass) == {"ppl": 0.02, "false_insertion_start_mass": 0.10, "ppl_general_model": 0.02,
+                                 "ppl_general_outside": 0.02}
     assert hl.ranking(Path("."), Path("."), by_mass, ["a", "b", "c", "d", "e"], [1]) == [
         ("d", -0.4), ("c", -0.2), ("e", -0.1)]
     # with general text scored (eval.general_text) forgetting is guarded too: c's +5% is out; d's
@@ -375,6 +376,13 @@ def test_ranking_guards_overall_perplexity_and_false_insertion(monkeypatch):
         c["summary"]["ppl_general"] = {"c": 52.5, "d": 55.0}.get(c["label"], 50.0)
     assert hl.ranking(Path("."), Path("."), by_mass, ["a", "b", "c", "d", "e"], [1]) == [
         ("d", -0.4), ("e", -0.1)]
+    # forgetting on general text from outside the base's family guards too, on its own: e's +3% there
+    # is out though its in-family figure is the baseline's
+    for c in report["configurations"]:
+        c["summary"]["ppl_general_outside"] = 103.0 if c["label"] == "e" else 100.0
+    assert hl.ranking(Path("."), Path("."), by_mass, ["a", "b", "c", "d", "e"], [1]) == [("d", -0.4)]
+    for c in report["configurations"]:
+        c["summary"]["ppl_general_outside"] = 100.0
     # a plan breaking ties by the completion given the first token: a beats e there
     rows += [{"configuration": k, "slice": "all", "aggregate": "occurrences", "metric": "completion_match",
               "diff": {"a": 0.02, "e": 0.01}.get(k, 0.0)} for k in per_char]

@@ -32,7 +32,9 @@ would deploy (`decoding.logit_adjustment`; `logit_bias` None = the model as trai
 With `eval.general_text` (by default `auto`: data/general/<language>.txt), general text held out
 from the base model's pretraining is scored as `ppl_general_model` by the model alone, the
 forgetting guard, and as `ppl_general` by what is evaluated (the same figure unless kNN-LM or the
-cache is mixed in) (`general_text`; data/general/).
+cache is mixed in) (`general_text`; data/general/); with `eval.general_text_outside` (`auto`:
+data/general/<language>.outside.txt), general text from outside the base's pretraining family as
+`ppl_general_outside`, the model alone.
 
 The other modules: `stage` (the `evaluate` stage start to end: load, measure every split, write
 the outputs together, log them into the training run), `model_folder` (load a Hugging Face causal LM folder),

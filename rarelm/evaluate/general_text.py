@@ -7,7 +7,10 @@ model never trained on: data/general/en.txt and data/general/zh.txt are the base
 held-out documents (base/params.yaml: `corpus.val_fraction` 0.02 of GCIDE and of the Chinese
 reviews; see data/general/README.md). `evaluate` scores it teacher-forced, as `ppl` is scored, and
 writes `ppl_general_model`, `ppl_general` (the same figure unless kNN-LM or the cache is mixed
-in) and `n_general_tokens` into metrics/eval.json.
+in) and `n_general_tokens` into metrics/eval.json. `eval.general_text_outside` names general text
+from outside the base's pretraining family (data/general/<language>.outside.txt: Debian's fortune
+files, written by rarelm/prepare/corpora.py), scored the same way by the model alone as
+`ppl_general_outside` and `n_general_outside_tokens`.
 
     python -m rarelm.evaluate.general_text build base/data/prepared/val.jsonl base/data/raw data/general
 
@@ -49,17 +52,18 @@ AUTO = "auto"
 SLICES = Path("data/general")  # relative to where the stage runs: the repository, for DVC
 
 
-def resolve(setting: str, language: str) -> Path | None:
-    """The file eval.general_text names: a path as given; "auto" the project's slice for the corpus'
-    language (data/general/en.txt, zh.txt) where it exists, else None (a corpus in another language, a
+def resolve(setting: str, language: str, kind: str = "") -> Path | None:
+    """The file eval.general_text (kind "") or eval.general_text_outside (kind ".outside") names: a
+    path as given; "auto" the project's slice for the corpus' language (data/general/en.txt, zh.txt;
+    en.outside.txt, zh.outside.txt) where it exists, else None (a corpus in another language, a
     workspace without the slices); "" None.
 
-    >>> resolve("", "en"), resolve("my/general.txt", "en"), resolve("auto", "xx")
+    >>> resolve("", "en"), resolve("my/general.txt", "en"), resolve("auto", "xx", ".outside")
     (None, PosixPath('my/general.txt'), None)
     """
     if setting != AUTO:
         return Path(setting) if setting else None
-    path = SLICES / f"{language}.txt"
+    path = SLICES / f"{language}{kind}.txt"
     return path if path.is_file() else None
 
 
@@ -89,12 +93,13 @@ def token_stream(tokenizer, documents: list[str], eot_id: int) -> np.ndarray:
     return np.asarray(ids, dtype=np.int64)
 
 
-def general_metrics(ctx: EvalContext, path: str | Path, vocab_size: int, block_size: int) -> dict:
+def general_metrics(ctx: EvalContext, path: str | Path, vocab_size: int, block_size: int,
+                    key: str = "eval.general_text") -> dict:
     """`ppl_general` (perplexity of every token of the slice after the first, or of the windows
-    eval.max_tokens keeps) and `n_general_tokens`."""
+    eval.max_tokens keeps) and `n_general_tokens`; `key`: the param that named the file, for errors."""
     from rarelm.evaluate.token_scoring import score_tokens  # torch: on use
 
-    tokens = token_stream(ctx.tokenizer, read_documents(path), ctx.eot_id)
+    tokens = token_stream(ctx.tokenizer, read_documents(path, key), ctx.eot_id)
     stats = score_tokens(ctx, tokens, np.zeros(vocab_size, dtype=np.int64), block_size)
     m = stats.metrics()
     return {"ppl_general": m["ppl"], "n_general_tokens": m["n_eval_tokens"]}

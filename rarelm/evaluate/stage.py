@@ -18,6 +18,7 @@ from rarelm.files import atomic_file, outputs_together, read_json, write_csv, wr
 from rarelm.fmt import four_digits
 from rarelm.prepare.corpus import read_split
 
+OUTSIDE = ".outside"  # eval.general_text_outside's slices: data/general/<language>.outside.txt
 BUCKET_COLUMNS = ["bucket", "tokens", "ppl", "acc", "recall_at_5"]
 # nll_per_char and ppl (term perplexity) beside exact match: the term chart's three panels (dvc.yaml)
 BAND_COLUMNS = ["band", "terms", "occurrences", "exact_match", "first_token_acc", "choice_acc", "nll",
@@ -85,6 +86,7 @@ def run(params, inputs: Inputs, outputs: Outputs) -> Evaluated:
     lead = _lead(tokenizer)  # <bos> before every window and prompt where the model reads one first
     params = _with_room(params, model, len(lead))  # eval.block_size 0 with retrieval: what fits
     general_text = _general_text(params, prepared)  # eval.general_text's file, or None
+    outside = _general_text(params, prepared, OUTSIDE)  # eval.general_text_outside's, or None
     ctx = _context(params, model, tokenizer, data, prior)  # what every measurement reads, built once
 
     general = {}
@@ -93,6 +95,10 @@ def run(params, inputs: Inputs, outputs: Outputs) -> Evaluated:
             # model alone (no decode-time mixing) on general text the base never trained on
             general = _general(ctx, data, general_text)
             general["ppl_general_model"] = general["ppl_general"]
+        if outside is not None:  # forgetting on text from outside the base's family, the model alone
+            scored = _general(ctx, data, outside, "eval.general_text_outside")
+            general.update(ppl_general_outside=scored["ppl_general"],
+                           n_general_outside_tokens=scored["n_general_tokens"])
         # kNN-LM + cache mixed into every next-token distribution below (rarelm/knn/hook.py), retrieved
         # train passages before every prompt and window (rarelm/evaluate/retrieval.py); off: nothing
         retriever = _retriever(ctx, params, data, prepared, inputs.datastore)
@@ -195,6 +201,8 @@ def split_summary(split: str, m: dict) -> str:
         lines.append(("general-text ppl", f(m["ppl_general"])))
         if m.get("ppl_general_model") not in (None, m["ppl_general"]):  # decode-time mixing on
             lines.append(("the model alone", f(m["ppl_general_model"])))
+    if "ppl_general_outside" in m:
+        lines.append(("outside-family ppl", f(m["ppl_general_outside"])))
     head = f"evaluate: {split} split, {m['n_eval_tokens']:,} tokens, {m['n_eval_terms']:,} term occurrences"
     return "\n".join([head, *(f"  {label:<20} {text}" for label, text in lines)])
 
@@ -262,22 +270,24 @@ def _language(prepared: Path) -> str:
     return read_json(prepared / "stats.json").get("language", "en")
 
 
-def _general_text(params, prepared: Path) -> Path | None:
-    """eval.general_text's file (`auto`: the project's slice for the corpus' language), or None."""
+def _general_text(params, prepared: Path, kind: str = "") -> Path | None:
+    """eval.general_text's file (kind ""), or eval.general_text_outside's (kind OUTSIDE); `auto`: the
+    project's slice for the corpus' language; None where off or absent."""
     from rarelm.evaluate.general_text import AUTO, resolve
 
-    language = _language(prepared) if params.eval.general_text == AUTO else ""
-    return resolve(params.eval.general_text, language)
+    setting = params.eval.general_text_outside if kind else params.eval.general_text
+    language = _language(prepared) if setting == AUTO else ""
+    return resolve(setting, language, kind)
 
 
-def _general(ctx, data, path: Path) -> dict:
+def _general(ctx, data, path: Path, key: str = "eval.general_text") -> dict:
     """ppl_general and n_general_tokens on the general text at `path` (rarelm/evaluate/general_text.py)."""
     from rarelm.evaluate.decoding import context_length
     from rarelm.evaluate.general_text import general_metrics
     from rarelm.evaluate.prefix import window
 
     block = window(ctx.params.block_size, context_length(ctx.model))
-    return general_metrics(ctx, path, data.vocab_size, block)
+    return general_metrics(ctx, path, data.vocab_size, block, key)
 
 
 def _lead(tokenizer) -> list[int]:

@@ -247,6 +247,10 @@ class EvalParams:
     # `ppl_general_model` (the model alone: the forgetting guard) and `ppl_general` (with decode-time
     # mixing, if on); auto = data/general/<corpus language>.txt where it exists (en, zh); "" = off
     general_text: str = "auto"
+    # general text from outside the base's pretraining family (one document a line), scored by the
+    # model alone as `ppl_general_outside`: forgetting where general_text is the base's own kind of
+    # text; auto = data/general/<corpus language>.outside.txt where it exists (en, zh); "" = off
+    general_text_outside: str = "auto"
     # term-trie constrained decoding (rarelm/evaluate/term_trie.py): once the text ends inside a term,
     # generation continues it; generation metrics only, teacher-forced scores unchanged
     term_trie: bool = False

@@ -39,8 +39,9 @@ from rarelm.report.statistics import (
 
 # eval.json figures with one value per run, shown with intervals over seeds
 RUN_METRICS = ("ppl", "ppl_frequent", "ppl_medium", "ppl_rare", "ppl_term", "ppl_general",
-               "ppl_general_model", "false_insertion_rate", "false_insertion_rate_chars",
-               "false_insertion_gen_per_1k", "false_insertion_start_mass", "term_repeat_share_text")
+               "ppl_general_model", "ppl_general_outside", "false_insertion_rate",
+               "false_insertion_rate_chars", "false_insertion_gen_per_1k", "false_insertion_start_mass",
+               "term_repeat_share_text")
 
 
 def compare(baseline: list[RunData], runs: list[RunData], metrics: Sequence[str] = tuple(METRICS),
@@ -212,7 +213,7 @@ def _run_values(config: Configuration, key: str, base: Configuration) -> list[fl
 
 # a perplexity per token and the count of tokens it is over (eval.json)
 PER_TOKEN = {"ppl": "n_eval_tokens", "ppl_general": "n_general_tokens",
-             "ppl_general_model": "n_general_tokens"}
+             "ppl_general_model": "n_general_tokens", "ppl_general_outside": "n_general_outside_tokens"}
 
 
 def in_baseline_tokens(summary: dict, base: dict, key: str) -> float:

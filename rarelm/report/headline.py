@@ -90,10 +90,11 @@ def ranked(report: dict, plan: Plan, names: list[str]) -> list[tuple[str, float]
 
 def guard(plan: Plan) -> dict[str, float]:
     """The plan's guard: eval.json figure -> relative tolerance of the baseline's (forgetting,
-    ppl_general_model: the model alone on general text, without decode-time mixing, guards only
-    where the runs hold it: eval.general_text set)."""
+    ppl_general_model and ppl_general_outside: the model alone on general text of the base's own
+    kind and from outside its family, without decode-time mixing, each guards only where the runs
+    hold it: eval.general_text, eval.general_text_outside set)."""
     return {"ppl": plan.ppl_tolerance, plan.insertion_metric: plan.insertion_tolerance,
-            "ppl_general_model": plan.general_tolerance}
+            "ppl_general_model": plan.general_tolerance, "ppl_general_outside": plan.general_tolerance}
 
 
 def _compare(repo: Path, out: Path, plan: Plan, base: list[str], names: list[str], seeds: list[int],

@@ -163,6 +163,7 @@ def repeat_line(report: dict) -> str:
 
 RUN_TABLE = {"ppl": "ppl", "ppl_frequent": "frequent ppl", "ppl_medium": "medium ppl", "ppl_rare": "rare ppl",
              "ppl_general": "general-text ppl", "ppl_general_model": "general-text ppl, model alone",
+             "ppl_general_outside": "general-text ppl outside the base's family",
              "false_insertion_rate": "false insertion"}
 
 

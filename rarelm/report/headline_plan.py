@@ -54,8 +54,8 @@ class Plan:
     # ... and whose false-insertion figure is within this fraction (relative) of the baseline's
     insertion_tolerance: float = 0.10
     insertion_metric: str = "false_insertion_rate"  # which figure: one of INSERTION_METRICS
-    # ... and whose general-text perplexity (ppl_general_model, the model alone: forgetting; only
-    # where the runs score eval.general_text) is within this fraction of the baseline's
+    # ... and whose general-text perplexities (ppl_general_model and ppl_general_outside, the model
+    # alone: forgetting; each where the runs score it) are within this fraction of the baseline's
     general_tolerance: float = 0.02
     # ties of the ranking metric (term NLL per character, lower first) broken by this, higher first
     tie_metric: str = TIE_METRIC

@@ -82,17 +82,18 @@ def summary_metrics(metrics: dict[str, Any]) -> dict[str, float]:
 def summary_file(eval_metrics: dict[str, Any], splits: list[str],
                  train_metrics: dict[str, Any] | None = None) -> dict[str, Any]:
     """metrics/summary.json, the one file dvc.yaml declares as `metrics:` (what `dvc exp show` and
-    `dvc metrics show` open on): SUMMARY's figures and `ppl_general` (general-text perplexity, where
+    `dvc metrics show` open on): SUMMARY's figures, `ppl_general` (general-text perplexity, where
     measured: the forgetting guard unless kNN-LM or the cache is mixed in, when eval.json's
-    `ppl_general_model` is) of eval.json, the first split's at the top level and the others' under
-    their name as in eval.json, then training's `tokens_per_s` (train.json). None stays None: a figure that is
-    undefined for this run (em50_train_count) keeps its column.
+    `ppl_general_model` is) and `ppl_general_outside` (on text from outside the base's family) of
+    eval.json, the first split's at the top level and the others' under their name as in eval.json,
+    then training's `tokens_per_s` (train.json). None stays None: a figure that is undefined for this
+    run (em50_train_count) keeps its column.
 
     >>> summary_file({"ppl": 2.0, "em50_train_count": None, "n_eval_terms": 9, "val": {"ppl": 3.0}},
     ...              ["test", "val"], {"tokens_per_s": 9.5, "loss": 1.0})
     {'ppl': 2.0, 'em50_train_count': None, 'tokens_per_s': 9.5, 'val': {'ppl': 3.0}}
     """
-    keys = [key for key in SUMMARY.values() if key != "tokens_per_s"] + ["ppl_general"]
+    keys = [key for key in SUMMARY.values() if key != "tokens_per_s"] + ["ppl_general", "ppl_general_outside"]
 
     def headline(metrics: dict[str, Any]) -> dict[str, Any]:
         return {key: metrics[key] for key in keys if key in metrics}
