@@ -143,7 +143,9 @@ def test_only_the_summary_and_the_curves_are_mlflow_metrics(store, workspace, mo
     evaluation = {"ppl": 12.5, "ppl_frequent": 3.25, "ppl_rare": 80.0, "term_exact_match": 0.5,
                   "term_exact_match_le15": 0.25, "term_nll_per_char": 1.5, "term_token_acc": 0.625,
                   "false_insertion_rate": 0.75, "em50_train_count": 24.0, "n_eval_terms": 8,
-                  "rare_token_acc": 0.125, "logit_adjust_tau": 0.0, "val": {"ppl": 13.0}}
+                  "rare_token_acc": 0.125, "logit_adjust_tau": 0.0, "val": {"ppl": 13.0},
+                  "ppl_general": 90.0, "ppl_general_model": 90.0, "ppl_general_outside": 400.0,
+                  "n_general_outside_tokens": 1000}
     log_eval_metrics(run, evaluation, inputs=[])
     (workspace / "eval.json").write_text(json.dumps(evaluation))
     log_eval_files(run, [workspace / "eval.json"], log_text=False)
@@ -152,7 +154,7 @@ def test_only_the_summary_and_the_curves_are_mlflow_metrics(store, workspace, mo
         "train/loss": 3.5, "val/ce": 3.9, "summary/tokens_per_s": 812.5, "summary/ppl": 12.5,
         "summary/ppl_frequent": 3.25, "summary/term_exact_match": 0.5, "summary/term_exact_match_le15": 0.25,
         "summary/term_nll_per_char": 1.5, "summary/term_token_acc": 0.625, "summary/false_insertion": 0.75,
-        "summary/em50_train_count": 24.0}
+        "summary/em50_train_count": 24.0, "summary/ppl_general": 90.0, "summary/ppl_general_outside": 400.0}
     logged = mlflow.MlflowClient(store).download_artifacts(run.run_id, "eval/eval.json", str(workspace / "a"))
     assert json.loads(Path(logged).read_text())["val"] == {"ppl": 13.0}  # every other figure: the artifact
 

@@ -32,15 +32,18 @@ from rarelm.tracking.metrics import leaves
 
 WIDTH = 160
 # the summary metrics in rarelm.tracking.metrics.SUMMARY's order (what to read first), under
-# headers short enough that nine of them and an experiment name fit 160 columns; LEGEND spells
+# headers short enough that eleven of them and an experiment name fit 160 columns; LEGEND spells
 # them out under the table
 HEADERS = {"term_nll_per_char": "nll/char", "term_token_acc": "tok_acc", "term_exact_match": "exact",
            "term_exact_match_le15": "exact_le15", "false_insertion_rate": "false_ins", "ppl": "ppl",
-           "ppl_frequent": "ppl_freq", "em50_train_count": "em50_n", "tokens_per_s": "tok/s"}
+           "ppl_frequent": "ppl_freq", "em50_train_count": "em50_n", "ppl_general": "ppl_gen",
+           "ppl_general_outside": "ppl_out", "tokens_per_s": "tok/s"}
 LEGEND = ("nll/char: term NLL per character (lower is better); tok_acc, exact, exact_le15: term token "
           "accuracy, exact match, exact match of terms seen <= 15 times in train; false_ins: false "
           "insertion rate; ppl, ppl_freq: perplexity, frequent bucket; em50_n: train count at 50% exact "
-          "match; tok/s: training tokens/s. Every figure: metrics/eval.json.")
+          "match; ppl_gen, ppl_out: general-text perplexity (forgetting), on text of the base's own kind "
+          "and from outside its pretraining family; tok/s: training tokens/s. Every figure: "
+          "metrics/eval.json.")
 SEP = "  "
 
 

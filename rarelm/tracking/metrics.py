@@ -23,6 +23,7 @@ SUMMARY = {"term_nll_per_char": "term_nll_per_char", "term_token_acc": "term_tok
            "term_exact_match": "term_exact_match",
            "term_exact_match_le15": "term_exact_match_le15", "false_insertion": "false_insertion_rate",
            "ppl": "ppl", "ppl_frequent": "ppl_frequent", "em50_train_count": "em50_train_count",
+           "ppl_general": "ppl_general", "ppl_general_outside": "ppl_general_outside",
            "tokens_per_s": "tokens_per_s"}
 # the metric families logged to MLflow: what a person compares across runs
 CHARTED = ("summary/", "train/", "val/", "system/")
@@ -82,10 +83,10 @@ def summary_metrics(metrics: dict[str, Any]) -> dict[str, float]:
 def summary_file(eval_metrics: dict[str, Any], splits: list[str],
                  train_metrics: dict[str, Any] | None = None) -> dict[str, Any]:
     """metrics/summary.json, the one file dvc.yaml declares as `metrics:` (what `dvc exp show` and
-    `dvc metrics show` open on): SUMMARY's figures, `ppl_general` (general-text perplexity, where
-    measured: the forgetting guard unless kNN-LM or the cache is mixed in, when eval.json's
-    `ppl_general_model` is) and `ppl_general_outside` (on text from outside the base's family) of
-    eval.json, the first split's at the top level and the others' under their name as in eval.json,
+    `dvc metrics show` open on): SUMMARY's figures of eval.json (among them `ppl_general`,
+    general-text perplexity where measured: the forgetting guard unless kNN-LM or the cache is mixed
+    in, when eval.json's `ppl_general_model` is; and `ppl_general_outside`, on text from outside the
+    base's family), the first split's at the top level and the others' under their name as in eval.json,
     then training's `tokens_per_s` (train.json). None stays None: a figure that is undefined for this
     run (em50_train_count) keeps its column.
 
@@ -93,7 +94,7 @@ def summary_file(eval_metrics: dict[str, Any], splits: list[str],
     ...              ["test", "val"], {"tokens_per_s": 9.5, "loss": 1.0})
     {'ppl': 2.0, 'em50_train_count': None, 'tokens_per_s': 9.5, 'val': {'ppl': 3.0}}
     """
-    keys = [key for key in SUMMARY.values() if key != "tokens_per_s"] + ["ppl_general", "ppl_general_outside"]
+    keys = [key for key in SUMMARY.values() if key != "tokens_per_s"]
 
     def headline(metrics: dict[str, Any]) -> dict[str, Any]:
         return {key: metrics[key] for key in keys if key in metrics}
