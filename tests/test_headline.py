@@ -420,27 +420,30 @@ def test_every_real_text_experiment_sets_existing_params_to_valid_values(path):
         assert params.model.name_or_path == "base/model" and params.corpus.path.startswith("data/raw/")
 
 
-@pytest.mark.parametrize("corpus", ["foldoc_en", "manpages_zh"])
-def test_v4_trained_plans_judge_against_the_fine_tune_that_make_realtext_trains(corpus):
-    """realtext/trained_<corpus>.yaml's baseline is realtext/<corpus>.yaml's fine-tune: the same
-    train and evaluate work (rarelm run-plan keys them by their declared params), so the remedies are
-    read against the fine-tune at its best and the two plans share its three models."""
+@pytest.mark.parametrize("plan_name", ["trained_foldoc_en", "trained_manpages_zh", "retrieval_foldoc_en",
+                                       "retrieval_manpages_zh"])
+def test_v4_plans_judge_against_the_fine_tune_that_make_realtext_trains(plan_name):
+    """realtext/<kind>_<corpus>.yaml's baseline is realtext/<corpus>.yaml's fine-tune: the same train
+    work (rarelm run-plan keys it by its declared params), so the remedies are read against the
+    fine-tune at its best and the plans share its three models."""
     from rarelm.report.plan_runner import plan_tasks
 
-    work = Path("/nonexistent-work")
-    folders = {}
-    for plan_name in (corpus, f"trained_{corpus}"):
-        plan = Plan.load(REPO / "realtext" / f"{plan_name}.yaml")
+    corpus = plan_name.split("_", 1)[1]
+    trainings = {}
+    for name in (corpus, plan_name):
+        plan = Plan.load(REPO / "realtext" / f"{name}.yaml")
         with pytest.MonkeyPatch.context() as patch:  # plan_tasks writes each task's params.yaml
             patch.setattr("rarelm.report.plan_runner._write_params", lambda root, params: None)
-            tasks, _ = plan_tasks(plan, REPO, work, [])
+            tasks, _ = plan_tasks(plan, REPO, Path("/nonexistent-work"), [])
         finetune = [task for name, task in tasks.items() if name.startswith(f"{plan.prefix}finetune-s")]
-        folders[plan_name] = sorted(task.after[0] for task in finetune)
+        trainings[name] = sorted(task.after[0] for task in finetune)
         assert len(finetune) == 3 and plan.final_seeds == [1, 2, 3] and plan.final_split == "test"
-    assert folders[corpus] == folders[f"trained_{corpus}"]  # the same three trainings
-    trained = Plan.load(REPO / "realtext" / f"trained_{corpus}.yaml")
-    assert trained.insertion_metric == "false_insertion_rate_chars" and not trained.screen_seeds
-    assert set(trained.configurations) == {"finetune", "term-loss", "replay-1", "terms-as-tokens"}
+        assert all(folder.startswith("train-") for folder in trainings[name])
+    assert trainings[corpus] == trainings[plan_name]  # the same three trainings
+    plan = Plan.load(REPO / "realtext" / f"{plan_name}.yaml")
+    assert plan.insertion_metric == "false_insertion_rate_chars" and not plan.screen_seeds
+    if plan_name.startswith("trained_"):
+        assert set(plan.configurations) == {"finetune", "term-loss", "replay-1", "terms-as-tokens"}
 
 
 @pytest.mark.parametrize("corpus", ["foldoc_en", "manpages_zh"])
