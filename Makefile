@@ -7,7 +7,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 
 # `make` alone lists the targets.
 .DEFAULT_GOAL := help
-.PHONY: help repro test test-fast lint ui demo report headline realtext headline-realtext remedies-realtext curve-realtext show corpora base smollm2 gemma3 clean-venv
+.PHONY: help repro test test-fast lint ui demo report headline realtext headline-realtext remedies-realtext trained-realtext curve-realtext show corpora base smollm2 gemma3 clean-venv
 
 # dvc.yaml runs each stage as `python -m stages.<name>`, found on the PATH. This startup hook
 # (a .pth file in the venv's site-packages, run by its python at every start) puts the venv's
@@ -119,6 +119,16 @@ headline-realtext: $(VENV)/.installed  ## every remedy vs the plain fine-tune on
 remedies-realtext: $(VENV)/.installed  ## kNN-LM, terms as tokens, replay vs the best plain fine-tune -> records/realtext, docs/results.md
 	for corpus in $(REALTEXT); do \
 		rarelm headline --plan realtext/remedies_$$corpus.yaml --out records/realtext/remedies_$$corpus || exit 1; \
+	done
+
+# Instrument v4 (issue 53): the trained remedies (the term loss, replay, terms as tokens) against the
+# plain fine-tune at its best, a fixed comparison on test with seeds 1-3 (realtext/trained_<corpus>.yaml,
+# its reading fixed in its header) -> records/realtext/trained_<corpus>/ and docs/results.md. The
+# fine-tune is `make realtext`'s (DVC's run cache re-uses its three trainings). Hours per corpus:
+# `make trained-realtext REALTEXT=manpages_zh` runs one.
+trained-realtext: $(VENV)/.installed  ## the term loss, replay, terms as tokens vs the best plain fine-tune, instrument v4 -> records/realtext, docs/results.md
+	for corpus in $(REALTEXT); do \
+		rarelm headline --plan realtext/trained_$$corpus.yaml --out records/realtext/trained_$$corpus || exit 1; \
 	done
 
 # Issue 22's learning curves (fixed comparisons, realtext/curve_<corpus>.yaml): the plain fine-tune
