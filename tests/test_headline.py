@@ -424,8 +424,8 @@ def test_every_real_text_experiment_sets_existing_params_to_valid_values(path):
                                        "retrieval_manpages_zh"])
 def test_v4_plans_judge_against_the_fine_tune_that_make_realtext_trains(plan_name):
     """realtext/<kind>_<corpus>.yaml's baseline is realtext/<corpus>.yaml's fine-tune: the same train
-    work (rarelm run-plan keys it by its declared params), so the remedies are read against the
-    fine-tune at its best and the plans share its three models."""
+    work (keyed by the params dvc.yaml declares, as rarelm run-plan and DVC's run cache key it), so
+    the remedies are read against the fine-tune at its best and the plans share its three models."""
     from rarelm.report.plan_runner import plan_tasks
 
     corpus = plan_name.split("_", 1)[1]
@@ -435,7 +435,7 @@ def test_v4_plans_judge_against_the_fine_tune_that_make_realtext_trains(plan_nam
         with pytest.MonkeyPatch.context() as patch:  # plan_tasks writes each task's params.yaml
             patch.setattr("rarelm.report.plan_runner._write_params", lambda root, params: None)
             tasks, _ = plan_tasks(plan, REPO, Path("/nonexistent-work"), [])
-        finetune = [task for name, task in tasks.items() if name.startswith(f"{plan.prefix}finetune-s")]
+        finetune = [task for exp, task in tasks.items() if exp.startswith(f"{plan.prefix}finetune-s")]
         trainings[name] = sorted(task.after[0] for task in finetune)
         assert len(finetune) == 3 and plan.final_seeds == [1, 2, 3] and plan.final_split == "test"
         assert all(folder.startswith("train-") for folder in trainings[name])
