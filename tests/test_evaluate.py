@@ -195,10 +195,11 @@ def test_completion_match_given_the_first_token_and_strata():
     assert m["term_ppl_seen_16_up"] is None and m["term_exact_match_seen_16_up"] is None
 
 
-def test_term_trie_decoding_continues_a_begun_term_and_leaves_the_scores_alone():
-    """eval.term_trie: once the text ends inside a term (the longest suffix on a trie path is a
-    term's proper prefix), the next token continues it; a suffix that is a whole term leaves the
-    model free. Teacher-forced NLLs are those of the model alone."""
+def test_term_trie_decoding_continues_a_term_the_model_begins_and_leaves_the_scores_alone():
+    """eval.term_trie: once the model's own tokens end inside a term (the longest suffix of them on
+    a trie path is a term's proper prefix), the next token continues it; a suffix that is a whole
+    term leaves the model free, and the prompt's text opens no term. Teacher-forced NLLs are those of
+    the model alone."""
     from rarelm.evaluate.decoding import constrained, sample_continue
     from rarelm.evaluate.term_trie import term_trie
 
@@ -213,18 +214,24 @@ def test_term_trie_decoding_continues_a_begun_term_and_leaves_the_scores_alone()
         return evaluate_terms(ctx, SPLIT, TERMS, per_term)
 
     plain = rows()
-    with constrained(term_trie(char_tokenizer(), TERMS, lead="")):
+    paths = term_trie(char_tokenizer(), TERMS, lead="")
+    with constrained(paths):
         trie = rows()
-        # sampling too: after 六 only 六 continues a term (六六), whatever the seed
         torch.manual_seed(0)
-        sampled = sample_continue(bigram(), [[1, 6]] * 8, n_new=1, pad_id=0)
-    assert sampled.flatten().tolist() == [6] * 8
-    # 五六 after 二三: 三 begins 三五, so 五 comes, then 三五 is whole: the model's 六七 (was 四五六);
-    # 六六 given 六: 六 (the model's 七 before); 三五 given 三 after 一二: 一二三 is a whole term, free: 四
+        sampled = sample_continue(bigram(), [[1, 6]] * 32, n_new=2, pad_id=0).tolist()
+    # sampling: the prompt's 六 opens nothing (六六 would force 六 first); a sampled first token that
+    # begins a term is followed by a token that continues it
+    assert len({first for first, _ in sampled}) > 2
+    opened = [(first, second) for first, second in sampled if paths.allowed([first]) is not None]
+    assert len(opened) >= 8 and all(second in paths.allowed([first]) for first, second in opened)
+    # 五六 after 二三: the prompt's 三 (of 三五) opens nothing; the model's 四 opens 四五, then free: 六;
+    # 三五 after 一二: the model's 三 opens 三五 (the prompt's 一二 with it would make 一二三, whole):
+    # 三五六, where the model alone wrote 三四五; given 三, 三五 too
     assert [(r["term"], r["output"], r["exact_match"], r["completion_match"]) for r in trie] == [
-        ("五六", "五六七", True, True), ("四五", "一二三", False, True), ("一二三", "一二三四", True, True),
-        ("六六", "一二三", False, True), ("三五", "三四五", False, False)]
-    assert [r["completion_match"] for r in plain] == [True, True, True, False, False]
+        ("五六", "四五六", False, True), ("四五", "一二三", False, True), ("一二三", "一二三四", True, True),
+        ("六六", "一二三", False, True), ("三五", "三五六", True, True)]
+    assert [(r["output"], r["completion_match"]) for r in plain] == [
+        ("四五六", True), ("一二三", True), ("一二三四", True), ("一二三", False), ("三四五", False)]
     assert [r["nll_sum"] for r in trie] == [r["nll_sum"] for r in plain]
 
 

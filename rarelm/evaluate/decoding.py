@@ -107,10 +107,15 @@ def constrained(processor: LogitsProcessor) -> Iterator[None]:
         _CONSTRAINTS.remove(processor)
 
 
-def _continue(model, prompts: list[list[int]], n_new: int, pad_id: int, logit_bias=None, **sampling):
+def _continue(model, prompts: list[list[int]], n_new: int, pad_id: int, logit_bias=None,
+              own: list[int] | None = None, **sampling):
     ids, mask = left_pad(prompts, pad_id, model.device)
     config = GenerationConfig(max_new_tokens=n_new, eos_token_id=[], pad_token_id=pad_id, **sampling)
-    processors = ([] if logit_bias is None else [LogitBias(logit_bias)]) + _CONSTRAINTS
+    # a constraint that asks (the term trie) learns where each row's own tokens begin: the last
+    # own[r] of its prompt (given as if the model had written them), then what it writes
+    starts = [ids.shape[1] - n for n in (own or [0] * len(prompts))]
+    processors = ([] if logit_bias is None else [LogitBias(logit_bias)]) + \
+        [c.bound(starts) if hasattr(c, "bound") else c for c in _CONSTRAINTS]
     extra = {"logits_processor": LogitsProcessorList(processors)} if processors else {}
     return generate_raw(model, ids, mask, config, **extra)[:, ids.shape[1]:].cpu()
 
@@ -130,9 +135,12 @@ def generate_raw(model, ids, mask, config: GenerationConfig, **extra):
         model.generation_config = shipped
 
 
-def greedy_continue(model, prompts: list[list[int]], n_new: int, pad_id: int, logit_bias=None):
-    """Greedy continuations, LongTensor [len(prompts), n_new], one batched decode with the KV cache."""
-    return _continue(model, prompts, n_new, pad_id, logit_bias, do_sample=False)
+def greedy_continue(model, prompts: list[list[int]], n_new: int, pad_id: int, logit_bias=None,
+                    own: list[int] | None = None):
+    """Greedy continuations, LongTensor [len(prompts), n_new], one batched decode with the KV cache.
+    `own[r]`: how many of prompt r's last tokens count as the model's own for a `constrained` term
+    trie (a term it began); none by default."""
+    return _continue(model, prompts, n_new, pad_id, logit_bias, own, do_sample=False)
 
 
 def sample_continue(model, prompts: list[list[int]], n_new: int, pad_id: int, logit_bias=None):

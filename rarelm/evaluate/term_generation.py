@@ -44,8 +44,8 @@ def _generate_text(ctx: EvalContext, prompts: list[list[int]], targets: list[str
     heads = heads or [[] for _ in prompts]
     width = max(n + 1 - len(h) for n, h in zip(n_first, heads, strict=True))
     led = [p + h for p, h in zip(prompts, heads, strict=True)]
-    generated = [list(map(int, row)) for row in
-                 greedy_continue(model, led, max(width, 1), eot_id, logit_bias).numpy()]
+    first = greedy_continue(model, led, max(width, 1), eot_id, logit_bias, own=list(map(len, heads)))
+    generated = [list(map(int, row)) for row in first.numpy()]
     generated = [h + g[:n + 1 - len(h)] for g, h, n in zip(generated, heads, n_first, strict=True)]
     for _ in range(4):
         open_rows = []
@@ -58,7 +58,8 @@ def _generate_text(ctx: EvalContext, prompts: list[list[int]], targets: list[str
         if not open_rows:
             break
         more = greedy_continue(model, [prompts[i] + generated[i] for i in open_rows],
-                               max(n_first[i] for i in open_rows) + 1, eot_id, logit_bias).numpy()
+                               max(n_first[i] for i in open_rows) + 1, eot_id, logit_bias,
+                               own=[len(generated[i]) for i in open_rows]).numpy()
         for row, i in enumerate(open_rows):
             generated[i] += list(map(int, more[row]))[:2 * n_first[i] + 4 - len(generated[i])]
     return generated
