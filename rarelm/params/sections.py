@@ -251,7 +251,7 @@ class EvalParams:
     # model alone as `ppl_general_outside`: forgetting where general_text is the base's own kind of
     # text; auto = data/general/<corpus language>.outside.txt where it exists (en, zh); "" = off
     general_text_outside: str = "auto"
-    # term-trie constrained decoding (rarelm/evaluate/term_trie.py): once the model begins a term,
+    # term-trie constrained decoding (rarelm/evaluate/term_trie.py): once the text ends inside a term,
     # generation continues it; generation metrics only, teacher-forced scores unchanged
     term_trie: bool = False
 
