@@ -107,17 +107,22 @@ def constrained(processor: LogitsProcessor) -> Iterator[None]:
         _CONSTRAINTS.remove(processor)
 
 
-def _continue(model, prompts: list[list[int]], n_new: int, pad_id: int, logit_bias=None,
-              own: list[int] | None = None, **sampling):
-    ids, mask = left_pad(prompts, pad_id, model.device)
-    config = GenerationConfig(max_new_tokens=n_new, eos_token_id=[], pad_token_id=pad_id, **sampling)
-    # a constraint that asks (the term trie) learns where each row's own tokens begin: the last
-    # own[r] of its prompt (given as if the model had written them), then what it writes
-    starts = [ids.shape[1] - n for n in (own or [0] * len(prompts))]
+def _steering(prompts: list[list[int]], logit_bias, own: list[int] | None) -> dict:
+    """generate()'s `logits_processor` argument for one batched decode: the logit bias, then the
+    `constrained` processors; one that asks (the term trie) learns where each row's own tokens
+    begin: the last own[r] of its prompt (given as if the model had written them), then what it
+    writes."""
+    width = max(map(len, prompts))  # left_pad's
+    starts = [width - n for n in (own or [0] * len(prompts))]
     processors = ([] if logit_bias is None else [LogitBias(logit_bias)]) + \
         [c.bound(starts) if hasattr(c, "bound") else c for c in _CONSTRAINTS]
-    extra = {"logits_processor": LogitsProcessorList(processors)} if processors else {}
-    return generate_raw(model, ids, mask, config, **extra)[:, ids.shape[1]:].cpu()
+    return {"logits_processor": LogitsProcessorList(processors)} if processors else {}
+
+
+def _continue(model, prompts: list[list[int]], n_new: int, pad_id: int, steering: dict, **sampling):
+    ids, mask = left_pad(prompts, pad_id, model.device)
+    config = GenerationConfig(max_new_tokens=n_new, eos_token_id=[], pad_token_id=pad_id, **sampling)
+    return generate_raw(model, ids, mask, config, **steering)[:, ids.shape[1]:].cpu()
 
 
 def generate_raw(model, ids, mask, config: GenerationConfig, **extra):
@@ -140,11 +145,11 @@ def greedy_continue(model, prompts: list[list[int]], n_new: int, pad_id: int, lo
     """Greedy continuations, LongTensor [len(prompts), n_new], one batched decode with the KV cache.
     `own[r]`: how many of prompt r's last tokens count as the model's own for a `constrained` term
     trie (a term it began); none by default."""
-    return _continue(model, prompts, n_new, pad_id, logit_bias, own, do_sample=False)
+    return _continue(model, prompts, n_new, pad_id, _steering(prompts, logit_bias, own), do_sample=False)
 
 
 def sample_continue(model, prompts: list[list[int]], n_new: int, pad_id: int, logit_bias=None):
     """Continuations [len(prompts), n_new] sampled at temperature 1 with no top-k or top-p cut (the
     model's own distribution); seed torch's global RNG first for repeatability."""
-    return _continue(model, prompts, n_new, pad_id, logit_bias, do_sample=True, temperature=1.0,
-                     top_k=0, top_p=1.0)
+    return _continue(model, prompts, n_new, pad_id, _steering(prompts, logit_bias, None), do_sample=True,
+                     temperature=1.0, top_k=0, top_p=1.0)

@@ -175,11 +175,12 @@ def run_batch(repo: Path, batch: list[tuple[str, list[str]]], log: Callable[[str
         lost = waiting & lost
         if not waiting:
             break
-        if lost & requeued:
+        # dead on two polls in a row: a worker just started may not show yet on the first (nor, under
+        # load, the re-queued experiment's fresh entry beside its killed one shown running)
+        dead_polls = dead_polls + 1 if dead and waiting & pending and workers[-1].poll() is not None else 0
+        if lost & requeued and dead_polls >= 2:
             raise RarelmError(f"the queue's worker died running {', '.join(sorted(lost & requeued))} "
                               "twice (run the command again: it queues it anew)")
-        # dead on two polls in a row: a worker just started may not show yet on the first
-        dead_polls = dead_polls + 1 if dead and waiting & pending and workers[-1].poll() is not None else 0
         if dead_polls >= 2:
             if restarts == MAX_RESTARTS:
                 raise RarelmError(f"the queue's worker ended {MAX_RESTARTS + 1} times with no experiment "
