@@ -233,6 +233,15 @@ def test_term_trie_decoding_continues_a_term_the_model_begins_and_leaves_the_sco
     assert [(r["output"], r["completion_match"]) for r in plain] == [
         ("四五六", True), ("一二三", True), ("一二三四", True), ("一二三", False), ("三四五", False)]
     assert [r["nll_sum"] for r in trie] == [r["nll_sum"] for r in plain]
+    # the gate (eval.term_trie_min_mass): a step is constrained only where the model puts that much on
+    # the term's continuations; the bigram puts under 5% on 六 after 六 and 20-50% on 五 after 三
+    outputs = {}
+    for gate in (0.05, 0.5):
+        with constrained(term_trie(char_tokenizer(), TERMS, lead="", min_mass=gate)):
+            outputs[gate] = [(r["output"], r["completion_match"]) for r in rows()]
+    assert outputs[0.05] == [("四五六", True), ("一二三", True), ("一二三四", True), ("一二三", False),
+                             ("三五六", True)]
+    assert outputs[0.5] == [(r["output"], r["completion_match"]) for r in plain]
 
 
 def test_retrieval_puts_the_best_passage_before_prompts_and_windows_and_scores_only_the_window():
@@ -1093,16 +1102,18 @@ def test_stage_with_logit_adjustment_scores_the_adjusted_model(eval_workspace, t
 
 def test_stage_with_term_trie_completes_terms_and_scores_as_without(eval_workspace, tmp_path):
     """`-S eval.term_trie=true` through the stage: a random model that never completes a term given
-    its first token completes them inside the trie; every teacher-forced figure is the plain one."""
+    its first token completes them inside the trie; every teacher-forced figure is the plain one.
+    Gated (`eval.term_trie_min_mass=0.5`), the trie leaves it alone: it never heads for a term."""
     runs = {}
-    for trie in (False, True):
-        ws = tmp_path / f"ws-{trie}"
+    for trie, gate in ((False, 0.0), (True, 0.0), (True, 0.5)):
+        ws = tmp_path / f"ws-{trie}-{gate}"
         shutil.copytree(eval_workspace, ws)
-        set_params(ws, **{"eval.term_trie": trie, "eval.splits": ["test"]})
+        set_params(ws, **{"eval.term_trie": trie, "eval.term_trie_min_mass": gate, "eval.splits": ["test"]})
         result = stage("evaluate", ws, env={"OMP_NUM_THREADS": "1"})
         assert result.returncode == 0, result.stderr
-        runs[trie] = json.loads((ws / "metrics/eval.json").read_text())
-    plain, trie = runs[False], runs[True]
+        runs[trie, gate] = json.loads((ws / "metrics/eval.json").read_text())
+    plain, trie = runs[False, 0.0], runs[True, 0.0]
+    assert runs[True, 0.5]["term_completion_match"] == plain["term_completion_match"]
     for name in ("ppl", "ppl_rare", "term_ppl", "term_nll_per_char", "false_insertion_start_mass"):
         assert trie[name] == plain[name], name
     assert plain["term_completion_match"] < 0.1 < 0.5 < trie["term_completion_match"]
@@ -1114,7 +1125,7 @@ def test_stage_with_term_trie_completes_terms_and_scores_as_without(eval_workspa
     data = TokenizedData.open(eval_workspace / "data/tokenized")
     tokenizer = load_tokenizer(data.tokenizer_dir, data.vocab_size)
     paths = term_trie(tokenizer, load_terms(eval_workspace / "data/rare/terms.jsonl"), lead=" ")
-    rows = [json.loads(line) for line in (tmp_path / "ws-True/metrics/eval_occurrences.jsonl").open()]
+    rows = [json.loads(line) for line in (tmp_path / "ws-True-0.0/metrics/eval_occurrences.jsonl").open()]
 
     def one_way(text: str) -> bool:
         ids = tokenizer.encode(text, add_special_tokens=False).ids

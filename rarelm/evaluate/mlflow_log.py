@@ -20,8 +20,8 @@ def log_eval_metrics(run, metrics: dict, inputs: list[str | Path]) -> None:
     that cannot log is the stage's one-line error when `tracking.required` is on."""
     run.log_metrics(summary_metrics(metrics))
     # the decode-time settings behind these figures: tags, not metrics
-    settings = {f"eval.{key}": str(metrics[key]) for key in ("logit_adjust_tau", "term_trie")
-                if key in metrics}
+    settings = {f"eval.{key}": str(metrics[key])
+                for key in ("logit_adjust_tau", "term_trie", "term_trie_min_mass") if key in metrics}
     if "retrieval" in metrics:
         settings["retrieval"] = str(metrics["retrieval"])
     if settings:

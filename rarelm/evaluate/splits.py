@@ -60,7 +60,8 @@ def evaluate_split(ctx: EvalContext, split: SplitText, buckets: np.ndarray,
     stats = score_tokens(ctx, tokens, buckets, block, term_search.term_token_mask(per_term, len(tokens)),
                          term_start_mask(per_term, len(tokens)))
     lap("scoring tokens")
-    trie = term_trie(ctx.tokenizer, terms, usual_lead(per_term)) if params.term_trie else None
+    trie = term_trie(ctx.tokenizer, terms, usual_lead(per_term), params.term_trie_min_mass) \
+        if params.term_trie else None
     with constrained(trie) if trie else contextlib.nullcontext():  # what generates; the scores are above
         rows = evaluate_terms(ctx, split, terms, per_term)
         lap("term generation")

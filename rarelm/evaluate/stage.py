@@ -114,6 +114,7 @@ def run(params, inputs: Inputs, outputs: Outputs) -> Evaluated:
         mixed = {f"knn_{k}": v for k, v in vars(params.knn).items() if isinstance(v, (int, float))} \
             if knn_active(params.knn) else {}  # the kNN settings behind these metrics; off: as before
         settings = {"logit_adjust_tau": params.eval.logit_adjust_tau, "term_trie": params.eval.term_trie,
+                    "term_trie_min_mass": params.eval.term_trie_min_mass,
                     **({"retrieval": _retrieval_setting(params.retrieval)} if retriever else {})}
         log_eval_metrics(training_run, {**out, **settings, **mixed}, inputs=[prepared, tokenized, rare])
         headline = summary_file(out, params.eval.splits, _train_figures(model_dir, inputs.train_metrics))

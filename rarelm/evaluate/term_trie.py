@@ -6,7 +6,10 @@ form a trie. Before every generated token, the longest suffix of the model's own
 wrote in this decode, and what the caller gives as written by it: the term's first token of the
 completion match) that is a path from the trie's root decides: if it is a term's proper prefix and
 no whole term, only the tokens that continue it in the trie may come next; otherwise (no such
-suffix, or a whole term, which may end there or go on) the model chooses freely. With the terms
+suffix, or a whole term, which may end there or go on) the model chooses freely. With a gate
+(eval.term_trie_min_mass > 0) a step is constrained only where the model itself puts at least that
+much probability on the term's continuations: a token that merely begins a term, in text going
+elsewhere, is not made to finish one (the ungated trie's false insertions, docs/results.md). With the terms
 " access control list" and " access point", after the model's " access" the next token is
 " control" or " point", after " access control" it is " list"; after " list" nothing is constrained.
 
@@ -53,10 +56,14 @@ class TermTrie(LogitsProcessor):
     >>> scores[0, [5, 7]] = float("-inf")  # a distribution that rules 5 and 7 out (a kNN-LM): free
     >>> trie(torch.tensor([[1, 4]]), scores.clone()).argmax(-1).item()
     6
+    >>> gated = TermTrie([[4, 5, 6], [4, 7]], min_mass=0.5)  # 5 and 7 hold 0.27 of the mass: free
+    >>> gated(torch.tensor([[1, 4]]), scores.clone()).argmax(-1).item()
+    6
     """
 
-    def __init__(self, sequences: list[list[int]], blank: set[int] = frozenset()):
+    def __init__(self, sequences: list[list[int]], blank: set[int] = frozenset(), min_mass: float = 0.0):
         self.blank = frozenset(blank)
+        self.min_mass = min_mass
         self.children: dict[tuple[int, ...], set[int]] = {}
         self.ends: set[tuple[int, ...]] = set()
         for seq in sequences:
@@ -95,17 +102,20 @@ class TermTrie(LogitsProcessor):
                 kept = scores[r, keep]
                 if torch.isneginf(kept).all():  # the distribution rules every continuation out: free
                     continue
+                if self.min_mass and torch.softmax(scores[r].float(), -1)[keep].sum() < self.min_mass:
+                    continue  # the model is not heading for the term: free
                 scores[r] = float("-inf")
                 scores[r, keep] = kept
         return scores
 
 
-def term_trie(tokenizer, terms, lead: str) -> TermTrie:
+def term_trie(tokenizer, terms, lead: str, min_mass: float = 0.0) -> TermTrie:
     """The trie of the extracted terms (term_search.Term), each tokenized as lead + its text; a
-    term's first token that decodes to whitespace alone is a blank one (TermTrie)."""
+    term's first token that decodes to whitespace alone is a blank one (TermTrie); `min_mass`: the
+    gate (TermTrie)."""
     paths = [e.ids for e in tokenizer.encode_batch([lead + t.text for t in terms], add_special_tokens=False)]
     firsts = {p[0] for p in paths if p}
-    return TermTrie(paths, blank={i for i in firsts if not tokenizer.decode([i]).strip()})
+    return TermTrie(paths, blank={i for i in firsts if not tokenizer.decode([i]).strip()}, min_mass=min_mass)
 
 
 def usual_lead(per_term) -> str:

@@ -254,8 +254,14 @@ class EvalParams:
     # term-trie constrained decoding (rarelm/evaluate/term_trie.py): once the text ends inside a term,
     # generation continues it; generation metrics only, teacher-forced scores unchanged
     term_trie: bool = False
+    # the trie's gate: a step is constrained only where the model puts at least this probability on
+    # the term's continuations (0 = every step inside a term); needs term_trie
+    term_trie_min_mass: float = param(0.0, ge=0.0, le=1.0)
 
     def __post_init__(self) -> None:
+        if self.term_trie_min_mass and not self.term_trie:
+            raise RarelmError(f"params: eval.term_trie_min_mass = {self.term_trie_min_mass} gates the term "
+                              "trie, which is off (set eval.term_trie: true)")
         allowed = ("train", "val", "test")
         if not self.splits or len(set(self.splits)) != len(self.splits) or \
                 any(s not in allowed for s in self.splits):
