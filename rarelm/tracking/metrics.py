@@ -29,8 +29,8 @@ SUMMARY = {"term_nll_per_char": "term_nll_per_char", "term_token_acc": "term_tok
 CHARTED = ("summary/", "train/", "val/", "system/")
 # metrics-file keys that count or restate settings: never metrics, whatever the family (`n_*` too)
 NOT_MEASURED = {"steps", "tokens", "epochs", "parameters", "trainable_parameters", "state_bytes_per_rank",
-                "gen_unique_tokens", "human_unique_tokens", "logit_adjust_tau", "term_trie", "term_trie_min_mass",
-                "retrieval"}
+                "gen_unique_tokens", "human_unique_tokens", "logit_adjust_tau", "term_trie",
+                "term_trie_min_mass", "retrieval"}
 
 
 def leaves(data: Any, prefix: str = "", sep: str = ".") -> dict[str, Any]:
