@@ -84,8 +84,8 @@ def test_exponent_without_a_dot_is_a_number(tmp_path):
      "params: knn.enabled = true with knn.weight = 0 is not allowed (it builds a datastore nothing reads;"),
     ({"knn": {"enabled": True, "weight": 0.5, "cache_window": 8, "cache_weight": 0.6}},
      "params: knn.weight + knn.cache_weight = 1.1 is not allowed (must be <= 1)"),
-    ({"eval": {"term_trie_min_mass": 1.5}},
-     "params: eval.term_trie_min_mass = 1.5 is not allowed (must be <= 1)"),
+    ({"eval": {"term_trie_min_mass": 1.0}},
+     "params: eval.term_trie_min_mass = 1.0 is not allowed (must be < 1)"),
     ({"eval": {"term_trie_min_mass": 0.3}},
      "params: eval.term_trie_min_mass = 0.3 gates the term trie, which is off (set eval.term_trie: true)"),
     ({"tracking": {"experiment": " "}}, "params: tracking.experiment = ' ' is not allowed (must be 1 to 256 "

@@ -7,9 +7,10 @@ wrote in this decode, and what the caller gives as written by it: the term's fir
 completion match) that is a path from the trie's root decides: if it is a term's proper prefix and
 no whole term, only the tokens that continue it in the trie may come next; otherwise (no such
 suffix, or a whole term, which may end there or go on) the model chooses freely. With a gate
-(eval.term_trie_min_mass > 0) a step is constrained only where the model itself puts at least that
-much probability on the term's continuations: a token that merely begins a term, in text going
-elsewhere, is not made to finish one (the ungated trie's false insertions, docs/results.md). With the terms
+(eval.term_trie_min_mass > 0) a step is constrained only where the distribution being decoded (the
+model's, with a logit bias or a kNN-LM mixed in where on) puts at least that much probability on
+the term's continuations: a token that merely begins a term, in text going elsewhere, is not made
+to finish one (the ungated trie's false insertions, docs/results.md). With the terms
 " access control list" and " access point", after the model's " access" the next token is
 " control" or " point", after " access control" it is " list"; after " list" nothing is constrained.
 
@@ -56,9 +57,10 @@ class TermTrie(LogitsProcessor):
     >>> scores[0, [5, 7]] = float("-inf")  # a distribution that rules 5 and 7 out (a kNN-LM): free
     >>> trie(torch.tensor([[1, 4]]), scores.clone()).argmax(-1).item()
     6
-    >>> gated = TermTrie([[4, 5, 6], [4, 7]], min_mass=0.5)  # 5 and 7 hold 0.27 of the mass: free
-    >>> gated(torch.tensor([[1, 4]]), scores.clone()).argmax(-1).item()
-    6
+    >>> scores = torch.tensor([[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, -9.0, 0.0, 0.0]])  # 5, 7: 0.232
+    >>> gated = [TermTrie([[4, 5, 6], [4, 7]], min_mass=gate) for gate in (0.2, 0.5)]
+    >>> [g(torch.tensor([[1, 4]]), scores.clone()).argmax(-1).item() for g in gated]  # 0.5 > 0.232: free
+    [5, 6]
     """
 
     def __init__(self, sequences: list[list[int]], blank: set[int] = frozenset(), min_mass: float = 0.0):

@@ -254,9 +254,9 @@ class EvalParams:
     # term-trie constrained decoding (rarelm/evaluate/term_trie.py): once the text ends inside a term,
     # generation continues it; generation metrics only, teacher-forced scores unchanged
     term_trie: bool = False
-    # the trie's gate: a step is constrained only where the model puts at least this probability on
-    # the term's continuations (0 = every step inside a term); needs term_trie
-    term_trie_min_mass: float = param(0.0, ge=0.0, le=1.0)
+    # the trie's gate: a step is constrained only where the distribution being decoded puts at least
+    # this probability on the term's continuations (0 = every step inside a term); needs term_trie
+    term_trie_min_mass: float = param(0.0, ge=0.0, lt=1.0)
 
     def __post_init__(self) -> None:
         if self.term_trie_min_mass and not self.term_trie:
