@@ -422,7 +422,7 @@ def test_every_real_text_experiment_sets_existing_params_to_valid_values(path):
 
 @pytest.mark.parametrize("plan_name", ["trained_foldoc_en", "trained_manpages_zh", "retrieval_foldoc_en",
                                        "retrieval_manpages_zh", "knn_manpages_zh", "trie_manpages_zh",
-                                       "trie_foldoc_en"])
+                                       "trie_foldoc_en", "knn_foldoc_en"])
 def test_v4_plans_judge_against_the_fine_tune_that_make_realtext_trains(plan_name):
     """realtext/<kind>_<corpus>.yaml's baseline is realtext/<corpus>.yaml's fine-tune: the same train
     work (keyed by the params dvc.yaml declares, as rarelm run-plan and DVC's run cache key it), so
