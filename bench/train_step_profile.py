@@ -6,8 +6,11 @@ batch, in one process (issue 54): for a GPU first, with a CPU fallback that keep
 1. ours: the train stage's own setup and step (rarelm.train.setup.build, rarelm.train.step.train_step:
    the model, objective, output layer, fused AdamW, precision of the params file), `--steps` steps;
    tokens/s over the steps after the first `--warmup`, the device synchronised at both ends.
-2. syncs: one more step under torch.cuda.set_sync_debug_mode("warn"): the host waits it causes
-   (none expected: losses and sums stay on the device until a log row), with where each came from.
+2. syncs: one more step, recording where the host waits for a tensor's value (none expected: losses
+   and sums stay on the device until a log row), each with the line that asked. On a GPU by
+   torch.cuda.set_sync_debug_mode("warn"); on a CPU by the ops that hand a value to Python
+   (`.item()`, `bool()`, `nonzero()`: each one a sync on a GPU), so the CPU run checks the same step;
+   a CPU cannot see `.tolist()` or `.cpu()`, no-ops there.
 3. profile: torch.profiler over `--active` steps after 1 skipped and 2 warm-up (a schedule, so the table
    stays small): the top kernels and ops by device time (by CPU time on a CPU) -> DIR/profile.txt,
    and a Chrome trace -> DIR/trace.json (open in chrome://tracing or ui.perfetto.dev).
@@ -22,14 +25,17 @@ The last line is one JSON object: {"ours_tokens_per_s", "trainer_tokens_per_s", 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import tempfile
 import time
+import traceback
 import warnings
 from pathlib import Path
 
 import harness
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from rarelm.params import load_params
 from rarelm.train import setup
@@ -71,10 +77,32 @@ def ours(params, paths: Paths, steps: int, warmup: int, active: int, out: Path) 
             "parameters": sum(p.numel() for p in t.raw_model.parameters())}
 
 
+class _HostReads(TorchDispatchMode):
+    """Records each op of the block that hands a tensor's value to Python, with the line that asked:
+    the first frame outside torch (rarelm's, or a library's such as transformers')."""
+
+    OPS = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.is_nonzero.default,
+           torch.ops.aten.equal.default, torch.ops.aten.nonzero.default)
+
+    def __init__(self):
+        super().__init__()
+        self.sites: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in self.OPS:
+            frames = [f for f in traceback.extract_stack()[:-1]
+                      if f"{os.sep}torch{os.sep}" not in f.filename and f.filename != __file__]
+            where = f"{Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else "torch"
+            self.sites.append(f"{func.__name__} @ {where}")
+        return func(*args, **(kwargs or {}))
+
+
 def _syncs(device, step) -> list[str]:
-    """The places in our code where one step made the host wait for the GPU."""
+    """The places where one step made the host wait for a tensor's value (see the top)."""
     if device.type != "cuda":
-        return []
+        with _HostReads() as reads:
+            step()
+        return reads.sites
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")

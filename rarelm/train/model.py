@@ -30,6 +30,7 @@ from rarelm.train.added_embeddings import init_added_embeddings, read_added
 
 KEY = "model.name_or_path"
 ATTENTION = "sdpa_fp32_on_cpu"  # the attention implementation every model trained here runs
+WINDOWS = "sdpa_fp32_on_cpu_windows"  # the same on whole windows, with no mask built (for_windows)
 # transformers is imported inside the functions: its model classes take ~6 s to import, and the
 # stage's launcher imports this module (the checkpoint key's files) without building a model.
 
@@ -71,7 +72,35 @@ def attention() -> str:
 
     AttentionInterface.register(ATTENTION, sdpa_fp32_on_cpu)
     AttentionMaskInterface.register(ATTENTION, sdpa_mask)
+    AttentionInterface.register(WINDOWS, sdpa_fp32_on_cpu)  # no mask function: transformers builds none
     return ATTENTION
+
+
+def for_windows(model, length: int):
+    """`model` as training and validation run it, on whole windows of `length` tokens (no padding,
+    no cache): attention with no mask, causal by SDPA's `is_causal`. That is how `ATTENTION` already
+    runs such windows (transformers drops a causal mask SDPA can apply itself), less the building of
+    the mask, whose check for packed sequences reads a tensor on the host every forward: on a GPU
+    one sync a step (masking_utils.find_packed_sequence_indices; bench/train_step_profile.py finds
+    it). Left as it is where the model's attention is another or needs its mask: a sliding window
+    shorter than `length` (Gemma 3's 512 under windows of 1,024), or a layer kind other than full
+    and sliding attention.
+
+    >>> from transformers import GPT2Config, GPT2LMHeadModel
+    >>> tiny = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=16,
+    ...                                   attn_implementation=attention()))
+    >>> for_windows(tiny, 64).config._attn_implementation
+    'sdpa_fp32_on_cpu_windows'
+    """
+    config = model.config
+    layer_types = getattr(config, "layer_types", None)  # none: every layer alike (GPT-2, Llama, Mistral)
+    kinds, window = set(layer_types or ["full_attention"]), getattr(config, "sliding_window", None)
+    sliding = "sliding_attention" in kinds or (window is not None and not layer_types)
+    if (config._attn_implementation != ATTENTION or kinds - {"full_attention", "sliding_attention"}
+            or (sliding and (window is None or window < length))):
+        return model
+    model.set_attn_implementation(WINDOWS)
+    return model
 
 
 def build_model(params: ModelParams, data: TokenizedData):

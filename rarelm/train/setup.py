@@ -39,7 +39,7 @@ from rarelm.train.checkpoint import CheckpointStore
 from rarelm.train.dist import Dist
 from rarelm.train.inputs import Inputs, Paths, checkpoint_key, load_inputs
 from rarelm.train.matmul import mm, pick_backend, route_linear_layers
-from rarelm.train.model import build_model, provenance
+from rarelm.train.model import build_model, for_windows, provenance
 from rarelm.train.optim import configure_optimizer
 from rarelm.train.output import output_layer
 from rarelm.train.precision import (
@@ -164,7 +164,9 @@ def build(t: Trainer) -> None:
     params, tp, inputs, dist = t.params, t.tp, t.inputs, t.dist
     t.start_step = t.state.step
     seed_everything(params.seed)  # the same initial weights on every rank
-    model = build_model(params.model, inputs.data).to(t.device)
+    # whole windows: attention with no mask built (no host sync a step on a GPU)
+    model = for_windows(build_model(params.model, inputs.data), params.model.block_size + len(inputs.lead))
+    model = model.to(t.device)
     t.raw_model = model  # what we save and checkpoint, whatever wraps it below
     if tp.gradient_checkpointing:
         model.activation_checkpointing_enable(  # transformers 5's name for it
