@@ -299,8 +299,9 @@ def test_a_sigterm_during_a_metrics_write_ends_the_run_failed_and_the_store_unlo
             monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")
             run = start_run(Params(tracking=TrackingParams(system_metrics=False)), stage="train")
             signal.signal(signal.SIGTERM, exit_on_sigterm)  # the handler turns itself off once used
+            step = 1  # one write done before the timer starts: a slow disk cannot make it the first
+            run.log_metrics({f"train/m{i}": float(step) for i in range(20)}, step=step)
             threading.Timer(0.3 + 0.05 * trial, os.kill, (os.getpid(), signal.SIGTERM)).start()
-            step = 0
             with pytest.raises(SystemExit) as stop:
                 while step < 10_000:
                     step += 1
