@@ -106,14 +106,16 @@ def table(report: dict, insertion: str = "false_insertion_rate") -> str:
 
 
 MENTIONS = ("first mention", "repeat mention")
-MENTION_METRICS = {"term_ppl": "term ppl", "completion_match": "completion given 1st token"}
+MENTION_METRICS = {"term_ppl": "term ppl", "exact_match": "exact match",
+                   "completion_match": "completion given 1st token"}
 
 
 def mention_table(report: dict) -> str:
     """Markdown: first mentions first, repeats beside them (a term's first mention, not yet in the
     context, is the case a user brings; a repeat is one a cache can copy): per configuration and
-    mention, the occurrences, the term perplexity and the completion given the term's first token,
-    each with its change to the baseline [paired 95% interval]. "" if the report has neither."""
+    mention, the occurrences, the term perplexity, the exact match and the completion given the
+    term's first token, each with its change to the baseline [paired 95% interval]. "" if the
+    report has none of them."""
     metrics = [m for m in MENTION_METRICS if m in report["metrics"]]
     if not metrics:
         return ""
@@ -240,13 +242,14 @@ def results_section(result: dict, figures: dict[str, str]) -> str:
                  f"{final_seeds}, each against the first, {next(iter(plan['configurations']))}; nothing "
                  "is chosen.")
         title = "Comparison"
+    # first mentions lead (a term not yet in the document: the case users bring), repeats beside
+    mentions = mention_table(result["final"])
+    first = ["First mentions and repeats:", "", mentions, "", repeat_line(result["final"]), "",
+             "All occurrences:", ""] if mentions else []
     lines = [start, origin, "", rules, "",
              f"**{title}** ({plan['final_split']} split, seeds {final_seeds}; intervals: paired bootstrap "
              "over terms and seeds together; ppl and false insertion: means over seeds):",
-             "", table(result["final"], insertion), "",
-             *(["First mentions and repeats (the same paired intervals):", "", mentions, "",
-                repeat_line(result["final"]), ""]
-               if (mentions := mention_table(result["final"])) else []),
+             "", *first, table(result["final"], insertion), "",
              "Per run (mean over seeds [95% interval over seeds]; change to the baseline [interval], "
              "paired by seed):", "", run_table(result["final"], insertion), "",
              " ".join(f"![{FIGURE_TITLES[m]}]({path})" for m, path in figures.items())]
